@@ -1,0 +1,161 @@
+"""Read the aux hidden states a running SGLang captures, through its public API.
+
+Two ways exist; the installed SGLang's flags decide (never its version number):
+
+* ``capture-only`` (sglang 0.5.23+): ``--enable-return-aux-hidden-states
+  --speculative-algorithm EAGLE3 --return-aux-hidden-state-layer-ids ...``
+  captures on the target without a draft (``srt/arg_groups/validation_hook.py``,
+  ``handle_aux_hidden_state_capture``).
+* ``eagle3-draft``: ``--enable-return-hidden-states`` with a real EAGLE-3 draft;
+  ``meta_info["hidden_states"]`` then holds the concatenated aux states.  This
+  needs a draft checkpoint.
+
+With ``return_hidden_states=True`` a request's ``meta_info["hidden_states"]``
+is a list: entry 0 is the prefill ``[prompt_tokens, K*H]``, then one ``[K*H]``
+row per decode step (measured on 0.5.23: ``max_new_tokens=2`` gives
+``[(T, K*H), (K*H,)]``).  The radix cache must be off, or a repeated prompt
+returns only its uncached rows (:func:`pytest_eagle3.engine.config.base_server_args`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+from pytest_eagle3.engine.install import SGLangInstall
+from pytest_eagle3.errors import Eagle3Error
+
+if TYPE_CHECKING:
+    import torch
+
+    from pytest_eagle3.engine.server import SGLangServer
+
+CAPTURE_ONLY = "capture-only"
+EAGLE3_DRAFT = "eagle3-draft"
+
+NO_CAPTURE_API = (
+    "{sglang} cannot return aux hidden states: it has neither "
+    "--enable-return-aux-hidden-states nor --enable-return-hidden-states"
+)
+NEEDS_DRAFT = (
+    "{sglang} has no --enable-return-aux-hidden-states (added in 0.5.23); reading "
+    "its captures needs a real EAGLE-3 draft checkpoint (--eagle3-draft PATH)"
+)
+NO_HIDDEN_STATES = (
+    "SGLang answered without meta_info['hidden_states'] for prompt {index} "
+    "(is --enable-return-hidden-states / return_hidden_states honoured by this version?)"
+)
+
+
+class Eagle3CaptureUnsupported(Eagle3Error):
+    """The installed SGLang cannot expose its captures in the requested way."""
+
+
+def select_method(install: SGLangInstall, *, draft_path: str | None = None) -> str:
+    """The capture method this SGLang supports.
+
+    Raises:
+        Eagle3CaptureUnsupported: no usable method (the message says what is missing).
+    """
+    if install.has_arg("enable_return_aux_hidden_states") and draft_path is None:
+        return CAPTURE_ONLY
+    if install.has_arg("enable_return_hidden_states") or install.has_arg("return_hidden_states_mode"):
+        if draft_path is None:
+            raise Eagle3CaptureUnsupported(NEEDS_DRAFT.format(sglang=install.describe()))
+        return EAGLE3_DRAFT
+    raise Eagle3CaptureUnsupported(NO_CAPTURE_API.format(sglang=install.describe()))
+
+
+def capture_server_args(
+    install: SGLangInstall, layer_ids: Sequence[int] | None, *, draft_path: str | None = None
+) -> dict[str, Any]:
+    """Server arguments that make SGLang capture ``layer_ids`` (``None``: its default list).
+
+    The ids are passed exactly as a draft config would declare them; SGLang's
+    own rule maps them to layers (see :mod:`pytest_eagle3.conventions`).
+    """
+    method = select_method(install, draft_path=draft_path)
+    if method == CAPTURE_ONLY:
+        args: dict[str, Any] = {
+            "enable_return_aux_hidden_states": True,
+            "speculative_algorithm": "EAGLE3",
+        }
+        if layer_ids is not None:
+            args["return_aux_hidden_state_layer_ids"] = list(layer_ids)
+        return args
+    return {  # pragma: no cover - needs a draft checkpoint (draft issue)
+        "enable_return_hidden_states": True,
+        "speculative_algorithm": "EAGLE3",
+        "speculative_draft_model_path": draft_path,
+    }
+
+
+@dataclass
+class Captures:
+    """What SGLang captured for one request.
+
+    Attributes:
+        prompt: the prompt's token ids (``T`` of them).
+        prefill: ``[T, K*H]`` float32, row ``t`` = captures at prompt position ``t``.
+        decode: ``[n, K*H]`` float32, row ``j`` = captures at position ``T + j``
+            (whose input token is ``output_ids[j]``).
+        output_ids: generated token ids.
+    """
+
+    prompt: list[int]
+    prefill: "torch.Tensor"
+    decode: "torch.Tensor"
+    output_ids: list[int]
+
+    @property
+    def width(self) -> int:
+        return int(self.prefill.shape[-1])
+
+
+def parse_response(response: dict[str, Any], prompt: Sequence[int], index: int = 0) -> Captures:
+    """Turn one ``/generate`` response into :class:`Captures`.
+
+    Raises:
+        Eagle3Error: the response carries no hidden states.
+    """
+    import torch
+
+    meta = response.get("meta_info") or {}
+    states = meta.get("hidden_states")
+    if not states:
+        raise Eagle3Error(NO_HIDDEN_STATES.format(index=index))
+    prefill = torch.tensor(states[0], dtype=torch.float32)
+    if prefill.dim() == 1:
+        prefill = prefill.unsqueeze(0)
+    rows = [torch.tensor(row, dtype=torch.float32).reshape(-1) for row in states[1:]]
+    decode = torch.stack(rows) if rows else prefill.new_zeros((0, prefill.shape[-1]))
+    return Captures(list(prompt), prefill, decode, list(response.get("output_ids") or []))
+
+
+def capture(
+    server: "SGLangServer",
+    prompts: Sequence[Sequence[int]],
+    *,
+    decode_steps: int = 0,
+    batch: bool = False,
+) -> list[Captures]:
+    """Run greedy generation on ``prompts`` and return each request's captures.
+
+    Args:
+        server: a started server configured with :func:`capture_server_args`.
+        prompts: token-id prompts.
+        decode_steps: decode rows wanted per prompt (``max_new_tokens = 1 + decode_steps``).
+        batch: send all prompts in one batched request instead of one by one.
+    """
+    sampling = {"max_new_tokens": 1 + decode_steps, "temperature": 0.0, "ignore_eos": True}
+    if batch:
+        payload = {"input_ids": [list(p) for p in prompts], "sampling_params": sampling,
+                   "return_hidden_states": True}
+        responses = server.generate(payload)
+        return [parse_response(r, p, i) for i, (r, p) in enumerate(zip(responses, prompts))]
+    out = []
+    for i, prompt in enumerate(prompts):
+        payload = {"input_ids": list(prompt), "sampling_params": sampling,
+                   "return_hidden_states": True}
+        out.append(parse_response(server.generate(payload), prompt, i))
+    return out

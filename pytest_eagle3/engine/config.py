@@ -1,0 +1,148 @@
+"""The identity of one SGLang engine: checkpoint, TP size, device, server args, env.
+
+Two tests that need the same :class:`EngineConfig` share one running server
+(:mod:`pytest_eagle3.engine.pool`).  The GPU tier and the CPU tier build their
+configs through the same function; only the device-specific defaults differ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from pytest_eagle3.engine.cpu import recipe
+from pytest_eagle3.engine.install import SGLangInstall
+from pytest_eagle3.errors import Eagle3ConfigError
+
+UNKNOWN_ARG = (
+    "{origin} {name}: the installed {sglang} has no --{flag} server argument "
+    "(check the spelling, or this test needs a newer SGLang)"
+)
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    return value
+
+
+def _thaw(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_thaw(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Hashable description of one engine.
+
+    Attributes:
+        model_path: checkpoint directory.
+        tp: tensor-parallel size.
+        device: ``cpu`` or ``cuda``.
+        server_args: sorted ``(name, value)`` pairs (names with underscores;
+            lists frozen to tuples), excluding host/port.
+        env: sorted ``(name, value)`` environment overrides.
+    """
+
+    model_path: str
+    tp: int
+    device: str
+    server_args: tuple[tuple[str, Any], ...]
+    env: tuple[tuple[str, str], ...]
+    #: Names of the args set by the test or the user (shown in summaries).
+    chosen: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def key(self) -> str:
+        blob = json.dumps(
+            [self.model_path, self.tp, self.device, self.server_args, self.env],
+            default=str, sort_keys=True,
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+    @property
+    def name(self) -> str:
+        """Short unique label, e.g. ``tp2-cpu-1a2b3c4d5e``."""
+        return f"tp{self.tp}-{self.device}-{self.key}"
+
+    def args(self) -> dict[str, Any]:
+        """Server arguments as a plain dict (lists restored)."""
+        return {k: _thaw(v) for k, v in self.server_args}
+
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
+
+    def describe(self, *, full: bool = False) -> str:
+        """One line: TP, device and the args the test or user chose (``full``: every arg)."""
+        parts = [f"tp={self.tp}", f"device={self.device}"]
+        parts += [
+            f"{k}={_thaw(v)!r}" for k, v in self.server_args
+            if k not in ("model_path", "tp_size", "device") and (full or k in self.chosen)
+        ]
+        return " ".join(parts)
+
+
+def base_server_args(model_path: str, tp: int) -> dict[str, Any]:
+    """Arguments every engine gets: the checkpoint, TP, no tokenizer, no radix cache.
+
+    The radix cache is disabled because a repeated prompt would return only the
+    uncached rows of its aux hidden states (DESIGN.md, "SGLang facts").
+    """
+    return {
+        "model_path": model_path,
+        "tp_size": tp,
+        "skip_tokenizer_init": True,
+        "disable_radix_cache": True,
+        "random_seed": 0,
+    }
+
+
+def build_engine_config(
+    install: SGLangInstall,
+    *,
+    model_path: str,
+    tp: int,
+    device: str,
+    test_args: Mapping[str, Any] | None = None,
+    user_args: Iterable[tuple[str, Any]] = (),
+) -> EngineConfig:
+    """Compose an engine: base args, then device defaults, the test's args, the user's.
+
+    Later layers win.  Every name is checked against the installed SGLang's flags.
+
+    Raises:
+        Eagle3ConfigError: an argument the installed SGLang does not accept.
+    """
+    args: dict[str, Any] = base_server_args(model_path, tp)
+    env: dict[str, str] = {}
+    chosen: list[str] = []
+    if device == "cpu":
+        args.update(recipe.cpu_server_args())
+        env.update(recipe.cpu_env(tp))
+    for origin, layer in (("test argument", dict(test_args or {})), ("--sglang-arg", dict(user_args))):
+        for name, value in layer.items():
+            name = name.replace("-", "_")
+            if not install.has_arg(name):
+                raise Eagle3ConfigError(
+                    UNKNOWN_ARG.format(origin=origin, name=name, sglang=install.describe(),
+                                       flag=name.replace("_", "-"))
+                )
+            args[name] = value
+            chosen.append(name)
+    for name in list(args):
+        if not install.has_arg(name):
+            # A default this fork does not know (e.g. skip_server_warmup on old versions).
+            del args[name]
+    return EngineConfig(
+        model_path=str(model_path),
+        tp=tp,
+        device=device,
+        server_args=tuple(sorted((k, _freeze(v)) for k, v in args.items())),
+        env=tuple(sorted(env.items())),
+        chosen=tuple(dict.fromkeys(chosen)),
+    )

@@ -1,0 +1,51 @@
+"""CPU-tier fixes installed inside SGLang's processes (never in the test process).
+
+Each fix routes around a missing CPU kernel or dispatcher entry; none touches
+the code pytest-eagle3 tests (aux hidden state capture, collectives, the
+embedding, the logits processor, the speculative worker).  Sources are in
+``DESIGN.md`` ("SGLang on a plain x86 CPU"), measured on sglang 0.5.23.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger("pytest_eagle3.cpu")
+
+_installed = False
+
+
+def install() -> None:
+    """Install every fix once per process; each is skipped where SGLang lacks its target."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    _route_torch_native_mla()
+
+
+def _route_torch_native_mla() -> None:
+    """Send DeepSeek attention on ``torch_native`` to the absorbed MLA path.
+
+    SGLang's DeepSeek attention dispatcher (``AttentionBackendRegistry`` in
+    ``srt/models/deepseek_common/attention_backend_handler.py``) has no
+    ``torch_native`` entry and falls back to the ``triton`` handler, which picks
+    the MHA prefill path whose shapes ``torch_native`` does not support (shape
+    mismatch at the first prefill).  The absorbed MLA path computes the same
+    attention with the backend's own extend/decode kernels.
+    """
+    try:
+        from sglang.srt.models.deepseek_common.attention_backend_handler import (
+            AttentionBackendRegistry,
+        )
+        from sglang.srt.models.deepseek_common.attention_forward_methods.forward_methods import (
+            AttnForwardMethod,
+        )
+    except ImportError:  # older layout: nothing to route
+        logger.info("pytest-eagle3: no DeepSeek attention registry; MLA routing skipped")
+        return
+
+    def handle_attention_torch_native(attn, forward_batch):  # noqa: ARG001
+        return AttnForwardMethod.MLA
+
+    AttentionBackendRegistry.register("torch_native", handle_attention_torch_native)

@@ -1,0 +1,70 @@
+"""The CPU tier's environment and server arguments (DESIGN.md, "SGLang on a plain x86 CPU").
+
+Measured on sglang 0.5.23, torch 2.14.1, 2 x86 cores without AMX: real SGLang
+serves the reduced DeepSeek-V3 at TP 1, 2, 4 and 8 with all-reduce through gloo.
+Nothing here patches SGLang's code under test; the two in-process fixes live in
+:mod:`pytest_eagle3.engine.cpu.patches` and are switched on through
+:data:`pytest_eagle3.engine.sglang_hooks.HOOKS_ENV`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pytest_eagle3.engine.sglang_hooks import HOOKS_ENV
+
+#: Directory holding the stand-in ``sgl_kernel`` package.
+SHIM_DIR = Path(__file__).with_name("shim")
+
+#: A path that does not exist: PyNCCL fails softly and SGLang all-reduces with gloo.
+MISSING_NCCL = "/nonexistent/pytest-eagle3/libnccl.so.2"
+
+
+def omp_binding(tp: int, cores: int | None = None) -> str:
+    """``SGLANG_CPU_OMP_THREADS_BIND`` value: one core per rank, cores may repeat.
+
+    >>> omp_binding(4, cores=2)
+    '0|1|0|1'
+    """
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = max(1, int(cores or 1))
+    return "|".join(str(rank % cores) for rank in range(tp))
+
+
+def cpu_env(tp: int, *, pythonpath: str | None = None) -> dict[str, str]:
+    """Environment for an SGLang server on CPU with ``tp`` ranks.
+
+    The stand-in ``sgl_kernel`` goes first on ``PYTHONPATH`` (before any
+    existing entries) so every TP worker imports it instead of the CUDA-only one.
+    """
+    existing = os.environ.get("PYTHONPATH", "") if pythonpath is None else pythonpath
+    path = str(SHIM_DIR) + (os.pathsep + existing if existing else "")
+    return {
+        "SGLANG_USE_CPU_ENGINE": "1",
+        # torch.compile on CPU: first request 30 s -> 0.2 s without it.
+        "TORCHDYNAMO_DISABLE": "1",
+        "SGLANG_CPU_OMP_THREADS_BIND": omp_binding(tp),
+        "SGLANG_NCCL_SO_PATH": MISSING_NCCL,
+        "PYTHONPATH": path,
+        HOOKS_ENV: "cpu",
+        "CUDA_VISIBLE_DEVICES": "",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+
+
+def cpu_server_args() -> dict[str, Any]:
+    """Server arguments every CPU-tier engine gets (user ``--sglang-arg`` wins)."""
+    return {
+        "device": "cpu",
+        "attention_backend": "torch_native",
+        "dtype": "float32",
+        "disable_custom_all_reduce": True,
+        "disable_cuda_graph": True,
+        "mem_fraction_static": 0.05,
+        "max_total_tokens": 4096,
+        "skip_server_warmup": True,
+    }

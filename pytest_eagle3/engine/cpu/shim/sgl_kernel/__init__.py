@@ -1,0 +1,71 @@
+"""pytest-eagle3's CPU stand-in for ``sgl_kernel`` (test infrastructure, not SGLang).
+
+PyPI's ``sgl_kernel``/``sglang-kernel`` is CUDA-only and fails to import on a
+machine without a GPU.  The CPU tier puts this package's parent directory first
+on the SGLang worker's ``PYTHONPATH`` so that SGLang's CPU code paths find the
+few bookkeeping ops they call, written here in plain torch from the documented
+semantics (SGLang ``srt/mem_cache/allocation.py`` Triton reference kernels,
+sgl-kernel ``csrc/cpu``).  None of them touches what pytest-eagle3 tests
+(captures, collectives, embedding, logits processor, speculative worker).
+
+Every other name resolves to a stub that raises ``NotImplementedError`` when
+called, so a new op SGLang starts calling fails loudly with its name instead of
+computing something wrong.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+__version__ = "0.0.0+pytest-eagle3-cpu-standin"
+PYTEST_EAGLE3_STANDIN = True
+
+_NOT_IMPLEMENTED = (
+    "pytest-eagle3's CPU stand-in sgl_kernel does not implement {name!r}; "
+    "this SGLang calls it on the CPU tier (add it to "
+    "pytest_eagle3/engine/cpu/shim/sgl_kernel or run the GPU tier)"
+)
+
+
+def _missing(name: str) -> Callable[..., Any]:
+    def op(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(_NOT_IMPLEMENTED.format(name=name))
+
+    op.__name__ = name
+    op.__qualname__ = name
+    return op
+
+
+def __getattr__(name: str) -> Any:
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return _missing(name)
+
+
+def assign_req_to_token_pool_cpu(
+    req_pool_indices: torch.Tensor,
+    req_to_token: torch.Tensor,
+    start_offset: torch.Tensor,
+    end_offset: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    pool_len: int,
+) -> None:
+    """Write each request's new KV slots into its row of ``req_to_token``.
+
+    For request ``i``: ``req_to_token[req_pool_indices[i], start[i]:end[i]] =
+    out_cache_loc[o_i : o_i + end[i] - start[i]]`` where ``o_i`` is the sum of
+    the lengths of the requests before it (SGLang ``assign_req_to_token_pool``
+    Triton kernel, ``srt/mem_cache/allocation.py``).
+    """
+    offset = 0
+    starts = start_offset.tolist()
+    ends = end_offset.tolist()
+    rows = req_pool_indices.tolist()
+    for row, start, end in zip(rows, starts, ends):
+        n = end - start
+        req_to_token[row, start:end] = out_cache_loc[offset : offset + n].to(
+            req_to_token.dtype
+        )
+        offset += n

@@ -1,0 +1,141 @@
+"""What the SGLang installed in this environment is, and which server flags it has.
+
+Feature detection never assumes a version: the flags come from the installed
+``python -m sglang.launch_server --help`` (8 s on 2 cores for 0.5.23, cached per
+install), the version and location from package metadata without importing
+SGLang in the test process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from pytest_eagle3.errors import Eagle3SGLangMissing
+
+NOT_INSTALLED = (
+    "SGLang is not installed in this environment ({python}); install it "
+    "(e.g. pip install 'pytest-eagle3[cpu]' for the pinned CPU tier) or activate "
+    "the environment that has your SGLang fork"
+)
+IMPORT_FAILED = (
+    "SGLang {version} at {location} fails to start: {error} "
+    "(run `{python} -m sglang.launch_server --help` to see the full traceback)"
+)
+
+_FLAG = re.compile(r"(?<![\w-])--([a-z0-9][a-z0-9-]*)")
+
+
+@dataclass(frozen=True)
+class SGLangInstall:
+    """The installed SGLang.
+
+    Attributes:
+        version: distribution version, e.g. ``0.5.23``.
+        location: directory of the ``sglang`` package.
+        flags: long server flags with dashes, without ``--`` (``enable-return-hidden-states``).
+        python: interpreter that runs it.
+    """
+
+    version: str
+    location: str
+    flags: frozenset[str]
+    python: str
+
+    def has_arg(self, name: str) -> bool:
+        """Whether the server accepts argument ``name`` (underscores or dashes)."""
+        return name.replace("_", "-") in self.flags
+
+    def describe(self) -> str:
+        return f"sglang {self.version} ({self.location})"
+
+
+def locate() -> tuple[str, str]:
+    """``(version, package directory)`` of SGLang, without importing it.
+
+    Raises:
+        Eagle3SGLangMissing: no ``sglang`` package is importable.
+    """
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        raise Eagle3SGLangMissing(NOT_INSTALLED.format(python=sys.executable))
+    location = str(Path(list(spec.submodule_search_locations)[0]).resolve())
+    try:
+        version = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown (not installed as a distribution)"
+    return version, location
+
+
+def parse_flags(help_text: str) -> frozenset[str]:
+    """Long flags named in an argparse ``--help`` text."""
+    return frozenset(_FLAG.findall(help_text))
+
+
+def _fingerprint(location: str, version: str) -> str:
+    stamp = [version, location]
+    for rel in ("server_args.py", "srt/server_args.py", "srt/arg_groups"):
+        path = Path(location) / rel
+        if path.exists():
+            stamp.append(f"{rel}:{path.stat().st_mtime_ns}")
+    return hashlib.sha256("\n".join(stamp).encode()).hexdigest()[:16]
+
+
+def probe(cache_dir: Path | None = None, *, python: str | None = None, timeout: float = 300) -> SGLangInstall:
+    """Describe the installed SGLang, reading its flags from ``--help``.
+
+    Args:
+        cache_dir: where the flag list is cached (keyed by version, location and
+            the mtime of its argument definitions); ``None`` disables caching.
+        python: interpreter to probe (default: this one).
+
+    Raises:
+        Eagle3SGLangMissing: SGLang is absent or ``launch_server --help`` fails;
+            the message is one line naming the last error line.
+    """
+    python = python or sys.executable
+    version, location = locate()
+    cache_file = None
+    if cache_dir is not None:
+        cache_file = Path(cache_dir) / "sglang-flags" / f"{_fingerprint(location, version)}.json"
+        if cache_file.is_file():
+            try:
+                flags = frozenset(json.loads(cache_file.read_text()))
+                return SGLangInstall(version, location, flags, python)
+            except (OSError, ValueError):
+                pass
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+    try:
+        proc = subprocess.run(
+            [python, "-m", "sglang.launch_server", "--help"],
+            capture_output=True, text=True, timeout=timeout, env=env,
+        )
+    except subprocess.TimeoutExpired:
+        raise Eagle3SGLangMissing(
+            IMPORT_FAILED.format(version=version, location=location,
+                                 error=f"--help did not answer in {timeout:.0f} s", python=python)
+        ) from None
+    if proc.returncode != 0 or "--model-path" not in proc.stdout:
+        lines = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
+        error = lines[-1].strip() if lines else f"exit code {proc.returncode}"
+        raise Eagle3SGLangMissing(
+            IMPORT_FAILED.format(version=version, location=location, error=error, python=python)
+        )
+    flags = parse_flags(proc.stdout)
+    if cache_file is not None:
+        try:
+            cache_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache_file.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(sorted(flags)))
+            os.replace(tmp, cache_file)
+        except OSError:
+            pass
+    return SGLangInstall(version, location, flags, python)

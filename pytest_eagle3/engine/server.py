@@ -1,0 +1,293 @@
+"""One SGLang HTTP server in a subprocess, with an explicit lifecycle.
+
+SGLang is always hosted in a child process of the test process: a scheduler
+exception makes SGLang kill its own process tree with SIGKILL, which must never
+take pytest with it (DESIGN.md, "SGLang facts").  The server is
+``python -m sglang.launch_server`` from the environment's SGLang, so any fork
+is tested through the same public entry point its users deploy.
+
+Lifecycle: :meth:`SGLangServer.start` spawns the server in a new session with
+its log in a file, then polls ``/health_generate`` while checking on every poll
+that the child is still alive; it fails with the exit code and the log tail.
+:meth:`SGLangServer.stop` terminates the whole process tree (psutil), waits,
+then kills what is left.  The class is a context manager.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from pytest_eagle3.errors import Eagle3EngineError
+
+#: Lines of SGLang's log quoted in startup and request errors.
+LOG_TAIL_LINES = 60
+
+STARTUP_FAILED = (
+    "SGLang server {name} exited with code {code} during startup "
+    "(log: {log})\n--- last {n} lines of the SGLang log ---\n{tail}"
+)
+STARTUP_TIMEOUT = (
+    "SGLang server {name} was not ready after {timeout:.0f} s "
+    "(raise --eagle3-startup-timeout; log: {log})\n"
+    "--- last {n} lines of the SGLang log ---\n{tail}"
+)
+REQUEST_FAILED = (
+    "SGLang request {path} failed: {error} (server {name}, log: {log})\n"
+    "--- last {n} lines of the SGLang log ---\n{tail}"
+)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago on ``host``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a log file ('' when it does not exist)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 256 * 1024))
+            data = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])
+
+
+def kill_tree(pid: int, *, timeout: float = 10.0) -> None:
+    """Terminate ``pid`` and all its descendants: SIGTERM, wait, then SIGKILL."""
+    import psutil
+
+    try:
+        parent = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
+    procs = parent.children(recursive=True) + [parent]
+    for proc in procs:
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=timeout)
+
+
+class SGLangServer:
+    """An SGLang HTTP server started from ``argv`` with ``env``.
+
+    Args:
+        name: short label used in messages and log file names.
+        server_args: SGLang server arguments as ``{field: value}``; booleans
+            become bare flags, lists become repeated values.
+        env: environment overrides for the server process.
+        log_dir: where ``<name>.log`` is written.
+        startup_timeout: seconds to wait for readiness.
+        python: interpreter that runs SGLang (default: this one).
+
+    Raises (from :meth:`start`):
+        Eagle3EngineError: the server exited or timed out during startup; the
+            message carries the exit code and the log tail.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        server_args: Mapping[str, Any],
+        *,
+        env: Mapping[str, str] | None = None,
+        log_dir: Path,
+        startup_timeout: float = 600.0,
+        python: str | None = None,
+        host: str = "127.0.0.1",
+    ) -> None:
+        self.name = name
+        self.server_args = dict(server_args)
+        self.env = dict(env or {})
+        self.log_path = Path(log_dir) / f"{name}.log"
+        self.startup_timeout = startup_timeout
+        self.python = python or sys.executable
+        self.host = host
+        self.port: int | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.startup_seconds: float | None = None
+
+    # -- lifecycle ---------------------------------------------------------
+    @property
+    def url(self) -> str:
+        if self.port is None:
+            raise RuntimeError(f"{self!r} is not started")
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def argv(self) -> list[str]:
+        """The command line that starts the server (with the port once started)."""
+        argv = [self.python, "-m", "sglang.launch_server"]
+        args = dict(self.server_args)
+        args.setdefault("host", self.host)
+        if self.port is not None:
+            args["port"] = self.port
+        for key, value in args.items():
+            flag = "--" + key.replace("_", "-")
+            if value is None or value is False:
+                continue
+            if value is True:
+                argv.append(flag)
+            elif isinstance(value, (list, tuple)):
+                argv.append(flag)
+                argv.extend(str(v) for v in value)
+            elif isinstance(value, dict):
+                argv.extend([flag, json.dumps(value)])
+            else:
+                argv.extend([flag, str(value)])
+        return argv
+
+    def start(self, progress: Callable[[str], None] | None = None) -> "SGLangServer":
+        if self.alive:
+            return self
+        self.port = free_port(self.host)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.env}
+        t0 = time.monotonic()
+        with open(self.log_path, "ab") as log:
+            log.write(f"$ {' '.join(self.argv())}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                self.argv(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+        try:
+            self._wait_ready(t0, progress)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - t0
+        return self
+
+    def _wait_ready(self, t0: float, progress: Callable[[str], None] | None) -> None:
+        last_note = t0
+        while True:
+            assert self.proc is not None
+            code = self.proc.poll()
+            if code is not None:
+                raise Eagle3EngineError(
+                    STARTUP_FAILED.format(
+                        name=self.name, code=code, log=self.log_path,
+                        n=LOG_TAIL_LINES, tail=log_tail(self.log_path),
+                    )
+                )
+            elapsed = time.monotonic() - t0
+            if elapsed > self.startup_timeout:
+                raise Eagle3EngineError(
+                    STARTUP_TIMEOUT.format(
+                        name=self.name, timeout=self.startup_timeout,
+                        log=self.log_path, n=LOG_TAIL_LINES,
+                        tail=log_tail(self.log_path),
+                    )
+                )
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, OSError):
+                pass
+            if progress is not None and time.monotonic() - last_note >= 15:
+                last_note = time.monotonic()
+                progress(f"waiting for SGLang server {self.name}: {elapsed:.0f} s")
+            time.sleep(0.5)
+
+    def stop(self) -> int | None:
+        """Stop the process tree; returns the server's exit code (None if never started)."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            kill_tree(self.proc.pid)
+        # Workers re-parented after a crash of the server are still in its
+        # session (start_new_session=True makes the server the group leader).
+        kill_group(self.proc.pid)
+        return self.proc.wait()
+
+    def __enter__(self) -> "SGLangServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.alive else "stopped"
+        where = f" at {self.url}" if self.port is not None else ""
+        return f"<SGLangServer {self.name} {state}{where}>"
+
+    # -- requests ----------------------------------------------------------
+    def request(
+        self, path: str, payload: Mapping[str, Any] | None = None, *, timeout: float = 600.0
+    ) -> Any:
+        """POST ``payload`` (or GET when None) to ``path``; returns decoded JSON.
+
+        Raises:
+            Eagle3EngineError: HTTP error, dead server or timeout, with the log tail.
+        """
+        data = None if payload is None else json.dumps(payload).encode()
+        req = urllib.request.Request(
+            self.url + path, data=data,
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            body = exc.read().decode("utf-8", "replace")[:2000]
+            error = f"HTTP {exc.code}: {body}"
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            if not self.alive:
+                error += f" (server exited with code {self.proc.poll() if self.proc else None})"
+        raise Eagle3EngineError(
+            REQUEST_FAILED.format(
+                path=path, error=error, name=self.name, log=self.log_path,
+                n=LOG_TAIL_LINES, tail=log_tail(self.log_path),
+            )
+        )
+
+    def generate(self, payload: Mapping[str, Any], *, timeout: float = 600.0) -> Any:
+        """POST ``/generate``; returns the response JSON (a list for batched input)."""
+        return self.request("/generate", payload, timeout=timeout)
+
+    def server_info(self) -> dict[str, Any]:
+        """GET ``/server_info`` (``/get_server_info`` on older versions)."""
+        try:
+            return self.request("/server_info", timeout=30)
+        except Eagle3EngineError:
+            return self.request("/get_server_info", timeout=30)
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL every process left in process group ``pgid`` (no error if none)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

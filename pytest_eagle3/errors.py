@@ -1,0 +1,24 @@
+"""Exceptions raised by pytest-eagle3.
+
+Every message is one line that says what went wrong and what to do about it;
+the plugin turns :class:`Eagle3ConfigError` into ``pytest.UsageError`` or a
+setup error without a traceback into the library.
+"""
+
+from __future__ import annotations
+
+
+class Eagle3Error(Exception):
+    """Base class of every error pytest-eagle3 raises on purpose."""
+
+
+class Eagle3ConfigError(Eagle3Error):
+    """The run is misconfigured: unknown preset, bad path, unwritable cache, ..."""
+
+
+class Eagle3EngineError(Eagle3Error):
+    """SGLang failed to start, exited, or a request to it failed (message has the log tail)."""
+
+
+class Eagle3SGLangMissing(Eagle3ConfigError):
+    """SGLang is not installed in this environment or fails to import."""

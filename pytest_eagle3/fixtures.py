@@ -1,0 +1,226 @@
+"""pytest-eagle3's fixtures: a chain of small, overridable session fixtures.
+
+The chain follows the data path; a fork's ``conftest.py`` can replace any link
+(e.g. ``eagle3_checkpoint`` to point at a prepared directory)::
+
+    eagle3_settings -> eagle3_target -> eagle3_checkpoint -> eagle3_model_config
+                                     \\-> eagle3_prompts -> eagle3_reference
+    eagle3_sglang (installed SGLang, flags) -> eagle3_engine_pool
+    eagle3_tp + all of the above -> eagle3_capture (per test)
+
+Nothing here imports torch, transformers or sglang at import time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+
+import pytest
+
+from pytest_eagle3 import session as eagle3_session
+from pytest_eagle3.options import Settings, check_tp_divides, get_settings
+
+if TYPE_CHECKING:
+    import torch
+
+    from pytest_eagle3.capture import Captures
+    from pytest_eagle3.engine.config import EngineConfig
+    from pytest_eagle3.engine.install import SGLangInstall
+    from pytest_eagle3.engine.pool import EnginePool
+    from pytest_eagle3.spec import LocalTarget, TargetSpec
+
+logger = logging.getLogger("pytest_eagle3")
+
+
+def progress_writer(config: pytest.Config):
+    """A callable printing progress lines on the terminal (and to the log)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+
+    def write(message: str) -> None:
+        logger.info(message)
+        if reporter is not None and config.get_verbosity() >= 0:
+            reporter.write_line(f"[eagle3] {message}")
+
+    return write
+
+
+@pytest.fixture(scope="session")
+def eagle3_settings(pytestconfig: pytest.Config) -> Settings:
+    """The run's resolved :class:`~pytest_eagle3.options.Settings`."""
+    return get_settings(pytestconfig)
+
+
+@pytest.fixture(scope="session")
+def eagle3_target(eagle3_settings: Settings) -> "TargetSpec | LocalTarget":
+    """The target under test: a preset spec or a local checkpoint directory.
+
+    Raises:
+        Eagle3ConfigError: unknown preset, or a directory without config.json.
+    """
+    from pytest_eagle3.spec import resolve_target
+
+    return resolve_target(eagle3_settings.target)
+
+
+@pytest.fixture(scope="session")
+def eagle3_checkpoint(eagle3_target: "TargetSpec | LocalTarget", eagle3_settings: Settings, pytestconfig: pytest.Config) -> Path:
+    """Checkpoint directory: built once per machine into the cache for a preset,
+    the user's directory as it is for a path."""
+    from pytest_eagle3.spec import LocalTarget
+
+    if isinstance(eagle3_target, LocalTarget):
+        return eagle3_target.path
+    from pytest_eagle3.checkpoint import ensure_checkpoint
+
+    progress_writer(pytestconfig)(f"checkpoint {eagle3_target.name}: cache {eagle3_settings.cache_dir}")
+    return ensure_checkpoint(eagle3_target, eagle3_settings.cache_dir, rebuild=eagle3_settings.rebuild)
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """The few config facts the suite needs. ``num_layers`` is ``L``."""
+
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    num_attention_heads: int
+    first_k_dense_replace: int
+
+
+@pytest.fixture(scope="session")
+def eagle3_model_config(eagle3_checkpoint: Path, eagle3_settings: Settings) -> ModelFacts:
+    """Facts from the checkpoint's ``config.json``; checks ``--tp`` divides the heads."""
+    cfg = json.loads((eagle3_checkpoint / "config.json").read_text())
+    facts = ModelFacts(
+        num_layers=int(cfg["num_hidden_layers"]),
+        hidden_size=int(cfg["hidden_size"]),
+        vocab_size=int(cfg["vocab_size"]),
+        num_attention_heads=int(cfg["num_attention_heads"]),
+        first_k_dense_replace=int(cfg.get("first_k_dense_replace", 0)),
+    )
+    problem = check_tp_divides(eagle3_settings.tp, facts.num_attention_heads)
+    if problem:
+        raise pytest.UsageError(problem)
+    return facts
+
+
+@pytest.fixture(scope="session")
+def eagle3_prompts(eagle3_model_config: ModelFacts) -> list[list[int]]:
+    """Token-id prompts (``fixtures/prompts.json``), ids spread over every vocab shard."""
+    from pytest_eagle3.spec import load_prompts
+
+    return load_prompts(vocab_size=eagle3_model_config.vocab_size)
+
+
+@pytest.fixture(scope="session")
+def eagle3_reference(eagle3_checkpoint: Path, eagle3_prompts: list[list[int]], pytestconfig: pytest.Config) -> "list[torch.Tensor]":
+    """transformers' hidden states per prompt, ``[L+2, tokens, hidden]`` float32
+    (``snapshots.py`` indexing), cached next to the checkpoint."""
+    from pytest_eagle3.reference import ensure_reference
+
+    progress_writer(pytestconfig)("reference hidden states (transformers)")
+    return ensure_reference(eagle3_checkpoint, eagle3_prompts)
+
+
+@pytest.fixture(scope="session")
+def eagle3_sglang(eagle3_settings: Settings) -> "SGLangInstall":
+    """The installed SGLang and its server flags.
+
+    Raises:
+        Eagle3SGLangMissing: not installed, or ``launch_server --help`` fails.
+    """
+    from pytest_eagle3.engine.install import probe
+
+    return probe(eagle3_settings.cache_dir)
+
+
+@pytest.fixture(scope="session")
+def eagle3_engine_pool(eagle3_settings: Settings, pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Iterator["EnginePool"]:
+    """Running SGLang servers, one per engine config, reused across tests."""
+    from pytest_eagle3.engine.pool import EnginePool
+
+    run = eagle3_session.get_session(pytestconfig)
+
+    def on_start(config: "EngineConfig", server: Any) -> None:
+        run.record_engine(config.describe(), server.startup_seconds or 0.0, server.log_path)
+
+    pool = EnginePool(
+        log_dir=tmp_path_factory.mktemp("sglang-logs"),
+        startup_timeout=eagle3_settings.startup_timeout,
+        progress=progress_writer(pytestconfig),
+        on_start=on_start,
+    )
+    yield pool
+    try:
+        pool.close()
+    except Exception as exc:  # teardown problems are warnings, not errors
+        warnings.warn(f"pytest-eagle3: stopping SGLang engines failed: {exc}", stacklevel=1)
+
+
+@pytest.fixture
+def eagle3_tp(request: pytest.FixtureRequest) -> int:
+    """TP size of this test: its ``tp(...)`` parameter, else ``--tp``."""
+    return eagle3_session.item_tp(request.node)
+
+
+class CaptureRunner:
+    """Start (or reuse) an engine configured to capture, and read its captures.
+
+    Call it as ``eagle3_capture(layer_ids)``; see :meth:`__call__`.
+    """
+
+    def __init__(self, *, request: pytest.FixtureRequest, pool: "EnginePool", install: "SGLangInstall",
+                 checkpoint: Path, settings: Settings, tp: int, prompts: list[list[int]]) -> None:
+        self.request = request
+        self.pool = pool
+        self.install = install
+        self.checkpoint = checkpoint
+        self.settings = settings
+        self.tp = tp
+        self.prompts = prompts
+        self.last_config: "EngineConfig | None" = None
+
+    def engine_config(self, layer_ids: Sequence[int] | None, extra_args: Mapping[str, Any] | None = None) -> "EngineConfig":
+        from pytest_eagle3.capture import capture_server_args
+        from pytest_eagle3.engine.config import build_engine_config
+
+        args = capture_server_args(self.install, layer_ids)
+        args.update(extra_args or {})
+        return build_engine_config(
+            self.install, model_path=str(self.checkpoint), tp=self.tp, device=self.settings.device,
+            test_args=args, user_args=self.settings.sglang_args,
+        )
+
+    def __call__(self, layer_ids: Sequence[int] | None, *, prompts: Sequence[Sequence[int]] | None = None,
+                 decode_steps: int = 0, extra_args: Mapping[str, Any] | None = None) -> "list[Captures]":
+        """Captures of ``prompts`` (default: the suite prompts) with draft ids ``layer_ids``.
+
+        ``layer_ids=None`` leaves SGLang's default list.  The engine's log is
+        attached to the test report if the test fails.
+
+        Raises:
+            Eagle3CaptureUnsupported: this SGLang cannot return captures without a draft.
+            Eagle3EngineError: the engine failed to start or answer (with its log tail).
+        """
+        from pytest_eagle3.capture import capture
+
+        config = self.engine_config(layer_ids, extra_args)
+        self.last_config = config
+        eagle3_session.attach_log(self.request.node, config.name, self.pool.log_path(config))
+        server = self.pool.get(config)
+        return capture(server, self.prompts if prompts is None else prompts, decode_steps=decode_steps)
+
+
+@pytest.fixture
+def eagle3_capture(request: pytest.FixtureRequest, eagle3_engine_pool: "EnginePool", eagle3_sglang: "SGLangInstall",
+                   eagle3_checkpoint: Path, eagle3_settings: Settings, eagle3_tp: int,
+                   eagle3_prompts: list[list[int]], eagle3_model_config: ModelFacts) -> CaptureRunner:
+    """A :class:`CaptureRunner` for this test's TP size."""
+    return CaptureRunner(request=request, pool=eagle3_engine_pool, install=eagle3_sglang,
+                         checkpoint=eagle3_checkpoint, settings=eagle3_settings, tp=eagle3_tp,
+                         prompts=eagle3_prompts)

@@ -1,0 +1,415 @@
+"""Command-line options of the ``eagle3`` group and the settings they resolve to.
+
+Every value is resolved once, in ``pytest_configure``, into a frozen
+:class:`Settings` stored under :data:`SETTINGS_KEY` in ``config.stash``, with
+the source of each value (``"cli"``, ``"env"``, ``"ini"`` or ``"default"``) kept
+for the report header.  Precedence: command line > environment > ini file >
+default (the pytest-django order).
+
+Nothing here imports torch, transformers or sglang: ``pytest --help`` must work
+on a broken install.  GPU presence is probed with ``CUDA_VISIBLE_DEVICES``,
+``nvidia-smi -L`` and ``/dev/nvidia<N>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import pytest
+
+#: Tensor-parallel sizes the suite knows how to run.
+TP_CHOICES: tuple[int, ...] = (1, 2, 4, 8)
+DEVICE_CHOICES: tuple[str, ...] = ("cpu", "cuda")
+#: Target preset used when none is given, per device (presets live in ``spec.py``).
+DEFAULT_TARGETS: Mapping[str, str] = MappingProxyType({"cpu": "tiny-dsv3", "cuda": "tiny-dsv3"})
+DEFAULT_STARTUP_TIMEOUT = 600.0
+
+ENV_TARGET = "PYTEST_EAGLE3_TARGET"
+ENV_CACHE = "PYTEST_EAGLE3_CACHE"
+
+INI_TARGET = "eagle3_target"
+INI_CACHE = "eagle3_cache"
+INI_STARTUP_TIMEOUT = "eagle3_startup_timeout"
+INI_SGLANG_ARGS = "eagle3_sglang_args"
+
+# Messages (tests import these).
+MSG_BAD_TP = "--tp: expected one of {choices} (tensor-parallel ranks), got {value!r}"
+MSG_BAD_DEVICE = "--device: expected one of {choices}, got {value!r}"
+MSG_BAD_SGLANG_ARG = (
+    "--sglang-arg: expected KEY=VALUE (VALUE is JSON when it parses, else a string), got {value!r}"
+)
+MSG_BAD_TIMEOUT = "{flag}: expected a positive number of seconds, got {value!r}"
+MSG_NO_GPU = (
+    "--device cuda: no GPU is visible ({probe}); run with --device cpu, or fix CUDA_VISIBLE_DEVICES"
+)
+MSG_TOO_FEW_GPUS = (
+    "--tp {tp} needs {tp} GPUs on --device cuda but {count} are visible ({probe}); "
+    "lower --tp or make more GPUs visible"
+)
+MSG_CACHE_NOT_WRITABLE = (
+    "eagle3 cache {path} (from {source}) is not writable: {reason}; "
+    "pass --eagle3-cache DIR or set " + ENV_CACHE + " to a writable directory"
+)
+MSG_TP_HEADS = (
+    "--tp {tp} does not divide the target's {heads} attention heads; use --tp {valid}"
+)
+
+
+@dataclass(frozen=True)
+class GpuProbe:
+    """What the torch-free GPU probe saw.
+
+    Attributes:
+        count: visible GPUs; ``0`` when none.
+        how: a short human description of the evidence, e.g. ``"nvidia-smi -L: 2 GPUs"``.
+    """
+
+    count: int
+    how: str
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The run's eagle3 settings, resolved once in ``pytest_configure``.
+
+    Attributes:
+        tp: tensor-parallel size of the run (one of :data:`TP_CHOICES`).
+        device: ``"cpu"`` or ``"cuda"``.
+        target: a preset name from ``spec.py`` or a path to a checkpoint directory.
+        cache_dir: per-user cache of checkpoints and references (may not exist yet).
+        rebuild: rebuild cached checkpoints and references instead of reusing them.
+        sglang_args: extra SGLang server arguments as ``(key, value)`` pairs, in order
+            (ini entries first, then ``--sglang-arg``; later pairs win).
+        startup_timeout: seconds an engine may take to become ready.
+        sources: value name -> ``"cli" | "env" | "ini" | "default"``.
+        gpu: what the GPU probe saw (the reason an ``auto`` device resolved as it did).
+    """
+
+    tp: int = 1
+    device: str = "cpu"
+    target: str = DEFAULT_TARGETS["cpu"]
+    cache_dir: Path = field(default_factory=lambda: default_cache_dir()[0])
+    rebuild: bool = False
+    sglang_args: tuple[tuple[str, Any], ...] = ()
+    startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
+    sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    gpu: GpuProbe = GpuProbe(0, "not probed")
+
+    def source(self, name: str) -> str:
+        """Where ``name`` came from; ``"default"`` when unknown."""
+        return self.sources.get(name, "default")
+
+    def sglang_kwargs(self) -> dict[str, Any]:
+        """``sglang_args`` as a dict (later pairs win)."""
+        return dict(self.sglang_args)
+
+
+SETTINGS_KEY = pytest.StashKey[Settings]()
+
+
+# --- type= parsers: raise UsageError so pytest prints one line naming the flag ---
+
+
+def parse_tp(value: str) -> int:
+    """``--tp`` parser: one of :data:`TP_CHOICES`."""
+    try:
+        tp = int(value)
+    except ValueError:
+        tp = -1
+    if tp not in TP_CHOICES:
+        raise pytest.UsageError(MSG_BAD_TP.format(choices=_join(TP_CHOICES), value=value))
+    return tp
+
+
+def parse_device(value: str) -> str | None:
+    """``--device`` parser: ``cpu`` or ``cuda``; ``auto`` (the default) -> ``None``."""
+    device = value.strip().lower()
+    if device == "auto":
+        return None
+    if device not in DEVICE_CHOICES:
+        raise pytest.UsageError(MSG_BAD_DEVICE.format(choices="|".join((*DEVICE_CHOICES, "auto")), value=value))
+    return device
+
+
+def parse_sglang_arg(value: str, *, flag: str = "--sglang-arg") -> tuple[str, Any]:
+    """``KEY=VALUE`` -> ``(key, value)``; dashes in KEY become underscores
+    (``disable-cuda-graph=true`` -> ``("disable_cuda_graph", True)``).
+
+    VALUE is decoded as JSON when it parses (``true``, ``0.5``, ``[3, 31]``), else
+    kept as the string.
+    """
+    key, sep, raw = value.partition("=")
+    key = key.strip().lstrip("-").replace("-", "_")
+    if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", key):
+        msg = MSG_BAD_SGLANG_ARG.format(value=value)
+        raise pytest.UsageError(msg.replace("--sglang-arg", flag, 1))
+    try:
+        decoded: Any = json.loads(raw)
+    except ValueError:
+        decoded = raw
+    return key, decoded
+
+
+def parse_timeout(value: str, *, flag: str = "--eagle3-startup-timeout") -> float:
+    """Positive seconds."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0 or seconds != seconds or seconds == float("inf"):
+        raise pytest.UsageError(MSG_BAD_TIMEOUT.format(flag=flag, value=value))
+    return seconds
+
+
+def add_options(parser: pytest.Parser) -> None:
+    """Register the ``eagle3`` option group and its ini keys."""
+    group = parser.getgroup("eagle3", "EAGLE-3 aux hidden states (pytest-eagle3)")
+    group.addoption(
+        "--tp", dest="eagle3_tp", metavar="N", type=parse_tp, default=None,
+        help="tensor-parallel size of the run, one of 1, 2, 4, 8 (default 1); tests marked "
+        "tp(n) with n above it are skipped",
+    )
+    group.addoption(
+        "--device", dest="eagle3_device", metavar="cpu|cuda", type=parse_device, default=None,
+        help="where SGLang runs (default auto: cuda when a GPU is visible, else cpu)",
+    )
+    group.addoption(
+        "--eagle3-target", dest="eagle3_target", metavar="PRESET|PATH", default=None,
+        help=f"target model preset or checkpoint directory (default {DEFAULT_TARGETS['cpu']} "
+        f"on cpu; env {ENV_TARGET}, ini {INI_TARGET})",
+    )
+    group.addoption(
+        "--eagle3-cache", dest="eagle3_cache", metavar="DIR", default=None,
+        help=f"cache of built checkpoints and references (default ${ENV_CACHE}, else "
+        "$XDG_CACHE_HOME/pytest-eagle3, else ~/.cache/pytest-eagle3)",
+    )
+    group.addoption(
+        "--eagle3-rebuild", dest="eagle3_rebuild", action="store_true", default=False,
+        help="rebuild cached checkpoints and references instead of reusing them",
+    )
+    group.addoption(
+        "--sglang-arg", dest="eagle3_sglang_args", metavar="KEY=VALUE", action="append",
+        type=parse_sglang_arg, default=None,
+        help="extra SGLang server argument, repeatable; VALUE is JSON when it parses "
+        "(e.g. --sglang-arg attention_backend=triton --sglang-arg disable_cuda_graph=true)",
+    )
+    group.addoption(
+        "--eagle3-startup-timeout", dest="eagle3_startup_timeout", metavar="SECONDS",
+        type=parse_timeout, default=None,
+        help=f"seconds an SGLang engine may take to become ready (default {DEFAULT_STARTUP_TIMEOUT:g})",
+    )
+    parser.addini(INI_TARGET, "eagle3 target preset or checkpoint path (see --eagle3-target)")
+    parser.addini(INI_CACHE, "eagle3 cache directory (see --eagle3-cache)")
+    parser.addini(INI_STARTUP_TIMEOUT, "seconds an SGLang engine may take to start")
+    parser.addini(INI_SGLANG_ARGS, "extra SGLang server arguments, one KEY=VALUE a line", type="linelist")
+
+
+# --- resolution ---
+
+
+def default_cache_dir(env: Mapping[str, str] | None = None) -> tuple[Path, str]:
+    """Per-user cache directory and its source (``"env"`` or ``"default"``)."""
+    env = os.environ if env is None else env
+    if env.get(ENV_CACHE):
+        return Path(env[ENV_CACHE]).expanduser(), "env"
+    xdg = env.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "pytest-eagle3", "default"
+
+
+def detect_gpus(env: Mapping[str, str] | None = None) -> GpuProbe:
+    """Count visible NVIDIA GPUs without importing torch.
+
+    ``CUDA_VISIBLE_DEVICES`` set to ``""`` or ``-1`` means none; a list caps the
+    count.  The physical count comes from ``nvidia-smi -L`` when it is on PATH,
+    else from ``/dev/nvidia<N>`` device nodes.
+    """
+    env = os.environ if env is None else env
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        entries = [e for e in visible.split(",") if e.strip()]
+        if not entries or entries[0].strip() == "-1":
+            return GpuProbe(0, f"CUDA_VISIBLE_DEVICES={visible!r}")
+    physical, how = _physical_gpus()
+    if visible is not None and physical:
+        count = min(len(entries), physical)
+        return GpuProbe(count, f"{how}, CUDA_VISIBLE_DEVICES={visible!r}")
+    return GpuProbe(physical, how)
+
+
+def _physical_gpus() -> tuple[int, str]:
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run(
+                [smi, "-L"], capture_output=True, text=True, timeout=15, check=False
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            return 0, f"nvidia-smi -L failed: {exc}"
+        count = sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+        return count, f"nvidia-smi -L: {count} GPU{'s' if count != 1 else ''}"
+    nodes = [p for p in Path("/dev").glob("nvidia[0-9]*") if p.name[6:].isdigit()]
+    if nodes:
+        return len(nodes), f"{len(nodes)} /dev/nvidia<N> device nodes"
+    return 0, "no nvidia-smi, no /dev/nvidia<N>"
+
+
+def resolve_settings(config: pytest.Config, *, validate: bool = True) -> Settings:
+    """Resolve every eagle3 value once (CLI > env > ini > default).
+
+    Raises:
+        pytest.UsageError: one line, when ``validate`` and the combination is
+            unusable (``--device cuda`` with no GPU, too few GPUs for ``--tp``,
+            an unwritable cache directory).
+    """
+    sources: dict[str, str] = {}
+    opt = config.option
+    env = os.environ
+
+    tp = getattr(opt, "eagle3_tp", None)
+    sources["tp"] = "cli" if tp is not None else "default"
+    tp = tp if tp is not None else 1
+
+    gpu = detect_gpus(env)
+    device = getattr(opt, "eagle3_device", None)
+    if device is not None:
+        sources["device"] = "cli"
+    else:
+        device = "cuda" if gpu.count > 0 else "cpu"
+        sources["device"] = "default"
+
+    target = getattr(opt, "eagle3_target", None)
+    if target:
+        sources["target"] = "cli"
+    elif env.get(ENV_TARGET):
+        target, sources["target"] = env[ENV_TARGET], "env"
+    elif _ini(config, INI_TARGET):
+        target, sources["target"] = _ini(config, INI_TARGET), "ini"
+    else:
+        target, sources["target"] = DEFAULT_TARGETS[device], "default"
+
+    cache = getattr(opt, "eagle3_cache", None)
+    if cache:
+        cache_dir, sources["cache_dir"] = Path(cache).expanduser(), "cli"
+    elif env.get(ENV_CACHE):
+        cache_dir, sources["cache_dir"] = default_cache_dir(env)
+    elif _ini(config, INI_CACHE):
+        ini_cache = Path(_ini(config, INI_CACHE)).expanduser()
+        if not ini_cache.is_absolute():
+            ini_cache = Path(config.rootpath) / ini_cache
+        cache_dir, sources["cache_dir"] = ini_cache, "ini"
+    else:
+        cache_dir, sources["cache_dir"] = default_cache_dir(env)
+    cache_dir = cache_dir.absolute()
+
+    rebuild = bool(getattr(opt, "eagle3_rebuild", False))
+    sources["rebuild"] = "cli" if rebuild else "default"
+
+    args: list[tuple[str, Any]] = []
+    arg_sources: list[str] = []
+    ini_lines = [line for line in (_ini(config, INI_SGLANG_ARGS) or []) if line.strip()]
+    if ini_lines:
+        args += [parse_sglang_arg(line, flag=INI_SGLANG_ARGS) for line in ini_lines]
+        arg_sources.append("ini")
+    cli_args = getattr(opt, "eagle3_sglang_args", None)
+    if cli_args:
+        args += list(cli_args)
+        arg_sources.append("cli")
+    sources["sglang_args"] = "+".join(arg_sources) or "default"
+
+    timeout = getattr(opt, "eagle3_startup_timeout", None)
+    if timeout is not None:
+        sources["startup_timeout"] = "cli"
+    elif _ini(config, INI_STARTUP_TIMEOUT):
+        timeout = parse_timeout(_ini(config, INI_STARTUP_TIMEOUT), flag=INI_STARTUP_TIMEOUT)
+        sources["startup_timeout"] = "ini"
+    else:
+        timeout, sources["startup_timeout"] = DEFAULT_STARTUP_TIMEOUT, "default"
+
+    settings = Settings(
+        tp=tp, device=device, target=str(target), cache_dir=cache_dir, rebuild=rebuild,
+        sglang_args=tuple(args), startup_timeout=float(timeout),
+        sources=MappingProxyType(sources), gpu=gpu,
+    )
+    if validate:
+        validate_settings(settings)
+    return settings
+
+
+def validate_settings(settings: Settings) -> None:
+    """Reject unusable combinations with a one-line :class:`pytest.UsageError`."""
+    if settings.tp not in TP_CHOICES:
+        raise pytest.UsageError(MSG_BAD_TP.format(choices=_join(TP_CHOICES), value=str(settings.tp)))
+    if settings.device == "cuda":
+        if settings.gpu.count == 0:
+            raise pytest.UsageError(MSG_NO_GPU.format(probe=settings.gpu.how))
+        if settings.gpu.count < settings.tp:
+            raise pytest.UsageError(
+                MSG_TOO_FEW_GPUS.format(tp=settings.tp, count=settings.gpu.count, probe=settings.gpu.how)
+            )
+    reason = cache_problem(settings.cache_dir)
+    if reason:
+        raise pytest.UsageError(
+            MSG_CACHE_NOT_WRITABLE.format(
+                path=settings.cache_dir, source=settings.source("cache_dir"), reason=reason
+            )
+        )
+
+
+def cache_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be used as a cache directory, or ``None``.
+
+    Does not create anything: an absent directory is fine when its nearest
+    existing ancestor is a writable directory.
+    """
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            return "no existing ancestor"
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is not a directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return "permission denied" if probe == path else f"{probe} is not writable"
+    return None
+
+
+def check_tp_divides(tp: int, num_attention_heads: int) -> str | None:
+    """Error line when ``tp`` does not divide the target's attention heads, else ``None``."""
+    if num_attention_heads % tp == 0:
+        return None
+    valid = [t for t in TP_CHOICES if num_attention_heads % t == 0]
+    return MSG_TP_HEADS.format(tp=tp, heads=num_attention_heads, valid=_join(valid, last="or"))
+
+
+def get_settings(config: pytest.Config) -> Settings:
+    """The settings resolved in ``pytest_configure`` (resolved now, unvalidated, if absent)."""
+    try:
+        return config.stash[SETTINGS_KEY]
+    except KeyError:
+        settings = resolve_settings(config, validate=False)
+        config.stash[SETTINGS_KEY] = settings
+        return settings
+
+
+def _ini(config: pytest.Config, name: str) -> Any:
+    try:
+        return config.getini(name)
+    except ValueError:  # key not registered (plugin options not added)
+        return None
+
+
+def _join(values: Any, last: str = "or") -> str:
+    items = [str(v) for v in values]
+    if len(items) <= 1:
+        return "".join(items)
+    return f"{', '.join(items[:-1])} {last} {items[-1]}"

@@ -1,0 +1,214 @@
+"""pytest entry point (``pytest11: eagle3``): hooks only.
+
+Options and settings live in :mod:`pytest_eagle3.options`, run state and log
+attachment in :mod:`pytest_eagle3.session`, fixtures in
+:mod:`pytest_eagle3.fixtures` (imported in ``pytest_configure``).  An
+:class:`~pytest_eagle3.errors.Eagle3Error` raised while a test is set up or run
+becomes a failure/error showing its one-line message, without a traceback.  Nothing here
+imports torch, transformers or sglang: ``pytest --help`` works on a broken install.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import re
+from collections.abc import Generator
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+
+from pytest_eagle3 import options, session
+from pytest_eagle3.errors import Eagle3Error
+
+FIXTURES_MODULE = "pytest_eagle3.fixtures"
+
+MARKERS = (
+    "gpu: needs CUDA; selected with -m gpu, skipped on --device cpu",
+    "tp(*sizes): needs that many tensor-parallel ranks; tp(4) runs at TP 4, tp(1, 2, 4) "
+    "runs at each size (parameter eagle3_tp); sizes above --tp are skipped",
+    "slow: takes minutes (large TP engine starts); deselect with -m 'not slow'",
+)
+
+HEADER_SGLANG = "eagle3: sglang {version} at {location}"
+HEADER_NO_SGLANG = "eagle3: sglang not importable (install pytest-eagle3[cpu] or your SGLang fork)"
+HEADER_LIBS = "eagle3: torch {torch}, transformers {transformers}"
+HEADER_RUN = "eagle3: device {device}, tp {tp}, target {target}"
+HEADER_CACHE = "eagle3: cache {cache}{rebuild}, startup timeout {timeout:g} s"
+HEADER_SGLANG_ARGS = "eagle3: sglang args {args}"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    options.add_options(parser)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+    # `pytest --help` / `--version` must work whatever the machine looks like.
+    validate = not (getattr(config.option, "help", False) or getattr(config.option, "version", False))
+    config.stash[options.SETTINGS_KEY] = options.resolve_settings(config, validate=validate)
+    session.get_session(config)
+    if importlib.util.find_spec(FIXTURES_MODULE) is not None:
+        config.pluginmanager.import_plugin(FIXTURES_MODULE)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    settings = options.get_settings(config)
+    lines = [_sglang_line(), HEADER_LIBS.format(torch=_version("torch"), transformers=_version("transformers"))]
+    device = settings.device + _src(settings, "device")
+    if settings.source("device") == "default":
+        device = f"{settings.device} (auto: {settings.gpu.how})"
+    lines.append(
+        HEADER_RUN.format(
+            device=device,
+            tp=f"{settings.tp}{_src(settings, 'tp')}",
+            target=f"{settings.target}{_src(settings, 'target')}",
+        )
+    )
+    lines.append(
+        HEADER_CACHE.format(
+            cache=f"{settings.cache_dir}{_src(settings, 'cache_dir')}",
+            rebuild=" (rebuild)" if settings.rebuild else "",
+            timeout=settings.startup_timeout,
+        )
+    )
+    if settings.sglang_args:
+        args = " ".join(f"{k}={v!r}" for k, v in settings.sglang_args)
+        lines.append(HEADER_SGLANG_ARGS.format(args=args) + _src(settings, "sglang_args"))
+    return lines
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marker = metafunc.definition.get_closest_marker("tp")
+    if marker is None:
+        return
+    nodeid = metafunc.definition.nodeid
+    sizes = session.tp_marker_values(marker, nodeid)
+    if len(sizes) < 2:
+        return
+    if session.TP_ARGNAME not in metafunc.fixturenames:
+        pytest.fail(
+            session.MSG_TP_PARAM_UNUSED.format(nodeid=nodeid, args=", ".join(map(str, sizes))),
+            pytrace=False,
+        )
+    metafunc.parametrize(session.TP_ARGNAME, sizes, ids=[f"tp{s}" for s in sizes])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Skip markers (not pytest.skip in a hook) so reports point at the test.
+    settings = options.get_settings(config)
+    for item in items:
+        if settings.device != "cuda" and item.get_closest_marker("gpu") is not None:
+            item.add_marker(pytest.mark.skip(reason=session.MSG_SKIP_GPU.format(device=settings.device)))
+            continue
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if item.get_closest_marker("tp") is not None or session.TP_ARGNAME in params:
+            needed = session.item_tp(item)
+            if needed > settings.tp:
+                item.add_marker(pytest.mark.skip(reason=session.MSG_SKIP_TP.format(needed=needed, tp=settings.tp)))
+    # Tests sharing an engine run back to back, so each engine starts once.
+    items.sort(key=session.engine_group)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
+    try:
+        return (yield)
+    except Eagle3Error as exc:
+        _fail_without_traceback(exc)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    try:
+        return (yield)
+    except Eagle3Error as exc:
+        _fail_without_traceback(exc)
+
+
+def _fail_without_traceback(exc: Eagle3Error) -> NoReturn:
+    # Our own errors carry a one-line, actionable message (errors.py); a
+    # traceback into the library would only bury it.
+    __tracebackhide__ = True
+    pytest.fail(f"{type(exc).__name__}: {exc}", pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    # Sections must be on the item before the report is built from it.
+    excinfo = call.excinfo
+    if (
+        excinfo is not None
+        and call.when in ("setup", "call")
+        and not excinfo.errisinstance(pytest.skip.Exception)
+        and item.stash.get(session.ENGINE_LOGS_KEY, None)
+    ):
+        for title, tail in session.log_sections(item):
+            item.add_report_section(call.when, title, tail)
+    return (yield)
+
+
+# --- header helpers ---
+
+
+def _src(settings: options.Settings, name: str) -> str:
+    source = settings.source(name)
+    return "" if source == "default" else f" (from {source})"
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _sglang_line() -> str:
+    """Version and location of the importable ``sglang`` package, without importing it."""
+    try:
+        spec = importlib.util.find_spec("sglang")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        return HEADER_NO_SGLANG
+    if spec.origin and spec.origin not in ("namespace", "built-in"):
+        location = Path(spec.origin).parent
+    else:
+        location = Path(next(iter(spec.submodule_search_locations or []), "?"))
+    version = _sglang_version(location)
+    return HEADER_SGLANG.format(version=version, location=location)
+
+
+def _sglang_version(location: Path) -> str:
+    # A fork may be installed under another distribution name or run from a
+    # source tree on PYTHONPATH: trust a distribution only if it owns this copy,
+    # then fall back to the package's own version.py (scanning every
+    # distribution costs about half a second, so it comes last).
+    owned = _owning_dist_version(["sglang"], location)
+    if owned:
+        return owned
+    try:
+        text = (location / "version.py").read_text(encoding="utf-8")
+    except OSError:
+        text = ""
+    match = re.search(r"""__version__\s*=\s*["']([^"']+)["']""", text)
+    if match:
+        return f"{match.group(1)} (version.py)"
+    others = importlib.metadata.packages_distributions().get("sglang", [])
+    return _owning_dist_version(others, location) or "unknown version"
+
+
+def _owning_dist_version(names: list[str], location: Path) -> str | None:
+    for name in names:
+        try:
+            dist = importlib.metadata.distribution(name)
+            if Path(str(dist.locate_file("sglang"))).resolve() == location.resolve():
+                return dist.version
+        except (importlib.metadata.PackageNotFoundError, OSError, TypeError, NotImplementedError):
+            continue
+    return None

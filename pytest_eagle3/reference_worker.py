@@ -1,0 +1,154 @@
+"""Subprocess entry point of the transformers reference (see :mod:`pytest_eagle3.reference`).
+
+Usage::
+
+    python -m pytest_eagle3.reference_worker --checkpoint DIR --prompts PROMPTS.json \\
+        --dtype float32 --out OUT.safetensors
+
+Loads ``DIR`` with ``AutoModelForCausalLM.from_pretrained`` (offline, eager
+attention), runs each prompt alone (batch 1, no padding, no KV cache) with
+``output_hidden_states=True``, and writes one float32 tensor per prompt,
+``prompt_<i>`` = ``[L+2, tokens, hidden]``: ``hs[0..L]`` then ``final_prenorm``
+(the input of the final norm, captured by a forward pre-hook), the layout of
+:mod:`pytest_eagle3.snapshots`. Rotary ``inv_freq`` buffers are kept in float32
+whatever ``--dtype`` is (DESIGN.md pitfall).
+
+Exit status 0 on success; on failure a traceback on stderr and status 1.
+Like SGLang's ``HFRunner``, it keeps transformers out of the test process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+DTYPES = ("float32", "bfloat16", "float16")
+#: Below this many bytes of safetensors the worker runs torch single-threaded.
+SMALL_MODEL_BYTES = 256 * 1024 * 1024
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m pytest_eagle3.reference_worker")
+    ap.add_argument("--checkpoint", required=True, type=Path)
+    ap.add_argument("--prompts", required=True, type=Path, help='JSON: {"prompts": [[ids], ...]}')
+    ap.add_argument("--dtype", default="float32", choices=DTYPES)
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads (0: torch default; default: 1 for small checkpoints)")
+    return ap.parse_args(argv)
+
+
+def _keep_inv_freq_fp32(model: Any) -> int:
+    """Recompute any rotary ``inv_freq`` that is not float32; returns how many were fixed."""
+    import torch
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    fixed = 0
+    for module in model.modules():
+        inv = getattr(module, "inv_freq", None)
+        if not isinstance(inv, torch.Tensor) or inv.dtype == torch.float32:
+            continue
+        rope_type = getattr(module, "rope_type", "default")
+        if rope_type == "default":
+            fresh, _ = module.compute_default_rope_parameters(module.config, device=inv.device)
+        else:
+            fresh, _ = ROPE_INIT_FUNCTIONS[rope_type](module.config, device=inv.device)
+        module.inv_freq = fresh.to(torch.float32)
+        if hasattr(module, "original_inv_freq"):
+            module.original_inv_freq = fresh.to(torch.float32).clone()
+        fixed += 1
+    return fixed
+
+
+def _final_norm(model: Any) -> Any:
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    norm = getattr(decoder, "norm", None)
+    if norm is None:
+        raise RuntimeError(f"{type(decoder).__name__} has no final 'norm' to hook for final_prenorm")
+    return norm
+
+
+def run(
+    checkpoint: Path, prompts: list[list[int]], dtype: str, threads: int | None = None
+) -> tuple[list[Any], dict[str, str]]:
+    """Reference snapshots of ``prompts``: ``([L+2, T, H] float32 per prompt], metadata)``.
+
+    ``threads``: torch intra-op threads; ``0`` keeps torch's default; ``None``
+    uses 1 for checkpoints under :data:`SMALL_MODEL_BYTES` (tiny ops run far
+    faster single-threaded on shared cores) and torch's default otherwise.
+    """
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = getattr(torch, dtype)
+    if threads is None:
+        weight_bytes = sum(p.stat().st_size for p in Path(checkpoint).glob("*.safetensors"))
+        threads = 1 if weight_bytes < SMALL_MODEL_BYTES else 0
+    if threads > 0:
+        torch.set_num_threads(threads)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(checkpoint),
+        dtype=torch_dtype,
+        attn_implementation="eager",
+        local_files_only=True,
+    )
+    model.eval()
+    fixed = _keep_inv_freq_fp32(model)
+    num_layers = int(model.config.num_hidden_layers)
+    captured: dict[str, torch.Tensor] = {}
+
+    def pre_hook(_module: Any, args: tuple[Any, ...]) -> None:
+        captured["prenorm"] = args[0]
+
+    handle = _final_norm(model).register_forward_pre_hook(pre_hook)
+    out: list[torch.Tensor] = []
+    try:
+        with torch.no_grad():
+            for i, ids in enumerate(prompts):
+                captured.clear()
+                input_ids = torch.tensor([ids], dtype=torch.long)
+                result = model(input_ids=input_ids, output_hidden_states=True, use_cache=False)
+                hs = result.hidden_states
+                if len(hs) != num_layers + 1:
+                    raise RuntimeError(
+                        f"prompt {i}: expected {num_layers + 1} hidden states, got {len(hs)}"
+                    )
+                if "prenorm" not in captured:
+                    raise RuntimeError(f"prompt {i}: the final-norm hook did not fire")
+                stack = torch.stack([h[0] for h in hs] + [captured["prenorm"][0]])
+                out.append(stack.to(torch.float32).contiguous())
+    finally:
+        handle.remove()
+    meta = {
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "dtype": dtype,
+        "num_layers": str(num_layers),
+        "model_class": type(model).__name__,
+        "inv_freq_fixed": str(fixed),
+        "threads": str(torch.get_num_threads()),
+    }
+    return out, meta
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from safetensors.torch import save_file
+
+    data = json.loads(args.prompts.read_text(encoding="utf-8"))
+    prompts = [list(map(int, p)) for p in data["prompts"]]
+    tensors, meta = run(args.checkpoint, prompts, args.dtype, args.threads)
+    save_file({f"prompt_{i:04d}": t for i, t in enumerate(tensors)}, str(args.out), metadata=meta)
+    print(json.dumps({"ok": True, "prompts": len(tensors), **meta}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

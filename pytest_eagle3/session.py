@@ -1,0 +1,185 @@
+"""Run-level state and per-test diagnostics shared by the hooks and the fixtures.
+
+* :class:`Eagle3Session`: one per pytest run, registered in ``pytest_configure``
+  and stored under :data:`SESSION_KEY`; fixtures record the engines they start
+  with :meth:`Eagle3Session.record_engine` and the terminal summary lists them.
+* :data:`ENGINE_LOGS_KEY`: per-item list of ``(title, log path)``; fixtures call
+  :func:`attach_log` and a failing test gets the last :data:`LOG_TAIL_LINES`
+  lines of each log as a report section ``sglang log <title>``.
+* The ``tp`` marker: :func:`tp_marker_values` and :func:`item_tp`.
+
+Nothing here imports torch or sglang.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+#: Lines of an engine log attached to a failing test.
+LOG_TAIL_LINES = 200
+#: Bytes read from the end of a log at most (enough for 200 long lines).
+LOG_TAIL_BYTES = 256 * 1024
+#: Name a directly parametrized TP value is given (``tp(1, 2)`` marker).
+TP_ARGNAME = "eagle3_tp"
+
+MSG_SKIP_GPU = "needs --device cuda; this run is --device {device}"
+MSG_SKIP_TP = "needs --tp {needed}; this run has --tp {tp}"
+MSG_BAD_TP_MARKER = "{nodeid}: tp marker takes TP sizes from {choices}, got {args}"
+MSG_TP_PARAM_UNUSED = (
+    "{nodeid}: tp({args}) runs the test at each TP size through the '" + TP_ARGNAME + "' "
+    "argument; request the " + TP_ARGNAME + " fixture (or a fixture that uses it)"
+)
+LOG_SECTION = "sglang log {title}"
+LOG_MISSING = "(log {path} is missing: {reason})"
+SUMMARY_TITLE = "eagle3 engines"
+SUMMARY_LINE = "{description}: ready in {seconds:.1f} s"
+
+ENGINE_LOGS_KEY = pytest.StashKey[list[tuple[str, Path]]]()
+
+
+@dataclass
+class EngineRecord:
+    """One engine start, for the run summary."""
+
+    description: str
+    start_seconds: float
+    log_path: Path | None = None
+    nodeid: str | None = None
+
+
+@dataclass
+class Eagle3Session:
+    """Run-level registry; registered as a plugin named ``eagle3-session``."""
+
+    config: pytest.Config
+    engines: list[EngineRecord] = field(default_factory=list)
+    started_at: float = field(default_factory=time.monotonic)
+
+    def record_engine(
+        self,
+        description: str,
+        start_seconds: float,
+        log_path: Path | None = None,
+        nodeid: str | None = None,
+    ) -> EngineRecord:
+        """Note an engine that became ready after ``start_seconds`` (wall seconds)."""
+        record = EngineRecord(description, float(start_seconds), log_path, nodeid)
+        self.engines.append(record)
+        return record
+
+    def summary_lines(self) -> list[str]:
+        return [SUMMARY_LINE.format(description=e.description, seconds=e.start_seconds) for e in self.engines]
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        lines = self.summary_lines()
+        if not lines:
+            return
+        terminalreporter.section(SUMMARY_TITLE, sep="-")
+        for line in lines:
+            terminalreporter.line(line)
+
+
+SESSION_KEY = pytest.StashKey[Eagle3Session]()
+
+
+def get_session(config: pytest.Config) -> Eagle3Session:
+    """The run's :class:`Eagle3Session` (created and registered on first use)."""
+    try:
+        return config.stash[SESSION_KEY]
+    except KeyError:
+        session = Eagle3Session(config)
+        config.stash[SESSION_KEY] = session
+        if not config.pluginmanager.is_registered(session):
+            config.pluginmanager.register(session, "eagle3-session")
+        return session
+
+
+def attach_log(item: pytest.Item, title: str, path: Path | str) -> None:
+    """Attach a log file to ``item``: if the test fails (setup or call), its
+    last :data:`LOG_TAIL_LINES` lines become the report section ``sglang log <title>``.
+
+    Fixtures call it with ``request.node`` for every engine the test uses.
+    """
+    logs = item.stash.setdefault(ENGINE_LOGS_KEY, [])
+    entry = (title, Path(path))
+    if entry not in logs:
+        logs.append(entry)
+
+
+def tail_lines(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = LOG_TAIL_BYTES) -> str:
+    """The last ``lines`` lines of a text file (decoded leniently), or a note
+    saying why it could not be read."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            size = fh.tell()
+            fh.seek(max(0, size - max_bytes))
+            data = fh.read()
+    except OSError as exc:
+        return LOG_MISSING.format(path=path, reason=exc.strerror or exc)
+    text = data.decode("utf-8", errors="replace")
+    kept = text.splitlines()
+    if size > max_bytes and kept:
+        kept = kept[1:]  # first line is probably cut
+    return "\n".join(kept[-lines:])
+
+
+def log_sections(item: pytest.Item, lines: int = LOG_TAIL_LINES) -> list[tuple[str, str]]:
+    """``(section title, tail)`` for every log attached to ``item``."""
+    return [
+        (LOG_SECTION.format(title=title), tail_lines(path, lines))
+        for title, path in item.stash.get(ENGINE_LOGS_KEY, [])
+    ]
+
+
+# --- the tp marker ---
+
+
+def tp_marker_values(marker: pytest.Mark, nodeid: str) -> tuple[int, ...]:
+    """TP sizes named by a ``tp(...)`` marker.
+
+    Raises:
+        pytest.fail.Exception: a value outside 1, 2, 4, 8 (or no value).
+    """
+    from pytest_eagle3.options import TP_CHOICES
+
+    values = marker.args
+    ok = bool(values) and all(isinstance(v, int) and not isinstance(v, bool) and v in TP_CHOICES for v in values)
+    if not ok:
+        pytest.fail(
+            MSG_BAD_TP_MARKER.format(nodeid=nodeid, choices=TP_CHOICES, args=values), pytrace=False
+        )
+    return tuple(dict.fromkeys(values))
+
+
+#: Parameter naming the capture case; tests with equal (tp, case) share an engine.
+CASE_ARGNAME = "eagle3_case"
+
+
+def engine_group(item: pytest.Item) -> tuple[int, int, str]:
+    """Sort key grouping tests that use the same engine: engine-free tests first,
+    then by TP size, then by capture case name."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if TP_ARGNAME not in params and CASE_ARGNAME not in params:
+        return (0, 0, "")
+    case = params.get(CASE_ARGNAME)
+    return (1, int(params.get(TP_ARGNAME, 0)), str(getattr(case, "name", case or "")))
+
+
+def item_tp(item: pytest.Item) -> int:
+    """The TP size ``item`` runs at: the ``eagle3_tp`` parameter of a
+    ``tp(a, b)`` test, else the single value of ``tp(n)``, else the run's ``--tp``."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and TP_ARGNAME in callspec.params:
+        return int(callspec.params[TP_ARGNAME])
+    marker = item.get_closest_marker("tp")
+    if marker is not None:
+        return max(tp_marker_values(marker, item.nodeid))
+    from pytest_eagle3.options import get_settings
+
+    return get_settings(item.config).tp

@@ -1,0 +1,54 @@
+"""Names for the residual-stream snapshots every convention is translated into.
+
+A *snapshot* is one tensor of the target's residual stream for every token of a
+prompt, ``[tokens, hidden]``.  Snapshots are identified by their index in the
+``output_hidden_states`` tuple ``hs`` of transformers' ``DeepseekV3ForCausalLM``
+(measured on transformers 5.x, see ``DESIGN.md``):
+
+* ``hs[0]``: the embedding output (input of layer 0);
+* ``hs[k]`` for ``1 <= k <= L-1``: the output of layer ``k-1`` = input of layer
+  ``k`` (the full residual stream, ``hidden_states + residual``);
+* ``hs[L]``: the output of the final RMSNorm;
+* :data:`FINAL_PRENORM` (stored as index ``L+1``): the output of the last layer
+  before the final norm, which ``hs`` does not contain.
+"""
+
+from __future__ import annotations
+
+#: Symbolic index of the pre-final-norm output of the last layer.
+FINAL_PRENORM = "final_prenorm"
+
+
+def prenorm_index(num_layers: int) -> int:
+    """Storage index of :data:`FINAL_PRENORM` in a ``[L+2, tokens, hidden]`` stack."""
+    return num_layers + 1
+
+
+def label(index: int, num_layers: int) -> str:
+    """Short label of a snapshot index, e.g. ``hs[3]`` or ``final_prenorm``."""
+    if index == prenorm_index(num_layers):
+        return FINAL_PRENORM
+    return f"hs[{index}]"
+
+
+def describe(index: int, num_layers: int) -> str:
+    """Human meaning of a snapshot index, e.g. ``input of layer 3``.
+
+    Raises:
+        ValueError: ``index`` is outside ``0 .. L+1``.
+    """
+    L = num_layers
+    if index == 0:
+        return "embedding"
+    if 1 <= index <= L - 1:
+        return f"input of layer {index}"
+    if index == L:
+        return "final norm output"
+    if index == L + 1:
+        return f"output of layer {L - 1} before the final norm"
+    raise ValueError(f"snapshot index {index} is outside 0..{L + 1} for {L} layers")
+
+
+def full_label(index: int, num_layers: int) -> str:
+    """``hs[3] (input of layer 3)``."""
+    return f"{label(index, num_layers)} ({describe(index, num_layers)})"

@@ -1,0 +1,388 @@
+"""Target specs: which reduced-layer model a test run is about.
+
+A *target* is either
+
+* a :class:`TargetSpec`: a preset from ``fixtures/targets/<name>.json`` (or any
+  spec file with the same fields) from which :mod:`pytest_eagle3.checkpoint`
+  builds a checkpoint with known, deterministic weights; or
+* a :class:`LocalTarget`: a user's checkpoint directory used as-is.
+
+:func:`resolve_target` turns the ``--eagle3-target`` value into one of them.
+
+Spec file format (JSON object)::
+
+    {"name": "tiny-dsv3", "description": "...", "seed": 0,
+     "init": {... InitParams fields ...},
+     "config": {... Hugging Face config.json ...}}
+
+Nothing here imports torch; the spec is plain data.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Union
+
+from pytest_eagle3.errors import Eagle3ConfigError
+
+#: ``{value}``: what the user passed; ``{known}``: comma-separated preset names.
+UNKNOWN_TARGET_MSG = (
+    "unknown target preset {value!r}; known: {known}; "
+    "or pass a directory containing config.json"
+)
+#: ``{path}``: the directory.
+MISSING_CONFIG_MSG = (
+    "target directory {path} has no config.json; pass a Hugging Face checkpoint "
+    "directory or a preset name"
+)
+#: ``{path}``, ``{error}``.
+BAD_SPEC_MSG = "target spec {path} is invalid: {error}; fix the file or use a preset"
+#: ``{path}``, ``{error}``.
+BAD_PROMPTS_MSG = "prompts file {path} is invalid: {error}"
+
+#: Keys of a spec file.
+_SPEC_KEYS = frozenset({"name", "description", "seed", "init", "config"})
+#: Config fields every target must have (read by :class:`TargetSpec` properties).
+_REQUIRED_CONFIG = ("num_hidden_layers", "hidden_size", "vocab_size", "num_attention_heads")
+
+
+def fixtures_dir() -> Path:
+    """The packaged ``fixtures`` directory.
+
+    In a wheel it is ``pytest_eagle3/data`` (hatch ``force-include`` of the
+    repository's ``fixtures/``); in a source checkout or editable install it is
+    ``<repo>/fixtures``.
+    """
+    import pytest_eagle3
+
+    pkg = Path(pytest_eagle3.__file__).resolve().parent
+    inside = pkg / "data"
+    if inside.is_dir():
+        return inside
+    return pkg.parent / "fixtures"
+
+
+def targets_dir() -> Path:
+    """``fixtures/targets``: one ``<preset>.json`` per target preset."""
+    return fixtures_dir() / "targets"
+
+
+def list_presets() -> list[str]:
+    """Sorted names of the packaged target presets, e.g. ``["tiny-dsv3"]``."""
+    d = targets_dir()
+    if not d.is_dir():
+        return []
+    return sorted(p.stem for p in d.glob("*.json"))
+
+
+@dataclass(frozen=True)
+class InitParams:
+    """Parameters of the distinguishable-layers init (DESIGN.md, "Reduced-layer targets").
+
+    Attributes:
+        embedding_std: std of ``embed_tokens`` entries, N(0, std^2).
+        matrix_gain: every linear weight is N(0, gain / fan_in).
+        norm_lognormal_sigma: RMSNorm weights are ``exp(N(0, sigma^2))``.
+        branch_variance_ratio: each attention and MLP output is scaled so its
+            RMS is ``sqrt(ratio)`` times the RMS of the residual stream it reads.
+        router_bias: value added to ``e_score_correction_bias`` of the pinned experts.
+        pinned_experts: experts pinned per MoE layer (rotating across layers);
+            must be >= ``num_experts_per_tok`` so top-k never depends on scores.
+        calibration_sequences: sequences in the calibration batch.
+        calibration_tokens: tokens per calibration sequence.
+        scale_mantissa_bits: branch scales are rounded to this many mantissa
+            bits so float noise in the calibration forward cannot change bytes.
+    """
+
+    embedding_std: float = 1.0
+    matrix_gain: float = 1.0
+    norm_lognormal_sigma: float = 0.6
+    branch_variance_ratio: float = 0.6
+    router_bias: float = 4.0
+    pinned_experts: int = 2
+    calibration_sequences: int = 4
+    calibration_tokens: int = 32
+    scale_mantissa_bits: int = 8
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> InitParams:
+        """Build from the spec's ``init`` object.
+
+        Raises:
+            ValueError: unknown key or a value of the wrong type.
+        """
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise ValueError(f"unknown init keys {unknown}; known: {sorted(known)}")
+        values: dict[str, Any] = {}
+        for key, value in data.items():
+            default = getattr(cls, key)
+            if isinstance(default, int) and not isinstance(default, bool):
+                if not isinstance(value, int) or isinstance(value, bool):
+                    raise ValueError(f"init.{key} must be an integer, got {value!r}")
+            elif not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise ValueError(f"init.{key} must be a number, got {value!r}")
+            values[key] = type(default)(value)
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict of every field."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """A target whose checkpoint pytest-eagle3 builds itself.
+
+    Attributes:
+        name: preset name, used in cache directory names (``tiny-dsv3``).
+        description: free text for people; not part of :meth:`cache_key`.
+        config: the Hugging Face ``config.json`` content (do not mutate).
+        init: weight init parameters.
+        seed: seed of the ``torch.Generator`` that draws every weight.
+        source: the spec file it was read from, if any (not part of the key).
+    """
+
+    name: str
+    description: str
+    config: dict[str, Any]
+    init: InitParams = field(default_factory=InitParams)
+    seed: int = 0
+    source: Path | None = field(default=None, compare=False)
+
+    def __hash__(self) -> int:
+        return hash(self.cache_key())
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, source: Path | None = None) -> TargetSpec:
+        """Build from a parsed spec file.
+
+        Raises:
+            Eagle3ConfigError: missing/unknown keys or wrong types.
+        """
+        where = source if source is not None else "<dict>"
+        try:
+            if not isinstance(data, dict):
+                raise ValueError("top level must be a JSON object")
+            unknown = sorted(set(data) - _SPEC_KEYS)
+            if unknown:
+                raise ValueError(f"unknown keys {unknown}")
+            for key in ("name", "config"):
+                if key not in data:
+                    raise ValueError(f"missing key {key!r}")
+            config = data["config"]
+            if not isinstance(config, dict):
+                raise ValueError("'config' must be an object")
+            missing = [k for k in _REQUIRED_CONFIG if not isinstance(config.get(k), int)]
+            if missing:
+                raise ValueError(f"config lacks integer fields {missing}")
+            seed = data.get("seed", 0)
+            if not isinstance(seed, int) or isinstance(seed, bool):
+                raise ValueError(f"'seed' must be an integer, got {seed!r}")
+            init = InitParams.from_dict(data.get("init", {}))
+            if init.pinned_experts < int(config.get("num_experts_per_tok", 0)):
+                raise ValueError("init.pinned_experts must be >= config.num_experts_per_tok")
+        except ValueError as exc:
+            raise Eagle3ConfigError(BAD_SPEC_MSG.format(path=where, error=exc)) from None
+        return cls(
+            name=str(data["name"]),
+            description=str(data.get("description", "")),
+            config=copy.deepcopy(config),
+            init=init,
+            seed=seed,
+            source=source,
+        )
+
+    @classmethod
+    def from_file(cls, path: Path) -> TargetSpec:
+        """Read a spec JSON file.
+
+        Raises:
+            Eagle3ConfigError: unreadable file, bad JSON or bad content.
+        """
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise Eagle3ConfigError(BAD_SPEC_MSG.format(path=path, error=exc)) from None
+        return cls.from_dict(data, source=Path(path))
+
+    @classmethod
+    def preset(cls, name: str) -> TargetSpec:
+        """The packaged preset ``name``.
+
+        Raises:
+            Eagle3ConfigError: no such preset (message lists the known ones).
+        """
+        path = targets_dir() / f"{name}.json"
+        if not path.is_file():
+            raise Eagle3ConfigError(
+                UNKNOWN_TARGET_MSG.format(value=name, known=", ".join(list_presets()) or "none")
+            )
+        return cls.from_file(path)
+
+    def key_material(self) -> dict[str, Any]:
+        """Everything that determines the checkpoint bytes (without the builder version)."""
+        return {
+            "name": self.name,
+            "seed": self.seed,
+            "init": self.init.to_dict(),
+            "config": self.config,
+        }
+
+    def cache_key(self) -> str:
+        """Hex sha256 of the canonical JSON of :meth:`key_material` plus ``BUILDER_VERSION``."""
+        from pytest_eagle3.checkpoint.builder import BUILDER_VERSION
+
+        material = dict(self.key_material(), builder_version=BUILDER_VERSION)
+        blob = json.dumps(material, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+        return hashlib.sha256(blob.encode("ascii")).hexdigest()
+
+    @property
+    def num_layers(self) -> int:
+        """``num_hidden_layers`` (L)."""
+        return int(self.config["num_hidden_layers"])
+
+    @property
+    def hidden_size(self) -> int:
+        """``hidden_size`` (H)."""
+        return int(self.config["hidden_size"])
+
+    @property
+    def vocab_size(self) -> int:
+        """``vocab_size``."""
+        return int(self.config["vocab_size"])
+
+    @property
+    def num_attention_heads(self) -> int:
+        """``num_attention_heads``; TP degrees must divide it."""
+        return int(self.config["num_attention_heads"])
+
+
+@dataclass(frozen=True)
+class LocalTarget:
+    """A user's checkpoint directory, used as-is (never rebuilt or modified).
+
+    Attributes:
+        path: the directory (resolved); contains ``config.json``.
+        config: its parsed ``config.json``.
+    """
+
+    path: Path
+    config: dict[str, Any] = field(compare=False, hash=False)
+
+    @classmethod
+    def from_dir(cls, path: Path) -> LocalTarget:
+        """Read ``path/config.json``.
+
+        Raises:
+            Eagle3ConfigError: the directory or ``config.json`` is missing or unreadable.
+        """
+        path = Path(path).expanduser().resolve()
+        cfg = path / "config.json"
+        if not cfg.is_file():
+            raise Eagle3ConfigError(MISSING_CONFIG_MSG.format(path=path))
+        try:
+            config = json.loads(cfg.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise Eagle3ConfigError(BAD_SPEC_MSG.format(path=cfg, error=exc)) from None
+        missing = [k for k in _REQUIRED_CONFIG if not isinstance(config.get(k), int)]
+        if missing:
+            raise Eagle3ConfigError(
+                BAD_SPEC_MSG.format(path=cfg, error=f"config lacks integer fields {missing}")
+            )
+        return cls(path=path, config=config)
+
+    @property
+    def name(self) -> str:
+        """The directory name."""
+        return self.path.name
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """Where the checkpoint is: :attr:`path` itself."""
+        return self.path
+
+    @property
+    def num_layers(self) -> int:
+        """``num_hidden_layers`` (L)."""
+        return int(self.config["num_hidden_layers"])
+
+    @property
+    def hidden_size(self) -> int:
+        """``hidden_size`` (H)."""
+        return int(self.config["hidden_size"])
+
+    @property
+    def vocab_size(self) -> int:
+        """``vocab_size``."""
+        return int(self.config["vocab_size"])
+
+    @property
+    def num_attention_heads(self) -> int:
+        """``num_attention_heads``."""
+        return int(self.config["num_attention_heads"])
+
+
+Target = Union[TargetSpec, LocalTarget]
+
+
+def resolve_target(value: str) -> TargetSpec | LocalTarget:
+    """Turn an ``--eagle3-target`` value into a target.
+
+    Order: a packaged preset name (``tiny-dsv3``); a ``*.json`` spec file; a
+    checkpoint directory containing ``config.json``.
+
+    Raises:
+        Eagle3ConfigError: neither a preset nor an existing spec file/directory
+            (the message lists the presets), or the directory lacks ``config.json``.
+    """
+    if value in list_presets():
+        return TargetSpec.preset(value)
+    path = Path(value).expanduser()
+    if path.is_file() and path.suffix == ".json":
+        return TargetSpec.from_file(path)
+    if path.is_dir():
+        return LocalTarget.from_dir(path)
+    raise Eagle3ConfigError(
+        UNKNOWN_TARGET_MSG.format(value=value, known=", ".join(list_presets()) or "none")
+    )
+
+
+def prompts_path() -> Path:
+    """``fixtures/prompts.json``."""
+    return fixtures_dir() / "prompts.json"
+
+
+def load_prompts(path: Path | None = None, *, vocab_size: int | None = None) -> list[list[int]]:
+    """Token-id prompts of the packaged suite (``fixtures/prompts.json`` by default).
+
+    Args:
+        path: another prompts file with the same format.
+        vocab_size: if given, every id must be in ``[0, vocab_size)``.
+
+    Returns:
+        One list of token ids per prompt, in file order.
+
+    Raises:
+        Eagle3ConfigError: unreadable file, bad format, or an id out of range.
+    """
+    path = prompts_path() if path is None else Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        entries = data["prompts"]
+        prompts: list[list[int]] = []
+        for i, entry in enumerate(entries):
+            ids = entry["ids"] if isinstance(entry, dict) else entry
+            if not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
+                raise ValueError(f"prompt {i} must be a non-empty list of non-negative ints")
+            if vocab_size is not None and max(ids) >= vocab_size:
+                raise ValueError(f"prompt {i} has id {max(ids)} >= vocab_size {vocab_size}")
+            prompts.append(list(ids))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise Eagle3ConfigError(BAD_PROMPTS_MSG.format(path=path, error=exc)) from None
+    return prompts

@@ -1,0 +1,54 @@
+"""The embedding all-reduce is complete: the embedding slot equals the reference
+embedding for tokens from every TP rank's vocab shard.
+
+SGLang's ``VocabParallelEmbedding`` gives each TP rank a contiguous shard of the
+(padded) vocabulary; rows of tokens outside a rank's shard are zero until the
+all-reduce.  A missing all-reduce leaves exact-zero rows for about (n-1)/n of the
+tokens (DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_eagle3.compare import check_embedding_complete, fail_if_bad, vocab_shard
+from pytest_eagle3.conventions import predict
+from pytest_eagle3.suite.cases import EMBEDDING_FIRST
+from pytest_eagle3.suite.support import tolerance
+
+NO_EMBEDDING_ID = (
+    "{sglang} cannot capture the embedding with {rule}: no id list yields hs[0]"
+)
+SHARDS_UNCOVERED = (
+    "the suite prompts miss vocab shard(s) {missing} at TP {tp}: an incomplete "
+    "all-reduce on those ranks would go unseen (fix fixtures/prompts.json)"
+)
+
+
+@pytest.mark.tp(1, 2, 4, 8)
+@pytest.mark.parametrize("eagle3_case", [EMBEDDING_FIRST], ids=lambda c: c.name)
+def test_embedding_rows_complete_on_every_shard(eagle3_case, eagle3_capture, eagle3_reference, eagle3_model_config,
+                                                 eagle3_sglang, eagle3_tp, eagle3_settings, record_property):
+    facts = eagle3_model_config
+    ids = eagle3_case.ids(facts.num_layers)
+    prediction = predict(ids, facts.num_layers, eagle3_sglang.version)
+    if 0 not in prediction.snapshots:
+        pytest.skip(NO_EMBEDDING_ID.format(sglang=eagle3_sglang.describe(), rule=prediction.rule))
+    slot = prediction.snapshots.index(0)
+
+    covered = {vocab_shard(t, facts.vocab_size, eagle3_tp) for p in eagle3_capture.prompts for t in p}
+    missing = sorted(set(range(eagle3_tp)) - covered)
+    if missing:
+        pytest.fail(SHARDS_UNCOVERED.format(missing=missing, tp=eagle3_tp), pytrace=False)
+
+    captures = eagle3_capture(ids)
+    H = facts.hidden_size
+    worst = 0.0
+    for cap, ref in zip(captures, eagle3_reference):
+        report = check_embedding_complete(
+            cap.prefill[:, slot * H:(slot + 1) * H], ref[0], cap.prompt,
+            vocab_size=facts.vocab_size, tp=eagle3_tp, tol=tolerance(eagle3_settings),
+        )
+        fail_if_bad(report, config=eagle3_capture.request.config)
+        worst = max([worst] + [r.err for r in report.rows])
+    record_property("eagle3_embedding_worst_rel_err", worst)

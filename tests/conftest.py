@@ -1,0 +1,14 @@
+from __future__ import annotations
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+
+@pytest.fixture
+def clean_eagle3_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inner pytest runs see no eagle3 settings from the outer environment, and
+    no GPU (so ``--device`` resolves to cpu on any machine)."""
+    for name in ("PYTEST_EAGLE3_TARGET", "PYTEST_EAGLE3_CACHE", "XDG_CACHE_HOME", "PYTEST_ADDOPTS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")

@@ -1,0 +1,332 @@
+"""compare.py on synthetic tensors: right slots pass, each known fault gets its diagnosis."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pytest_eagle3.compare import (  # noqa: E402
+    EMB_ALLREDUCE,
+    EMB_BAD,
+    EMB_OFF_ROW,
+    EMB_ZERO_ROW,
+    HOLDS,
+    NO_MATCH,
+    SLOT_PRESENT,
+    SLOT_WRONG,
+    SLOTS_BAD,
+    SLOTS_OK,
+    check_embedding_complete,
+    compare_slots,
+    fail_if_bad,
+    fmt_err,
+    vocab_shard,
+    vocab_shard_ranges,
+)
+
+L, H, T = 6, 64, 5
+EXPECTED = (0, 3, 5)  # e.g. [embedding, layer-3 input, layer-5 input]
+
+
+def make_reference(num_layers: int = L, hidden: int = H, tokens: int = T, seed: int = 0) -> torch.Tensor:
+    """A residual stream like the DESIGN init: each layer adds a delta of RMS
+    sqrt(0.6) of the stream it reads; hs[L] is RMS-normed with lognormal weights."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, hidden, generator=g)
+    stream = [x]
+    for _ in range(num_layers):
+        delta = torch.randn(tokens, hidden, generator=g)
+        delta *= math.sqrt(0.6) * x.pow(2).mean().sqrt() / delta.pow(2).mean().sqrt()
+        x = x + delta
+        stream.append(x)
+    prenorm = stream.pop()  # output of the last layer, before the final norm
+    weight = torch.exp(0.6 * torch.randn(hidden, generator=g))
+    final = prenorm * torch.rsqrt(prenorm.pow(2).mean(-1, keepdim=True) + 1e-6) * weight
+    return torch.stack([*stream, final, prenorm])  # [L+2, T, H]
+
+
+def capture(ref: torch.Tensor, indices) -> torch.Tensor:
+    return torch.cat([ref[i] for i in indices], dim=-1)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm())
+
+
+def ranking(slot: torch.Tensor, ref: torch.Tensor) -> list[tuple[float, int]]:
+    return sorted((rel(slot, ref[r]), r) for r in range(ref.shape[0]))
+
+
+def test_correct_slots_pass() -> None:
+    ref = make_reference()
+    report = compare_slots(capture(ref, EXPECTED), ref, expected=EXPECTED, num_layers=L, hidden_size=H)
+    assert report.ok
+    assert [v.best for v in report.slots] == list(EXPECTED)
+    assert report.message() == SLOTS_OK.format(k=3, worst=fmt_err(0.0))
+    fail_if_bad(report)  # does not raise
+
+
+def test_bf16_capture_passes_at_a_bf16_tolerance() -> None:
+    ref = make_reference()
+    cap = capture(ref, EXPECTED).to(torch.bfloat16)
+    assert not compare_slots(cap, ref, expected=EXPECTED, num_layers=L, hidden_size=H).ok
+    report = compare_slots(cap, ref, expected=EXPECTED, num_layers=L, hidden_size=H, tol=0.02)
+    assert report.ok, report.message(verbose=True)
+
+
+def test_exact_diagnosis_line() -> None:
+    # Orthonormal directions u_r; the captured slot is 1.004 u3, hs[3] = u3,
+    # hs[0] and hs[2] lie 0.612 / 0.608 away from it, every other snapshot farther.
+    R = L + 2
+    u = torch.eye(H)[:R].unsqueeze(1).double()  # [R, 1, H]
+    u3 = u[3]
+
+    def at(err: float, r: int) -> torch.Tensor:  # u3 + x u_r with ||1.004 u3 - b|| / ||b|| = err
+        x = math.sqrt((err**2 - 0.004**2) / (1 - err**2))
+        return u3 + x * u[r]
+
+    ref = torch.stack([at(0.9, r) for r in range(R)])
+    ref[3], ref[0], ref[2] = u3, at(0.612, 0), at(0.608, 2)
+    cap = torch.cat([1.004 * u3, ref[3], ref[5]], dim=-1).reshape(1, 3 * H)
+    report = compare_slots(cap, ref, expected=EXPECTED, num_layers=L, hidden_size=H)
+    assert not report.ok
+    assert report.message() == (
+        "aux hidden states: 1 of 3 slots wrong\n"
+        "slot 0: holds hs[3] (input of layer 3, rel.err 0.004); expected hs[0] (embedding, rel.err 0.61); "
+        "next best hs[2] at 0.61"
+    )
+
+
+def test_capture_from_the_wrong_layer_is_diagnosed() -> None:
+    # SGLang before PR #25454 applied +1 to every id: [0, 3, 5] became hs[1], hs[4], hs[6].
+    ref = make_reference()
+    captured = (1, 4, 6)
+    report = compare_slots(capture(ref, captured), ref, expected=EXPECTED, num_layers=L, hidden_size=H)
+    assert not report.ok
+    assert [v.best for v in report.slots] == list(captured)
+    meanings = {1: "input of layer 1", 4: "input of layer 4", 6: "final norm output"}
+    exp_meanings = {0: "embedding", 3: "input of layer 3", 5: "input of layer 5"}
+    lines = [SLOTS_BAD.format(wrong=3, k=3)]
+    for s, (got, want) in enumerate(zip(captured, EXPECTED)):
+        rank = ranking(ref[got], ref)
+        assert rank[0] == (0.0, got)
+        label_of = "hs[{}]".format
+        lines.append(
+            SLOT_WRONG.format(
+                slot=s,
+                holding=HOLDS.format(label=label_of(got), meaning=meanings[got], err="0"),
+                expected_label=label_of(want), expected_meaning=exp_meanings[want],
+                expected_err=fmt_err(rel(ref[got], ref[want])),
+                next_label=label_of(rank[1][1]) if rank[1][1] <= L else "final_prenorm",
+                next_err=fmt_err(rank[1][0]),
+            )
+        )
+    assert report.message() == "\n".join(lines)
+    assert report.message().splitlines()[2].startswith(
+        "slot 1: holds hs[4] (input of layer 4, rel.err 0); expected hs[3] (input of layer 3, rel.err 0."
+    )
+    with pytest.raises(pytest.fail.Exception) as info:
+        fail_if_bad(report)
+    assert str(info.value) == report.message()
+
+
+def test_final_prenorm_is_named() -> None:
+    ref = make_reference()
+    expected = (2, L + 1)
+    report = compare_slots(capture(ref, (2, L)), ref, expected=expected, num_layers=L, hidden_size=H)
+    (line,) = report.message().splitlines()[1:]
+    assert line.startswith(
+        "slot 1: holds hs[6] (final norm output, rel.err 0); "
+        "expected final_prenorm (output of layer 5 before the final norm, rel.err "
+    )
+
+
+def test_swapped_order() -> None:
+    ref = make_reference()
+    report = compare_slots(capture(ref, (3, 0, 5)), ref, expected=EXPECTED, num_layers=L, hidden_size=H)
+    lines = report.message().splitlines()
+    assert lines[0] == "aux hidden states: 2 of 3 slots wrong"
+    assert lines[1].startswith("slot 0: holds hs[3] (input of layer 3, rel.err 0); expected hs[0] (embedding")
+    assert lines[2].startswith("slot 1: holds hs[0] (embedding, rel.err 0); expected hs[3] (input of layer 3")
+    assert len(lines) == 3
+
+
+def test_partial_sum_matches_no_snapshot() -> None:
+    # Half of the stream, e.g. one of two TP ranks' share before the all-reduce.
+    ref = make_reference()
+    cap = capture(ref, EXPECTED)
+    cap[:, H : 2 * H] /= 2
+    report = compare_slots(cap, ref, expected=EXPECTED, num_layers=L, hidden_size=H)
+    lines = report.message().splitlines()
+    assert lines[0] == "aux hidden states: 1 of 3 slots wrong"
+    holding = NO_MATCH.format(label="hs[3]", err="0.5")
+    assert lines[1].startswith(f"slot 1: {holding}; expected hs[3] (input of layer 3, rel.err 0.5); next best ")
+    assert holding == "matches no snapshot (best hs[3] at 0.5)"
+
+
+@pytest.mark.parametrize(
+    ("hidden", "width", "message"),
+    [
+        (256, 512, "aux hidden states: captured width 512 = 2 slots of hidden 256; expected 3 slots"),
+        (256, 256, "aux hidden states: captured width 256 = 1 slot of hidden 256; expected 3 slots"),
+        (256, 1024, "aux hidden states: captured width 1024 = 4 slots of hidden 256; expected 3 slots"),
+        (256, 700, "aux hidden states: captured width 700 is not a multiple of hidden 256; expected 3 slots = 768"),
+    ],
+)
+def test_width_mismatch(hidden: int, width: int, message: str) -> None:
+    ref = make_reference(hidden=hidden)
+    cap = torch.cat([ref[2], ref[3], ref[3], ref[5]], dim=-1)[:, :width]
+    report = compare_slots(cap, ref, expected=EXPECTED, num_layers=L, hidden_size=hidden)
+    assert not report.ok
+    lines = report.message().splitlines()
+    assert lines[0] == message
+    # whole slots that are present are still named
+    assert len(lines) == 1 + width // hidden
+    if width == 512:
+        assert lines[1] == SLOT_PRESENT.format(
+            slot=0, holding=HOLDS.format(label="hs[2]", meaning="input of layer 2", err="0")
+        )
+    report.message(verbose=True)  # the table copes with extra slots
+
+
+def test_token_count_mismatch() -> None:
+    ref = make_reference()
+    cap = capture(ref, EXPECTED)[:3]
+    report = compare_slots(cap, ref, expected=EXPECTED, num_layers=L, hidden_size=H, side_names=("fork", "HF"))
+    assert report.message() == "aux hidden states: fork captured 3 tokens; the HF has 5"
+
+
+def test_verbose_table() -> None:
+    ref = make_reference()
+    report = compare_slots(capture(ref, (1, 3, 5)), ref, expected=EXPECTED, num_layers=L, hidden_size=H)
+    short, full = report.message(), report.message(verbose=True)
+    assert "rel.err of each" not in short
+    assert full.startswith(short + "\n\n")
+    table = full.splitlines()
+    assert table[3].split() == ["slot", "expected", "err", "best", "err", "next", "best", "err", "ok"]
+    assert "rel.err of each SGLang slot against every reference snapshot:" in table
+    assert any(line.split()[:2] == ["slot", "hs[0]"] and line.endswith("final_prenorm") for line in table)
+
+
+def test_caller_errors_raise() -> None:
+    ref = make_reference()
+    with pytest.raises(ValueError, match=r"expected \[8, tokens, 64\]"):
+        compare_slots(capture(ref, EXPECTED), ref[:-1], expected=EXPECTED, num_layers=L, hidden_size=H)
+    with pytest.raises(ValueError, match="outside 0..7"):
+        compare_slots(capture(ref, EXPECTED), ref, expected=(0, 9, 5), num_layers=L, hidden_size=H)
+
+
+def test_fail_if_bad_hides_the_traceback(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import torch
+        from pytest_eagle3.compare import compare_slots, fail_if_bad
+
+        def test_slots(pytestconfig):
+            ref = torch.randn(8, 4, 16, dtype=torch.float64)
+            cap = torch.cat([ref[1], ref[3], ref[5]], dim=-1)
+            fail_if_bad(compare_slots(cap, ref, expected=(0, 3, 5), num_layers=6, hidden_size=16),
+                        config=pytestconfig)
+        """
+    )
+    result = pytester.runpytest("-v")
+    result.assert_outcomes(failed=1)
+    lines = result.stdout.lines
+    start = lines.index("aux hidden states: 1 of 3 slots wrong")
+    assert lines[start + 1].startswith(
+        "slot 0: holds hs[1] (input of layer 1, rel.err 0); expected hs[0] (embedding, rel.err "
+    )
+    assert "rel.err of each SGLang slot against every reference snapshot:" in lines[start:]  # -v: tables
+    assert "def test_slots" not in result.stdout.str()
+
+
+# --- embedding completeness ---
+
+
+def test_vocab_shards_follow_sglang_padding() -> None:
+    assert vocab_shard_ranges(1000, 1) == [(0, 1000)]
+    assert vocab_shard_ranges(1000, 4) == [(0, 256), (256, 512), (512, 768), (768, 1000)]
+    assert vocab_shard_ranges(100, 8)[-2:] == [(96, 100), (100, 100)]
+    assert vocab_shard_ranges(129280, 8)[1] == (16160, 32320)  # DeepSeek-V3 vocabulary
+    assert vocab_shard_ranges(100, 3) == [(0, 64), (64, 100), (100, 100)]  # padding becomes 64 * tp
+    assert vocab_shard(300, 1000, 4) == 1
+    assert vocab_shard(1000, 1000, 4) is None
+
+
+@pytest.mark.parametrize(("vocab", "tp"), [(1000, 2), (1000, 8), (129280, 8), (32000, 4), (100, 8)])
+def test_vocab_shards_match_installed_sglang(vocab: int, tp: int) -> None:
+    vpe = pytest.importorskip(
+        "sglang.srt.layers.vocab_parallel_embedding", exc_type=ImportError,
+        reason="SGLang's vocab_parallel_embedding is not importable here",
+    )
+    padding = vpe.DEFAULT_VOCAB_PADDING_SIZE
+    if vpe.pad_vocab_size(vocab, padding) % tp:
+        padding *= tp
+    padded = vpe.pad_vocab_size(vocab, padding)
+    theirs = [
+        (i.org_vocab_start_index, i.org_vocab_end_index)
+        for i in (vpe.VocabParallelEmbedding._get_indices(padded, padded, vocab, vocab, r, tp) for r in range(tp))
+    ]
+    assert vocab_shard_ranges(vocab, tp) == theirs
+
+
+def embedding_case(tp: int = 4, vocab: int = 1000):
+    g = torch.Generator().manual_seed(1)
+    ids = [5, 300, 600, 900, 10, 700, 255, 256]
+    ref = torch.randn(len(ids), H, generator=g)
+    return ids, ref, vocab, tp
+
+
+def test_embedding_complete() -> None:
+    ids, ref, vocab, tp = embedding_case()
+    report = check_embedding_complete(ref.clone(), ref, ids, vocab_size=vocab, tp=tp)
+    assert report.ok
+    assert report.message() == "embedding: all 8 rows match the reference embedding (worst rel.err 0)"
+
+
+def test_missing_embedding_allreduce_names_the_shards() -> None:
+    ids, ref, vocab, tp = embedding_case()
+    cap = ref.clone()
+    for row, token in enumerate(ids):
+        if vocab_shard(token, vocab, tp) != 0:
+            cap[row] = 0  # rank 0's view before the all-reduce
+    report = check_embedding_complete(cap, ref, ids, vocab_size=vocab, tp=tp)
+    assert not report.ok
+    assert report.partial_rank() == 0
+    lines = report.message().splitlines()
+    assert lines[0] == EMB_BAD.format(zero=5, tokens=8, off=0, reference_side="reference", tol=0.001)
+    assert lines[1] == EMB_ALLREDUCE.format(shard=0, tp=4)
+    assert lines[1] == (
+        "only tokens of vocab shard 0 of 4 are right and every other row is zero: "
+        "this is TP rank 0's partial embedding, before the all-reduce across TP ranks"
+    )
+    assert lines[2] == "row 1: token id 300 (vocab shard 1 of 4, ids 256..511): exact zero row"
+    assert lines[2] == EMB_ZERO_ROW.format(row=1, token=300, shard=1, tp=4, start=256, end=511)
+    assert lines[-1] == "row 7: token id 256 (vocab shard 1 of 4, ids 256..511): exact zero row"
+    assert len(lines) == 2 + 5
+
+
+def test_embedding_rows_off_the_reference() -> None:
+    ids, ref, vocab, tp = embedding_case(tp=2)
+    cap = ref.clone()
+    cap[3] *= 2
+    cap[6] = 0
+    report = check_embedding_complete(cap, ref, ids, vocab_size=vocab, tp=tp, side_names=("SGLang", "HF"))
+    assert report.partial_rank() is None
+    lines = report.message().splitlines()
+    assert lines[0] == "embedding: 1 of 8 rows are exact zeros, 1 off the HF (rel.err > 0.001)"
+    assert lines[1] == EMB_OFF_ROW.format(
+        row=3, token=900, shard=1, tp=2, start=512, end=999, err="1", reference_side="HF"
+    )
+    assert lines[2] == "row 6: token id 255 (vocab shard 0 of 2, ids 0..511): exact zero row"
+    assert "rel.err" in report.message(verbose=True).splitlines()[4]
+
+
+def test_embedding_shape_problem() -> None:
+    ids, ref, vocab, tp = embedding_case()
+    report = check_embedding_complete(ref[:, :10], ref, ids, vocab_size=vocab, tp=tp)
+    assert report.message() == "embedding: SGLang slot has shape [8, 10]; the reference has [8, 64]"
