@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,9 @@ def test_header_reads_version_py_of_a_source_tree(tmp_path: Path, monkeypatch: p
     (pkg / "__init__.py").write_text("raise ImportError('must not be imported')\n")
     (pkg / "version.py").write_text('__version__ = "0.4.9.post1"\n')
     monkeypatch.syspath_prepend(str(tmp_path))
+    # An earlier test may have imported the real SGLang; find_spec would return it.
+    for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+        monkeypatch.delitem(sys.modules, name)
     assert plugin._sglang_line() == f"eagle3: sglang 0.4.9.post1 (version.py) at {pkg}"
 
 
