@@ -22,3 +22,8 @@ class Eagle3EngineError(Eagle3Error):
 
 class Eagle3SGLangMissing(Eagle3ConfigError):
     """SGLang is not installed in this environment or fails to import."""
+
+
+class Eagle3ContractError(Eagle3ConfigError):
+    """A training contract or draft checkpoint is invalid: unknown stack, ids out of
+    range or duplicated, an ``fc`` width that disagrees with the ids, a bad human form."""

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 import pytest
 
 from pytest_eagle3 import session as eagle3_session
+from pytest_eagle3.errors import Eagle3ConfigError
 from pytest_eagle3.options import Settings, check_tp_divides, get_settings
 
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ def eagle3_model_config(eagle3_checkpoint: Path, eagle3_settings: Settings) -> M
     )
     problem = check_tp_divides(eagle3_settings.tp, facts.num_attention_heads)
     if problem:
-        raise pytest.UsageError(problem)
+        raise Eagle3ConfigError(problem)
     return facts
 
 

@@ -346,7 +346,8 @@ def resolve_settings(config: pytest.Config, *, validate: bool = True) -> Setting
 
 
 def validate_settings(settings: Settings) -> None:
-    """Reject unusable combinations with a one-line :class:`pytest.UsageError`."""
+    """Reject unusable combinations with a one-line :class:`pytest.UsageError`
+    (a cache directory only when it was configured, see :func:`check_cache`)."""
     if settings.tp not in TP_CHOICES:
         raise pytest.UsageError(MSG_BAD_TP.format(choices=_join(TP_CHOICES), value=str(settings.tp)))
     if settings.device == "cuda":
@@ -356,6 +357,14 @@ def validate_settings(settings: Settings) -> None:
             raise pytest.UsageError(
                 MSG_TOO_FEW_GPUS.format(tp=settings.tp, count=settings.gpu.count, probe=settings.gpu.how)
             )
+    # The default cache is checked only when a test uses it (plugin.check_target):
+    # a read-only HOME must not break unrelated runs where the plugin is installed.
+    if settings.source("cache_dir") != "default":
+        check_cache(settings)
+
+
+def check_cache(settings: Settings) -> None:
+    """Raise a one-line :class:`pytest.UsageError` if the cache directory cannot be used."""
     reason = cache_problem(settings.cache_dir)
     if reason:
         raise pytest.UsageError(

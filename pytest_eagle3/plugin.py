@@ -38,6 +38,12 @@ HEADER_RUN = "eagle3: device {device}, tp {tp}, target {target}"
 HEADER_CACHE = "eagle3: cache {cache}{rebuild}, startup timeout {timeout:g} s"
 HEADER_SGLANG_ARGS = "eagle3: sglang args {args}"
 
+#: Fixture whose use makes a test an eagle3 test for the collection-time checks.
+TARGET_FIXTURE = "eagle3_target"
+#: A target error whose value did not come from the command line names where it did.
+MSG_FROM_SOURCE = "{message} (target from {where})"
+TARGET_SOURCES = {"env": f"env {options.ENV_TARGET}", "ini": f"ini {options.INI_TARGET}"}
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     options.add_options(parser)
@@ -113,12 +119,53 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=session.engine_group)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # A bad target, a --tp that does not divide its heads or an unwritable
+    # default cache would otherwise fail every test's setup with the same
+    # error.  Checked once, as a usage error, and only when a selected test
+    # uses the target: unrelated runs in an environment with the plugin
+    # installed neither pay for it nor fail on it.  Not in an xdist worker: a
+    # usage error there is an INTERNALERROR wall in the controller (which
+    # collects nothing itself), so under -n the fixtures report the same line
+    # as each test's setup error.
+    if hasattr(session.config, "workerinput"):
+        return
+    if any(TARGET_FIXTURE in getattr(item, "fixturenames", ()) for item in session.items):
+        check_target(options.get_settings(session.config))
+
+
+def check_target(settings: options.Settings) -> None:
+    """Resolve the target (JSON only, no torch) and check ``--tp`` against its heads.
+
+    Raises:
+        pytest.UsageError: one line: unknown preset, directory without
+            ``config.json``, bad spec, ``--tp`` not dividing the heads, or an
+            unwritable default cache.
+    """
+    from pytest_eagle3.spec import resolve_target
+
+    try:
+        target = resolve_target(settings.target)
+    except Eagle3Error as exc:
+        raise pytest.UsageError(_with_target_source(str(exc), settings)) from None
+    problem = options.check_tp_divides(settings.tp, target.num_attention_heads)
+    if problem:
+        raise pytest.UsageError(problem)
+    options.check_cache(settings)
+
+
+def _with_target_source(message: str, settings: options.Settings) -> str:
+    where = TARGET_SOURCES.get(settings.source("target"))
+    return MSG_FROM_SOURCE.format(message=message, where=where) if where else message
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
     try:
         return (yield)
     except Eagle3Error as exc:
-        _fail_without_traceback(exc)
+        error = exc
+    _fail_without_traceback(error)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -126,12 +173,15 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     try:
         return (yield)
     except Eagle3Error as exc:
-        _fail_without_traceback(exc)
+        error = exc
+    _fail_without_traceback(error)
 
 
 def _fail_without_traceback(exc: Eagle3Error) -> NoReturn:
     # Our own errors carry a one-line, actionable message (errors.py); a
-    # traceback into the library would only bury it.
+    # traceback into the library would only bury it.  Called outside the
+    # ``except`` block: raised inside it, the failure would chain to ``exc`` and
+    # pytest would print both ("During handling of the above exception ...").
     __tracebackhide__ = True
     pytest.fail(f"{type(exc).__name__}: {exc}", pytrace=False)
 

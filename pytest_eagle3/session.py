@@ -35,6 +35,8 @@ MSG_TP_PARAM_UNUSED = (
 )
 LOG_SECTION = "sglang log {title}"
 LOG_MISSING = "(log {path} is missing: {reason})"
+#: Section body for a log that has not changed since it was shown for an earlier failure.
+LOG_SHOWN_BEFORE = "(unchanged since its tail was shown for {nodeid})"
 SUMMARY_TITLE = "eagle3 engines"
 SUMMARY_LINE = "{description}: ready in {seconds:.1f} s"
 
@@ -58,6 +60,8 @@ class Eagle3Session:
     config: pytest.Config
     engines: list[EngineRecord] = field(default_factory=list)
     started_at: float = field(default_factory=time.monotonic)
+    #: log path -> ((size, mtime_ns), nodeid) of the last failure its tail was shown for.
+    shown_logs: dict[Path, tuple[tuple[int, int], str]] = field(default_factory=dict)
 
     def record_engine(
         self,
@@ -130,11 +134,32 @@ def tail_lines(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = LOG_TAI
 
 
 def log_sections(item: pytest.Item, lines: int = LOG_TAIL_LINES) -> list[tuple[str, str]]:
-    """``(section title, tail)`` for every log attached to ``item``."""
-    return [
-        (LOG_SECTION.format(title=title), tail_lines(path, lines))
-        for title, path in item.stash.get(ENGINE_LOGS_KEY, [])
-    ]
+    """``(section title, tail)`` for every log attached to ``item``.
+
+    A log unchanged since its tail was shown for an earlier failure in this run
+    (an engine that failed to start, reused by the next tests) gets the one-line
+    :data:`LOG_SHOWN_BEFORE` instead of the same tail again.
+    """
+    shown = get_session(item.config).shown_logs
+    sections = []
+    for title, path in item.stash.get(ENGINE_LOGS_KEY, []):
+        stamp = _stamp(path)
+        earlier = shown.get(path)
+        if stamp is not None and earlier is not None and earlier[0] == stamp:
+            sections.append((LOG_SECTION.format(title=title), LOG_SHOWN_BEFORE.format(nodeid=earlier[1])))
+            continue
+        if stamp is not None:
+            shown[path] = (stamp, item.nodeid)
+        sections.append((LOG_SECTION.format(title=title), tail_lines(path, lines)))
+    return sections
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns
 
 
 # --- the tp marker ---
@@ -165,10 +190,10 @@ def engine_group(item: pytest.Item) -> tuple[int, int, str]:
     """Sort key grouping tests that use the same engine: engine-free tests first,
     then by TP size, then by capture case name."""
     params = getattr(getattr(item, "callspec", None), "params", {})
-    if TP_ARGNAME not in params and CASE_ARGNAME not in params:
+    if TP_ARGNAME not in params and CASE_ARGNAME not in params and item.get_closest_marker("tp") is None:
         return (0, 0, "")
     case = params.get(CASE_ARGNAME)
-    return (1, int(params.get(TP_ARGNAME, 0)), str(getattr(case, "name", case or "")))
+    return (1, item_tp(item), str(getattr(case, "name", case or "")))
 
 
 def item_tp(item: pytest.Item) -> int:

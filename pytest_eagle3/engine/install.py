@@ -68,11 +68,25 @@ def locate() -> tuple[str, str]:
     if spec is None or not spec.submodule_search_locations:
         raise Eagle3SGLangMissing(NOT_INSTALLED.format(python=sys.executable))
     location = str(Path(list(spec.submodule_search_locations)[0]).resolve())
+    return _version_at(location), location
+
+
+def _version_at(location: str) -> str:
+    # The installed distribution's version only if it owns this copy: a fork or
+    # source tree earlier on sys.path shadows it (and is what runs), so its own
+    # version.py comes next.
     try:
-        version = importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        version = "unknown (not installed as a distribution)"
-    return version, location
+        dist = importlib.metadata.distribution("sglang")
+        if Path(str(dist.locate_file("sglang"))).resolve() == Path(location):
+            return dist.version
+    except (importlib.metadata.PackageNotFoundError, OSError, TypeError, NotImplementedError):
+        pass
+    try:
+        text = (Path(location) / "version.py").read_text(encoding="utf-8")
+    except OSError:
+        text = ""
+    match = re.search(r"""__version__\s*=\s*["']([^"']+)["']""", text)
+    return match.group(1) if match else "unknown (no distribution owns it, no version.py)"
 
 
 def parse_flags(help_text: str) -> frozenset[str]:

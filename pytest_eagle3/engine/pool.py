@@ -21,6 +21,11 @@ from pytest_eagle3.engine.config import EngineConfig
 from pytest_eagle3.engine.server import SGLangServer
 from pytest_eagle3.errors import Eagle3EngineError
 
+#: A config that failed to start fails each later test with one line: the first
+#: line of its error; the full error with the log tail is in the report of the
+#: first test that used it.
+FAILED_BEFORE = "{error} [failed earlier in this run; its log tail is in the first failing test's report]"
+
 
 @dataclass
 class EnginePool:
@@ -45,7 +50,8 @@ class EnginePool:
             Eagle3EngineError: the server failed to start (now or earlier in this run).
         """
         if config in self._failed:
-            raise Eagle3EngineError(self._failed[config])
+            first_line = (self._failed[config].splitlines() or [""])[0]
+            raise Eagle3EngineError(FAILED_BEFORE.format(error=first_line))
         server = self._alive.get(config)
         if server is not None and server.alive:
             self._alive.move_to_end(config)

@@ -179,6 +179,7 @@ class SGLangServer:
                 stdin=subprocess.DEVNULL,
                 env=env,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         try:
             self._wait_ready(t0, progress)
@@ -283,6 +284,22 @@ class SGLangServer:
             return self.request("/server_info", timeout=30)
         except Eagle3EngineError:
             return self.request("/get_server_info", timeout=30)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux for SIGTERM when the test process dies.
+
+    Covers a test process killed with SIGKILL (no teardown runs); SGLang's own
+    SIGTERM handler then takes its workers down.  No-op where prctl is missing.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def kill_group(pgid: int) -> None:

@@ -1,0 +1,267 @@
+"""Time the core stages of a pytest-eagle3 CPU run and print them as a table.
+
+Each stage goes through the package functions the suite itself uses:
+
+1. checkpoint: the ``torch``/``safetensors`` import overhead, then ``ensure_checkpoint``
+   of the default CPU preset (cold in a fresh cache);
+2. reference: ``ensure_reference`` for the suite prompts (cold: the transformers worker runs);
+3. the SGLang flag probe, then per TP size an engine built as the suite builds it
+   (``capture_server_args`` with the embedding-first ids, ``build_engine_config``,
+   ``SGLangServer``): start time, one ``capture()`` call over all suite prompts, stop
+   time, and the peak RSS summed over the server's process tree (psutil, every 0.5 s);
+4. the main job: ``python -m pytest --pyargs pytest_eagle3.suite --tp 2 -q
+   -p no:cacheprovider --eagle3-cache <cache>`` with the cache warmed above (~5 min).
+
+Run from the repository root in the dev environment, e.g.
+``python benchmarks/bench_core.py --tp 1 2 4 8 --json /tmp/bench.json``.
+A fresh temp cache is deleted at the end; server logs are kept. The load average
+before and after is recorded: other work on the machine skews the times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from pytest_eagle3.options import DEFAULT_TARGETS, TP_CHOICES, check_tp_divides
+from pytest_eagle3.spec import TargetSpec, load_prompts
+
+REPO = Path(__file__).resolve().parent.parent
+MAIN_JOB_TP = 2
+GB = 1024**3
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+@contextmanager
+def heartbeat(label: str, every: float = 15.0) -> Iterator[None]:
+    """Print ``label: N s`` every ``every`` seconds while the block runs."""
+    done, t0 = threading.Event(), time.monotonic()
+
+    def beat() -> None:
+        while not done.wait(every):
+            log(f"{label}: {time.monotonic() - t0:.0f} s")
+
+    (thread := threading.Thread(target=beat, daemon=True)).start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+class TreeRSS(threading.Thread):
+    """Peak of the RSS summed over a process tree (root pid from ``get_pid``)."""
+
+    def __init__(self, get_pid: Callable[[], int | None], interval: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.get_pid, self.interval = get_pid, interval
+        self.peak_bytes, self.peak_procs = 0, 0
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        import psutil
+
+        while not self._done.is_set():
+            pid = self.get_pid()
+            if pid is not None:
+                try:
+                    root = psutil.Process(pid)
+                    procs = [root, *root.children(recursive=True)]
+                except psutil.Error:
+                    procs = []
+                total = sum(_rss(proc) for proc in procs)
+                if total > self.peak_bytes:
+                    self.peak_bytes, self.peak_procs = total, len(procs)
+            self._done.wait(self.interval)
+
+    def finish(self) -> None:
+        self._done.set()
+        self.join()
+
+
+def _rss(proc: Any) -> int:
+    try:
+        return int(proc.memory_info().rss)
+    except Exception:  # noqa: BLE001 - the process exited between listing and reading
+        return 0
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    value = fn()
+    return value, time.perf_counter() - t0
+
+
+def bench_engine(install: Any, ckpt: Path, prompts: list[list[int]], spec: TargetSpec, tp: int,
+                 log_dir: Path, timeout: float) -> dict[str, Any]:
+    from pytest_eagle3.capture import capture, capture_server_args
+    from pytest_eagle3.engine.config import build_engine_config
+    from pytest_eagle3.engine.server import SGLangServer
+    from pytest_eagle3.errors import Eagle3Error
+    from pytest_eagle3.suite.cases import EMBEDDING_FIRST
+
+    keys = ("start_s", "capture_s", "stop_s", "peak_rss_bytes", "peak_procs", "log", "error")
+    row: dict[str, Any] = {"tp": tp, **dict.fromkeys(keys)}
+    problem = check_tp_divides(tp, spec.num_attention_heads)
+    if problem:
+        row["error"] = problem
+        return row
+    ids = EMBEDDING_FIRST.ids(spec.num_layers)
+    config = build_engine_config(install, model_path=str(ckpt), tp=tp, device="cpu",
+                                 test_args=capture_server_args(install, ids))
+    server = SGLangServer(config.name, config.args(), env=config.env_dict(), log_dir=log_dir,
+                          startup_timeout=timeout)
+    row["log"] = str(server.log_path)
+    sampler = TreeRSS(lambda: server.proc.pid if server.proc is not None else None)
+    log(f"engine tp{tp}: starting {config.describe()} ids={ids} (log: {server.log_path})")
+    sampler.start()
+    try:
+        server.start(progress=log)
+        row["start_s"] = server.startup_seconds
+        log(f"engine tp{tp}: ready in {server.startup_seconds:.1f} s; capturing {len(prompts)} prompts")
+        caps, row["capture_s"] = timed(lambda: capture(server, prompts))
+        if len(caps) != len(prompts):
+            row["error"] = f"{len(caps)} captures for {len(prompts)} prompts"
+    except Eagle3Error as exc:
+        row["error"] = str(exc).splitlines()[0]
+        log(f"engine tp{tp}: FAILED: {row['error']}")
+    finally:
+        _, row["stop_s"] = timed(server.stop)
+        sampler.finish()
+        row["peak_rss_bytes"], row["peak_procs"] = sampler.peak_bytes, sampler.peak_procs
+    log(f"engine tp{tp}: stopped; peak tree RSS {sampler.peak_bytes / GB:.2f} GiB")
+    return row
+
+
+def run_main_job(cache: Path) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", "pytest_eagle3.suite", "--tp",
+           str(MAIN_JOB_TP), "-q", "-p", "no:cacheprovider", "--eagle3-cache", str(cache)]
+    log("main job: $ " + " ".join(cmd))
+    lines: list[str] = []
+    t0 = time.perf_counter()
+    with heartbeat("main job running", every=30):
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace")
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            print("    | " + line.rstrip(), flush=True)
+        rc = proc.wait()
+    summary = next((ln.strip("= ") for ln in reversed(lines) if ln.strip()), "")
+    return {"seconds": time.perf_counter() - t0, "returncode": rc, "summary": summary,
+            "command": cmd, "skipped": False}
+
+
+def fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def print_table(r: dict[str, Any]) -> None:
+    rows = [
+        ("checkpoint import (torch)", r["checkpoint"]["import_s"], "import torch, safetensors.torch"),
+        ("checkpoint build" + (" (cold)" if r["checkpoint"]["cold"] else " (warm)"),
+         r["checkpoint"]["build_s"], f"{r['preset']} -> ensure_checkpoint"),
+        ("reference" + (" (cold)" if r["reference"]["cold"] else " (warm)"),
+         r["reference"]["seconds"], f"{r['reference']['prompts']} prompts, float32, subprocess"),
+        ("sglang probe" + (" (cold)" if r["probe"]["cold"] else " (warm)"), r["probe"]["seconds"],
+         f"sglang {r['probe']['version']}, launch_server --help"),
+    ]
+    for e in r["engines"]:
+        rss = "-" if not e["peak_rss_bytes"] else f"{e['peak_rss_bytes'] / GB:.2f} GiB"
+        note = f"peak tree RSS {rss} ({e['peak_procs']} procs), stop {fmt(e['stop_s'])} s"
+        rows.append((f"engine start tp{e['tp']}", e["start_s"], e["error"] or note))
+        rows.append((f"capture tp{e['tp']}", e["capture_s"], f"{r['reference']['prompts']} prompts"))
+    m = r["main_job"]
+    rows.append((f"main job (suite --tp {MAIN_JOB_TP})", m["seconds"],
+                 "skipped" if m["skipped"] else f"rc {m['returncode']}: {m['summary']}"))
+    print(f"\n{'stage':<30} {'time_s':>8}  notes")
+    print("-" * 78)
+    for name, secs, note in rows:
+        print(f"{name:<30} {fmt(secs):>8}  {note}")
+    print(f"\nload average before {r['loadavg_before']}, after {r['loadavg_after']}; "
+          f"{r['cpus']} CPUs; cache {r['cache_dir']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tp", type=int, nargs="+", default=[1, 2], choices=TP_CHOICES,
+                    help="TP sizes to start engines for (default: 1 2)")
+    ap.add_argument("--cache", type=Path, default=None,
+                    help="eagle3 cache dir (default: a fresh temp dir, deleted at the end)")
+    ap.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+    ap.add_argument("--skip-main-job", action="store_true", help="skip the ~5 min suite run")
+    ap.add_argument("--startup-timeout", type=float, default=600.0, help="per engine (s)")
+    opts = ap.parse_args(argv)
+
+    work = Path(tempfile.mkdtemp(prefix="eagle3-bench-"))
+    cache = opts.cache.expanduser().absolute() if opts.cache else work / "cache"
+    log_dir = work / "sglang-logs"
+    preset = DEFAULT_TARGETS["cpu"]
+    r: dict[str, Any] = {
+        "schema": 1, "preset": preset, "cache_dir": str(cache), "python": sys.executable,
+        "cpus": len(os.sched_getaffinity(0)), "loadavg_before": [round(x, 2) for x in os.getloadavg()],
+        "loadavg_after": None, "tp": opts.tp,
+    }
+    log(f"cache {cache}; logs {log_dir}; load average {r['loadavg_before']}")
+    try:
+        from pytest_eagle3.checkpoint import check_entry, ensure_checkpoint, entry_dir
+
+        spec = TargetSpec.preset(preset)
+        cold = check_entry(entry_dir(spec, cache), spec.cache_key()) is not None
+        log("checkpoint: importing torch")
+        _, import_s = timed(lambda: (__import__("torch"), __import__("safetensors.torch")))
+        log(f"checkpoint: building {preset} ({'cold' if cold else 'warm'})")
+        with heartbeat("checkpoint build"):
+            ckpt, build_s = timed(lambda: ensure_checkpoint(spec, cache))
+        r["checkpoint"] = {"import_s": import_s, "build_s": build_s, "cold": cold, "path": str(ckpt)}
+
+        from pytest_eagle3.reference import ensure_reference, reference_path
+
+        prompts = load_prompts(vocab_size=spec.vocab_size)
+        cold = not reference_path(ckpt, prompts).is_file()
+        log(f"reference: {len(prompts)} prompts ({'cold' if cold else 'warm'})")
+        with heartbeat("reference"):
+            _, ref_s = timed(lambda: ensure_reference(ckpt, prompts))
+        r["reference"] = {"seconds": ref_s, "cold": cold, "prompts": len(prompts)}
+
+        from pytest_eagle3.engine.install import probe
+
+        cold = not (cache / "sglang-flags").is_dir()
+        log(f"sglang: probing flags ({'cold: launch_server --help' if cold else 'warm'})")
+        install, probe_s = timed(lambda: probe(cache))
+        r["probe"] = {"seconds": probe_s, "version": install.version, "cold": cold}
+        r["engines"] = [bench_engine(install, ckpt, prompts, spec, tp, log_dir, opts.startup_timeout)
+                        for tp in opts.tp]
+
+        if opts.skip_main_job:
+            r["main_job"] = {"seconds": None, "returncode": None, "summary": None,
+                             "command": None, "skipped": True}
+        else:
+            r["main_job"] = run_main_job(cache)
+    finally:
+        if opts.cache is None:
+            shutil.rmtree(cache, ignore_errors=True)
+    r["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    print_table(r)
+    if opts.json:
+        opts.json.write_text(json.dumps(r, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        log(f"wrote {opts.json}")
+    failed = any(e["error"] for e in r["engines"]) or r["main_job"]["returncode"] not in (0, None)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""End to end on CPU: the packaged suite against the real SGLang installed here.
+
+One inner pytest session runs the packaged suite at ``--tp 2`` (engines at TP 1
+and TP 2) plus a deliberately wrong test that reuses one of the suite's engines,
+so each engine starts once.  About 5 minutes on 2 cores.  The inner run writes
+JUnit XML; each test below checks one thing about it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from pytest_eagle3.options import default_cache_dir
+
+pytestmark = pytest.mark.e2e
+
+#: A test whose contract is off by one: it reads ids [1, L//2, L-2] as "input of
+#: layer v" while SGLang adds +1 to a list starting with 1 (PR #25454).  The
+#: comparison must fire and name the snapshot each slot really holds.
+WRONG_LAYER_TEST = '''
+import pytest
+from pytest_eagle3.compare import compare_slots, fail_if_bad
+from pytest_eagle3.suite.cases import STARTS_WITH_ONE
+
+
+@pytest.mark.tp(1)
+@pytest.mark.parametrize("eagle3_case", [STARTS_WITH_ONE], ids=lambda c: c.name)
+def test_contract_without_offset(eagle3_case, eagle3_capture, eagle3_reference, eagle3_model_config):
+    L, H = eagle3_model_config.num_layers, eagle3_model_config.hidden_size
+    ids = eagle3_case.ids(L)
+    cap = eagle3_capture(ids)[0]
+    report = compare_slots(cap.prefill, eagle3_reference[0], expected=list(ids),
+                           num_layers=L, hidden_size=H, tol=1e-3)
+    fail_if_bad(report)
+'''
+
+INNER_TIMEOUT_S = 40 * 60
+RUN_MARK = "PYTEST_EAGLE3_E2E_RUN"
+
+
+@dataclass
+class InnerRun:
+    returncode: int
+    output: str
+    outcomes: dict[str, str]  # test name (with params) -> passed/failed/skipped/error
+    messages: dict[str, str]  # test name -> failure/skip message
+    mark: str  # value of RUN_MARK in the inner run's environment
+
+
+def _parse_junit(path: Path) -> tuple[dict[str, str], dict[str, str]]:
+    outcomes: dict[str, str] = {}
+    messages: dict[str, str] = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = case.get("name", "")
+        outcome, message = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            node = case.find(tag)
+            if node is not None:
+                outcome = {"failure": "failed"}.get(tag, tag)
+                message = (node.get("message") or "") + "\n" + (node.text or "")
+                break
+        outcomes[name] = outcome
+        messages[name] = message
+    return outcomes, messages
+
+
+@pytest.fixture(scope="module")
+def inner(tmp_path_factory: pytest.TempPathFactory) -> InnerRun:
+    """The packaged suite + the wrong-layer test, once, at --tp 2."""
+    work = tmp_path_factory.mktemp("e2e")
+    (work / "test_wrong_layer.py").write_text(WRONG_LAYER_TEST)
+    junit = work / "junit.xml"
+    cache = os.environ.get("PYTEST_EAGLE3_CACHE") or str(default_cache_dir()[0])
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER")}
+    # Every SGLang process of the inner run inherits this mark (leftover check).
+    env[RUN_MARK] = work.name
+    cmd = [
+        sys.executable, "-m", "pytest", "--pyargs", "pytest_eagle3.suite", "test_wrong_layer.py",
+        "--tp", "2", "--device", "cpu", "--eagle3-cache", cache, "-p", "no:cacheprovider",
+        "-rA", f"--junitxml={junit}", "-o", "junit_family=xunit1",
+    ]
+    proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=INNER_TIMEOUT_S)
+    output = proc.stdout + proc.stderr
+    (work / "inner-output.txt").write_text(output)
+    if not junit.exists():
+        pytest.fail(f"inner pytest wrote no JUnit XML (exit {proc.returncode}):\n{output[-4000:]}")
+    outcomes, messages = _parse_junit(junit)
+    return InnerRun(proc.returncode, output, outcomes, messages, work.name)
+
+
+def _select(run: InnerRun, prefix: str) -> dict[str, str]:
+    return {name: outcome for name, outcome in run.outcomes.items() if name.startswith(prefix)}
+
+
+def test_embedding_all_reduce_complete_at_tp1_and_tp2(inner: InnerRun) -> None:
+    got = _select(inner, "test_embedding_rows_complete_on_every_shard")
+    assert got == {
+        "test_embedding_rows_complete_on_every_shard[tp1-embedding-first]": "passed",
+        "test_embedding_rows_complete_on_every_shard[tp2-embedding-first]": "passed",
+        "test_embedding_rows_complete_on_every_shard[tp4-embedding-first]": "skipped",
+        "test_embedding_rows_complete_on_every_shard[tp8-embedding-first]": "skipped",
+    }, inner.output[-4000:]
+
+
+def test_capture_order_matches_sglang_rule_at_tp1_and_tp2(inner: InnerRun) -> None:
+    got = _select(inner, "test_capture_order")
+    expected = {f"test_capture_order[tp1-{case}]": "passed" for case in ("embedding-first", "starts-with-1", "default")}
+    expected |= {f"test_capture_order[tp2-{case}]": "passed" for case in ("embedding-first", "starts-with-1")}
+    expected["test_capture_order[tp2-default]"] = "skipped"
+    for tp in (4, 8):
+        expected |= {f"test_capture_order[tp{tp}-{case}]": "skipped"
+                     for case in ("embedding-first", "starts-with-1", "default")}
+    assert got == expected, inner.output[-4000:]
+
+
+def test_skips_name_the_missing_tp(inner: InnerRun) -> None:
+    assert "needs --tp 4; this run has --tp 2" in inner.messages["test_capture_order[tp4-default]"]
+
+
+def test_wrong_layer_capture_is_diagnosed(inner: InnerRun) -> None:
+    name = "test_contract_without_offset[starts-with-1]"
+    assert inner.outcomes[name] == "failed"
+    message = inner.messages[name]
+    # L = 8: ids [1, 4, 6] -> SGLang captures inputs of layers 2, 5, 7.
+    assert "aux hidden states: 3 of 3 slots wrong" in message
+    assert "slot 0: holds hs[2] (input of layer 2, rel.err " in message
+    assert "expected hs[1] (input of layer 1, rel.err " in message
+    assert "slot 2: holds hs[7] (input of layer 7, rel.err " in message
+
+
+def test_engine_log_attached_to_the_failure(inner: InnerRun) -> None:
+    assert "sglang log tp1-cpu-" in inner.output
+
+
+def test_one_engine_per_configuration(inner: InnerRun) -> None:
+    # TP 1: three id lists; TP 2: two (the default list runs at TP 1 only).
+    summary = inner.output.split("eagle3 engines", 1)[-1]
+    ready = [line for line in summary.splitlines() if ": ready in " in line]
+    assert len(ready) == 5, summary
+
+
+def test_no_sglang_process_left_behind(inner: InnerRun) -> None:
+    leftovers = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if proc.environ().get(RUN_MARK) == inner.mark:
+                leftovers.append(f"{proc.pid}: {' '.join(proc.info.get('cmdline') or [])[:200]}")
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    assert not leftovers
