@@ -6,7 +6,7 @@ Each stage goes through the package functions the suite itself uses:
    of the default CPU preset (cold in a fresh cache);
 2. reference: ``ensure_reference`` for the suite prompts (cold: the transformers worker runs);
 3. the SGLang flag probe, then per TP size an engine built as the suite builds it
-   (``capture_server_args`` with the embedding-first ids, ``build_engine_config``,
+   (``capture_server_args`` with the every-TP case's ids, ``build_engine_config``,
    ``SGLangServer``): start time, one ``capture()`` call over all suite prompts, stop
    time, and the peak RSS summed over the server's process tree (psutil, every 0.5 s);
 4. the main job: ``python -m pytest --pyargs pytest_eagle3.suite --tp 2 -q
@@ -105,13 +105,22 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     return value, time.perf_counter() - t0
 
 
+def wide_case_ids(spec: TargetSpec, version: str) -> list[int] | None:
+    """Ids of the suite's every-TP case (embedding first), from the suite's own cases."""
+    from pytest_eagle3.suite import cases
+
+    if not hasattr(cases, "WIDE_CASE"):  # the pre-contracts suite (commit f37d67b and older)
+        return cases.EMBEDDING_FIRST.ids(spec.num_layers)
+    ids = cases.resolve(cases.WIDE_CASE, spec.num_layers, spec.hidden_size, version).ids
+    return None if ids is None else list(ids)
+
+
 def bench_engine(install: Any, ckpt: Path, prompts: list[list[int]], spec: TargetSpec, tp: int,
                  log_dir: Path, timeout: float) -> dict[str, Any]:
     from pytest_eagle3.capture import capture, capture_server_args
     from pytest_eagle3.engine.config import build_engine_config
     from pytest_eagle3.engine.server import SGLangServer
     from pytest_eagle3.errors import Eagle3Error
-    from pytest_eagle3.suite.cases import EMBEDDING_FIRST
 
     keys = ("start_s", "capture_s", "stop_s", "peak_rss_bytes", "peak_procs", "log", "error")
     row: dict[str, Any] = {"tp": tp, **dict.fromkeys(keys)}
@@ -119,7 +128,7 @@ def bench_engine(install: Any, ckpt: Path, prompts: list[list[int]], spec: Targe
     if problem:
         row["error"] = problem
         return row
-    ids = EMBEDDING_FIRST.ids(spec.num_layers)
+    ids = wide_case_ids(spec, install.version)
     config = build_engine_config(install, model_path=str(ckpt), tp=tp, device="cpu",
                                  test_args=capture_server_args(install, ids))
     server = SGLangServer(config.name, config.args(), env=config.env_dict(), log_dir=log_dir,

@@ -5,9 +5,11 @@ Subcommands:
 * ``info``: the installed SGLang, the capture API it offers and its aux
   layer-id rule (``conventions.py``), with ``--ids`` predicting what a list of
   draft ids will capture on a ``--layers``-layer target.
+* ``inspect``: a draft checkpoint's training contract against what an SGLang
+  version captures for it, with a verdict and a fix (``preflight.py``).
 
 Exit codes: 0 success, 1 a check failed, 2 usage error (argparse) or an
-environment problem (SGLang missing).
+environment problem (SGLang missing).  Usage errors are one line on stderr.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 from typing import Sequence
 
 from pytest_eagle3.errors import Eagle3Error
+from pytest_eagle3.inspect_cli import add_inspect_parser, cmd_inspect
 
 
 def _ids(value: str) -> list[int]:
@@ -36,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--ids", type=_ids, help="draft aux layer ids to predict, e.g. 1,4,6")
     info.add_argument("--layers", type=int, default=None, help="target layer count L (needed with --ids)")
     info.add_argument("--cache", default=None, help="cache dir for the SGLang flag probe (default: none)")
+    add_inspect_parser(sub)
     return parser
 
 
@@ -74,6 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "info":
             return cmd_info(args)
+        if args.command == "inspect":
+            return cmd_inspect(args)
     except Eagle3Error as exc:
         print(f"pytest-eagle3: {exc}", file=sys.stderr)
         return 2

@@ -48,6 +48,10 @@ MSG_BAD_SGLANG_ARG = (
     "--sglang-arg: expected KEY=VALUE (VALUE is JSON when it parses, else a string), got {value!r}"
 )
 MSG_BAD_TIMEOUT = "{flag}: expected a positive number of seconds, got {value!r}"
+MSG_DRAFT_NEEDS_STACK = (
+    "--eagle3-draft and --eagle3-stack go together: name the draft directory and the "
+    "stack that trained it (speculators, specforge-hf, specforge-sglang, eagle, vllm, raw)"
+)
 MSG_NO_GPU = (
     "--device cuda: no GPU is visible ({probe}); run with --device cpu, or fix CUDA_VISIBLE_DEVICES"
 )
@@ -92,6 +96,9 @@ class Settings:
         startup_timeout: seconds an engine may take to become ready.
         sources: value name -> ``"cli" | "env" | "ini" | "default"``.
         gpu: what the GPU probe saw (the reason an ``auto`` device resolved as it did).
+        draft: the user's EAGLE-3 draft directory (``--eagle3-draft``), checked
+            against its training contract by the contracts suite.
+        stack: the training stack that produced ``draft`` (``--eagle3-stack``).
     """
 
     tp: int = 1
@@ -103,6 +110,8 @@ class Settings:
     startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
     sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     gpu: GpuProbe = GpuProbe(0, "not probed")
+    draft: Path | None = None
+    stack: str | None = None
 
     def source(self, name: str) -> str:
         """Where ``name`` came from; ``"default"`` when unknown."""
@@ -206,6 +215,16 @@ def add_options(parser: pytest.Parser) -> None:
         "--eagle3-startup-timeout", dest="eagle3_startup_timeout", metavar="SECONDS",
         type=parse_timeout, default=None,
         help=f"seconds an SGLang engine may take to become ready (default {DEFAULT_STARTUP_TIMEOUT:g})",
+    )
+    group.addoption(
+        "--eagle3-draft", dest="eagle3_draft", metavar="PATH", default=None,
+        help="your EAGLE-3 draft directory (config.json, fc weight): the contracts suite "
+        "checks SGLang captures what it was trained on (needs --eagle3-stack)",
+    )
+    group.addoption(
+        "--eagle3-stack", dest="eagle3_stack", metavar="NAME", default=None,
+        help="training stack of --eagle3-draft: speculators, specforge-hf, specforge-sglang, "
+        "eagle, vllm or raw",
     )
     parser.addini(INI_TARGET, "eagle3 target preset or checkpoint path (see --eagle3-target)")
     parser.addini(INI_CACHE, "eagle3 cache directory (see --eagle3-cache)")
@@ -335,10 +354,13 @@ def resolve_settings(config: pytest.Config, *, validate: bool = True) -> Setting
     else:
         timeout, sources["startup_timeout"] = DEFAULT_STARTUP_TIMEOUT, "default"
 
+    draft = getattr(opt, "eagle3_draft", None)
     settings = Settings(
         tp=tp, device=device, target=str(target), cache_dir=cache_dir, rebuild=rebuild,
         sglang_args=tuple(args), startup_timeout=float(timeout),
         sources=MappingProxyType(sources), gpu=gpu,
+        draft=Path(draft).expanduser() if draft else None,
+        stack=getattr(opt, "eagle3_stack", None),
     )
     if validate:
         validate_settings(settings)
@@ -348,6 +370,8 @@ def resolve_settings(config: pytest.Config, *, validate: bool = True) -> Setting
 def validate_settings(settings: Settings) -> None:
     """Reject unusable combinations with a one-line :class:`pytest.UsageError`
     (a cache directory only when it was configured, see :func:`check_cache`)."""
+    if (settings.draft is None) != (settings.stack is None):
+        raise pytest.UsageError(MSG_DRAFT_NEEDS_STACK)
     if settings.tp not in TP_CHOICES:
         raise pytest.UsageError(MSG_BAD_TP.format(choices=_join(TP_CHOICES), value=str(settings.tp)))
     if settings.device == "cuda":

@@ -4,7 +4,9 @@ Options and settings live in :mod:`pytest_eagle3.options`, run state and log
 attachment in :mod:`pytest_eagle3.session`, fixtures in
 :mod:`pytest_eagle3.fixtures` (imported in ``pytest_configure``).  An
 :class:`~pytest_eagle3.errors.Eagle3Error` raised while a test is set up or run
-becomes a failure/error showing its one-line message, without a traceback.  Nothing here
+becomes a failure/error showing its one-line message, without a traceback.  A bad
+target or a ``--tp`` that does not divide its heads is one usage error after
+collection (:func:`check_target`), only when a selected test uses the target.  Nothing here
 imports torch, transformers or sglang: ``pytest --help`` works on a broken install.
 """
 

@@ -234,9 +234,14 @@ def load_draft(path: str | Path) -> DraftInfo:
         top = _as_ids(config[TOP_LEVEL_KEY], cfg_file, TOP_LEVEL_KEY)
     if nested is not None and top is not None and nested != top:
         raise Eagle3ContractError(
-            CONFLICT_MSG.format(path=cfg_file, a_key=EAGLE_CONFIG_KEY, a=list(nested), b_key=TOP_LEVEL_KEY, b=list(top))
+            CONFLICT_MSG.format(
+                path=cfg_file, a_key=EAGLE_CONFIG_KEY, a=list(nested), b_key=TOP_LEVEL_KEY, b=list(top)
+            )
         )
-    ids, ids_key = (nested, EAGLE_CONFIG_KEY) if nested is not None else (top, TOP_LEVEL_KEY if top is not None else None)
+    if nested is not None:
+        ids, ids_key = nested, EAGLE_CONFIG_KEY
+    else:
+        ids, ids_key = top, (TOP_LEVEL_KEY if top is not None else None)
 
     hidden, hidden_key = None, None
     tlc = config.get("transformer_layer_config")

@@ -61,6 +61,10 @@ SGLANG_FAILS_MSG = (
     "{layers} on a target of {num_layers} layers; {problem}, so SpecForge's data generation "
     "could not have produced this draft's training data"
 )
+VLLM_EMBEDDING_NOTE = (
+    "id 0 is the embedding; vLLM's DeepSeek model adds a None residual at layer 0, "
+    "so vLLM itself cannot capture it on DeepSeek"
+)
 NEEDS_IDS_MSG = "raw: an explicit contract needs entries (hs indices or a human form), got none"
 
 
@@ -85,7 +89,9 @@ def _show(ids: tuple[int, ...], default: bool) -> str:
 def _no_duplicates(stack: str, ids: tuple[int, ...], why: str, default: bool = False) -> None:
     for v in ids:
         if ids.count(v) > 1:
-            raise Eagle3ContractError(DUPLICATE_IDS_MSG.format(stack=stack, ids=_show(ids, default), id=v, why=why))
+            raise Eagle3ContractError(
+                DUPLICATE_IDS_MSG.format(stack=stack, ids=_show(ids, default), id=v, why=why)
+            )
 
 
 def _in_range(
@@ -181,17 +187,21 @@ def speculators(
         used = declared if declared is not None else (2, L // 2, L - 3)
         if declared is None:
             notes.append(NO_IDS_NOTE.format(stack=stack, default=list(used)))
-        _no_duplicates(stack, used, "vLLM captures each layer once, so fc would get fewer slots than it has", declared is None)
+        _no_duplicates(stack, used, "vLLM captures each layer once, so fc would get fewer slots",
+                       declared is None)
         if L in used:
             raise Eagle3ContractError(
                 IDS_RANGE_MSG.format(
                     stack=stack, id=L, ids=list(used), lo=0, hi=L - 1, num_layers=L,
-                    meaning=f"id {L} is the verifier's last hidden state that launch_vllm.py appends, not an fc input",
+                    meaning=f"id {L} is the verifier's last hidden state, which launch_vllm.py appends; "
+                    "it is not an fc input",
                 )
             )
         _in_range(stack, used, 0, L - 1, L, "id v = input of layer v = hs[v]", declared is None)
         entries: list[Entry] = list(_layer_order(stack, used, notes))
         verifier: Entry = FINAL_PRENORM
+        if 0 in used:
+            notes.append(VLLM_EMBEDDING_NOTE)
     elif datagen == DATAGEN_CUSTOM_WORKER:
         used = declared if declared is not None else (2, L // 2, L - 3, L - 1)
         if declared is None:
@@ -280,7 +290,8 @@ def specforge_hf(
             COUNT_MSG.format(stack=stack, why="SpecForge's EAGLE-3 target asserts exactly 3 layers",
                              n=len(used), ids=list(used))
         )
-    _no_duplicates(stack, used, "SpecForge keys hooks by layer and fails with 'Expected to capture 3 layers'", declared is None)
+    _no_duplicates(stack, used, "SpecForge keys hooks by layer and fails with 'Expected to capture 3 layers'",
+                   declared is None)
     _in_range(stack, used, 0, L - 1, L, "id v = output of layer v = hs[v+1]", declared is None)
     last = FINAL_PRENORM if capture == CAPTURE_HOOK else L
     entries = [last if v == L - 1 else v + 1 for v in used]
@@ -448,17 +459,15 @@ def vllm(
     used = declared if declared is not None else (2, L // 2, L - 3)
     if declared is None:
         notes.append(NO_IDS_NOTE.format(stack=stack, default=list(used)))
-    _no_duplicates(stack, used, "vLLM tests 'idx in aux_hidden_state_layers', so fc would get fewer slots", declared is None)
+    _no_duplicates(stack, used, "vLLM tests 'idx in aux_hidden_state_layers', so fc would get fewer slots",
+                   declared is None)
     hi = L if final_layer else L - 1
     meaning = "id v = input of layer v = hs[v]" + (f"; {L} = last layer before the final norm" if final_layer
                                                    else f"; id {L} needs vLLM PR #46973")
     _in_range(stack, used, 0, hi, L, meaning, declared is None)
     order = _layer_order(stack, used, notes)
     if 0 in order:
-        notes.append(
-            "id 0 is the embedding; vLLM's DeepSeek model adds a None residual at layer 0, "
-            "so vLLM itself cannot capture it on DeepSeek"
-        )
+        notes.append(VLLM_EMBEDDING_NOTE)
     entries = [FINAL_PRENORM if v == L else v for v in order]
     return Contract(
         entries=tuple(entries), hidden_size=hidden_size, num_layers=L, dtype=dtype, stack=stack,
@@ -493,7 +502,7 @@ def raw(
         return Contract.parse(ids, num_layers=num_layers, hidden_size=hidden_size, dtype=dtype,
                               stack="raw", source=source or f"explicit {ids}")
     entries = tuple(ids)
-    declared = tuple(e for e in entries if isinstance(e, int)) if all(isinstance(e, int) for e in entries) else None
+    declared = entries if all(isinstance(e, int) for e in entries) else None
     return Contract(
         entries=entries, hidden_size=hidden_size, num_layers=num_layers, dtype=dtype, stack="raw",
         source=source or f"explicit hs indices {list(entries)}", declared_ids=declared,

@@ -1,44 +1,55 @@
-"""Capture-order cases: aux layer id lists, as functions of the layer count ``L``.
+"""The suite's id-list cases: the contract fixtures in ``fixtures/contracts``.
 
-Each list is declared the way a draft config declares
-``eagle_aux_hidden_state_layer_ids``; the installed SGLang's rule
-(:mod:`pytest_eagle3.conventions`) says which snapshots it must capture.
+Each fixture is a draft config a user could write (ids as expressions in the
+target's layer count ``L``, the training stack that declared them).  The
+capture-order test checks SGLang's own rule on each list; the contracts test
+checks the captures against what the stack trained the draft on; both share one
+engine per list.
+
+Engine starts dominate the suite's wall time, so only :data:`WIDE_CASE` (the
+embedding-first layout, which also exercises the embedding all-reduce) runs at
+every TP size up to ``--tp``; the other lists run at TP 1, because which layers
+an id list selects does not depend on TP.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+import json
+from functools import lru_cache
+from pathlib import Path
 
-Ids = Optional[Sequence[int]]
+from pytest_eagle3.contracts.catalog import ContractFixture, contracts_dir, load_contract_fixture
 
+#: Runs at every TP size: slot 0 is the embedding on sglang >= 0.5.13.
+WIDE_CASE = "kimi-embedding-first"
 
-@dataclass(frozen=True)
-class IdCase:
-    """A named id list; ``make(L)`` gives the ids (``None``: the draft declares none)."""
-
-    name: str
-    make: Callable[[int], Ids]
-    why: str
-
-    def ids(self, num_layers: int) -> Ids:
-        return self.make(num_layers)
-
-
-#: The embedding first, then two layer inputs (the Kimi-K2.5 training layout).
-EMBEDDING_FIRST = IdCase(
-    "embedding-first", lambda L: [0, L // 2, L - 2],
-    "a list starting with 0: no offset on sglang >= 0.5.13, slot 0 is the embedding",
-)
-#: Starts with 1: SGLang adds +1 to every id (PR #25454), reaching the last capturable layer.
-STARTS_WITH_ONE = IdCase(
-    "starts-with-1", lambda L: [1, L // 2, L - 2],
-    "a list starting with 1: SGLang reads it as layer outputs and adds +1 to every id",
-)
-#: SGLang's own default list, used when a draft config has no ids.
-DEFAULT_IDS = IdCase(
-    "default", lambda L: None,
-    "no ids: SGLang's default [2, L//2, L-3] (distinct only for L >= 8)",
+TP1_ONLY = (
+    "id-list case {case!r} runs at TP 1 only: which layers a list selects does not "
+    "depend on TP (the {wide!r} case covers every TP size)"
 )
 
-CAPTURE_ORDER_CASES = (EMBEDDING_FIRST, STARTS_WITH_ONE, DEFAULT_IDS)
+
+@lru_cache(maxsize=None)
+def case_files() -> dict[str, Path]:
+    """Fixture name -> file, read at collection (plain JSON, no torch)."""
+    out = {}
+    for path in sorted(contracts_dir().glob("*.json")):
+        out[json.loads(path.read_text())["name"]] = path
+    return out
+
+
+def case_names() -> list[str]:
+    return sorted(case_files())
+
+
+def resolve(name: str, num_layers: int, hidden_size: int, sglang_version: str) -> ContractFixture:
+    """The fixture ``name`` for an ``L``-layer target."""
+    return load_contract_fixture(case_files()[name], num_layers, hidden_size=hidden_size,
+                                 sglang_version=sglang_version)
+
+
+def skip_reason(name: str, tp: int) -> str | None:
+    """Why case ``name`` does not run at ``tp`` (None: it runs)."""
+    if tp > 1 and name != WIDE_CASE:
+        return TP1_ONLY.format(case=name, wide=WIDE_CASE)
+    return None

@@ -13,7 +13,7 @@ import pytest
 
 from pytest_eagle3.compare import check_embedding_complete, fail_if_bad, vocab_shard
 from pytest_eagle3.conventions import predict
-from pytest_eagle3.suite.cases import EMBEDDING_FIRST
+from pytest_eagle3.suite import cases
 from pytest_eagle3.suite.support import tolerance
 
 NO_EMBEDDING_ID = (
@@ -26,11 +26,12 @@ SHARDS_UNCOVERED = (
 
 
 @pytest.mark.tp(1, 2, 4, 8)
-@pytest.mark.parametrize("eagle3_case", [EMBEDDING_FIRST], ids=lambda c: c.name)
+@pytest.mark.parametrize("eagle3_case", [cases.WIDE_CASE])
 def test_embedding_rows_complete_on_every_shard(eagle3_case, eagle3_capture, eagle3_reference, eagle3_model_config,
                                                  eagle3_sglang, eagle3_tp, eagle3_settings, record_property):
     facts = eagle3_model_config
-    ids = eagle3_case.ids(facts.num_layers)
+    case = cases.resolve(eagle3_case, facts.num_layers, facts.hidden_size, eagle3_sglang.version)
+    ids = list(case.ids)
     prediction = predict(ids, facts.num_layers, eagle3_sglang.version)
     if 0 not in prediction.snapshots:
         pytest.skip(NO_EMBEDDING_ID.format(sglang=eagle3_sglang.describe(), rule=prediction.rule))

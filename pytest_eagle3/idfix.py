@@ -1,0 +1,194 @@
+"""Invert SGLang's aux layer-id rule: which ids make SGLang capture given snapshots.
+
+:func:`pytest_eagle3.conventions.predict` maps a draft config's ids to the
+snapshots SGLang captures (``hs`` indices, :mod:`pytest_eagle3.snapshots`);
+:func:`ids_for` searches the few id lists that can map back to a wanted list
+and keeps those that ``predict`` confirms, so a suggestion is right by
+construction for the version asked about.  :func:`plan_fix` turns that into a
+:class:`Fix` a person can apply, or says why no id list can work:
+
+* SGLang's DeepSeek capture stores layer *inputs* ``hs[0] .. hs[L-1]`` only, so
+  ``hs[L]`` (final norm output) and ``final_prenorm`` are never captured;
+* it captures in layer order, so a contract whose slots are not in layer order
+  needs ``fc``'s input blocks permuted (no id list reorders captures);
+* sglang <= 0.5.12 adds 1 to every id, so the embedding ``hs[0]`` is out of reach;
+* sglang >= 0.5.13 adds 1 when the first id is 1, so ``[1]`` alone cannot mean
+  ``hs[1]`` (longer lists avoid it by not *listing* the 1 first).
+
+Pure Python: no torch, no SGLang.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from pytest_eagle3.contracts.contract import Contract, entry_text
+from pytest_eagle3.conventions import ALWAYS_PLUS_ONE, FIRST_ID_RULE_SINCE, predict, rule_for
+from pytest_eagle3.snapshots import describe
+
+#: A version under the old rule and one under the new rule, to test portability.
+OLD_RULE_VERSION = "0.5.12"
+NEW_RULE_VERSION = str(FIRST_ID_RULE_SINCE)
+
+# Message templates (tests import these).
+WRITE_IDS = "write ids {ids} under {key}"
+PORTABLE_NOTE = "a list starting with 1 gets +1 on every SGLang version, so it means the same on all of them"
+ONLY_NEW_NOTE = "right for SGLang >= " + NEW_RULE_VERSION + " only: older versions add 1 to every id"
+ONLY_OLD_NOTE = "right for SGLang <= " + OLD_RULE_VERSION + " only: newer versions add 1 only when the first id is 1"
+NOT_FIRST_NOTE = (
+    "1 is not listed first on purpose: a list starting with 1 gets +1 on this SGLang, "
+    "and SGLang captures in layer order whatever order the list has"
+)
+KEEP_TOP_LEVEL_NOTE = "keep the top-level " + "eagle_aux_hidden_state_layer_ids for vLLM"
+UNREACHABLE_FIX = (
+    "no id list works: the contract wants {wanted}, which SGLang's DeepSeek capture never reaches "
+    "(it captures layer inputs only, hs[0]..hs[{last}]); retrain the draft on layers it can capture"
+)
+EMBEDDING_FIX = (
+    "this SGLang cannot capture the embedding (always +1 rule, <= {old}); upgrade to >= {new} "
+    "(PR #25454), then {write}"
+)
+ONE_ALONE_FIX = (
+    "no id list works on SGLang {version}: [1] always gets +1, so out(L0) alone cannot be captured; "
+    "SGLang <= {old} captures it with ids [0]"
+)
+ORDER_FIX = (
+    "SGLang captures in layer order, but the contract's slots are {human}, not in layer order: no id list "
+    "reorders captures; permute fc.weight's input blocks (and any per-slot norm weights) so that new "
+    "block j is old block perm[j], perm = {perm}, then {write}"
+)
+NO_IDS_FIX = "no id list makes SGLang {version} capture exactly {human}"
+
+
+@dataclass(frozen=True)
+class Fix:
+    """A change to the draft that makes SGLang capture its contract, or why none exists.
+
+    Attributes:
+        ids: the ids to write under ``key`` (None: no id list works on this version).
+        key: the config key SGLang reads the ids from.
+        text: the one-line instruction (``write ids [4, 1, 6] under ...; ...``).
+        portable: the ids capture the same snapshots under both SGLang rules.
+        permutation: ``fc`` input blocks to reorder first (new block j = old block
+            ``permutation[j]``), None when the slot order already is layer order.
+    """
+
+    ids: tuple[int, ...] | None
+    key: str
+    text: str
+    portable: bool = False
+    permutation: tuple[int, ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ids": list(self.ids) if self.ids is not None else None,
+            "key": self.key,
+            "text": self.text,
+            "portable": self.portable,
+            "permutation": list(self.permutation) if self.permutation is not None else None,
+        }
+
+
+def captures(ids: Sequence[int] | None, num_layers: int, version: str) -> tuple[int, ...] | None:
+    """Snapshots SGLang ``version`` captures for ``ids``; None when it fails at the first forward."""
+    p = predict(list(ids) if ids is not None else None, num_layers, version)
+    return None if p.fails_at_first_forward else p.snapshots
+
+
+def is_portable(ids: Sequence[int], num_layers: int) -> bool:
+    """True when both SGLang rules capture the same snapshots for ``ids``."""
+    old = captures(ids, num_layers, OLD_RULE_VERSION)
+    return old is not None and old == captures(ids, num_layers, NEW_RULE_VERSION)
+
+
+def _candidates(wanted: tuple[int, ...]) -> list[tuple[int, ...]]:
+    out = [wanted]
+    if all(s >= 1 for s in wanted):
+        out.append(tuple(s - 1 for s in wanted))
+    if len(wanted) >= 2:
+        out.append((wanted[1], wanted[0], *wanted[2:]))
+    return out
+
+
+def ids_for(
+    wanted: Sequence[int], num_layers: int, version: str, *, prefer: Sequence[int] | None = None
+) -> tuple[int, ...] | None:
+    """Ids that make SGLang ``version`` capture exactly ``wanted`` (``hs`` indices, layer order).
+
+    Among the lists that work, ``prefer`` (e.g. ids the config already has) wins,
+    then a list that is right under both rules, then one in layer order.
+
+    Returns:
+        The ids, or None when no list works (see the module docstring for why).
+    """
+    target = tuple(wanted)
+    good = [c for c in _candidates(target) if captures(c, num_layers, version) == target]
+    if not good:
+        return None
+    pref = tuple(prefer) if prefer is not None else None
+    return min(good, key=lambda c: (c != pref, not is_portable(c, num_layers), list(c) != sorted(c)))
+
+
+def _wanted_text(indices: Sequence[int], num_layers: int) -> str:
+    parts = []
+    for i in indices:
+        entry = "final_prenorm" if i == num_layers + 1 else i
+        parts.append(f"{entry_text(entry, num_layers)} ({describe(i, num_layers)})")
+    return ", ".join(parts)
+
+
+def _write(ids: tuple[int, ...], key: str, num_layers: int, version: str, keep_top_level: bool) -> str:
+    notes = []
+    if 1 in ids and ids[0] != 1 and rule_for(version) != ALWAYS_PLUS_ONE:
+        notes.append(NOT_FIRST_NOTE)
+    if is_portable(ids, num_layers):
+        notes.append(PORTABLE_NOTE)
+    elif rule_for(version) == ALWAYS_PLUS_ONE:
+        notes.append(ONLY_OLD_NOTE)
+    else:
+        notes.append(ONLY_NEW_NOTE)
+    if keep_top_level:
+        notes.append(KEEP_TOP_LEVEL_NOTE)
+    return WRITE_IDS.format(ids=list(ids), key=key) + " (" + "; ".join(notes) + ")"
+
+
+def plan_fix(
+    contract: Contract,
+    num_layers: int,
+    version: str,
+    *,
+    key: str,
+    prefer: Sequence[int] | None = None,
+    keep_top_level: bool = False,
+) -> Fix:
+    """How to make SGLang ``version`` feed ``contract``'s ``fc`` slots on an ``L``-layer target.
+
+    Args:
+        key: the config key SGLang reads (``eagle_config.eagle_aux_hidden_state_layer_ids``).
+        prefer: ids to suggest when they work (avoids rewriting a list needlessly).
+        keep_top_level: the config also has a top-level list (vLLM's); say to keep it.
+    """
+    L = num_layers
+    wanted = tuple(contract.to_snapshot_indices(L))
+    unreachable = [i for i in wanted if i >= L]
+    if unreachable:
+        return Fix(None, key, UNREACHABLE_FIX.format(wanted=_wanted_text(unreachable, L), last=L - 1))
+    order = tuple(sorted(wanted))
+    ids = ids_for(order, L, version, prefer=prefer)
+    if ids is None:
+        if 0 in order and rule_for(version) == ALWAYS_PLUS_ONE:
+            new_ids = ids_for(order, L, NEW_RULE_VERSION, prefer=prefer)
+            write = (_write(new_ids, key, L, NEW_RULE_VERSION, keep_top_level) if new_ids is not None
+                     else NO_IDS_FIX.format(version=NEW_RULE_VERSION, human=contract.human(L)))
+            return Fix(None, key, EMBEDDING_FIX.format(old=OLD_RULE_VERSION, new=NEW_RULE_VERSION, write=write))
+        if order == (1,):
+            return Fix(None, key, ONE_ALONE_FIX.format(version=version, old=OLD_RULE_VERSION))
+        return Fix(None, key, NO_IDS_FIX.format(version=version, human=contract.human(L)))
+    write = _write(ids, key, L, version, keep_top_level)
+    portable = is_portable(ids, L)
+    if order != wanted:
+        perm = tuple(wanted.index(s) for s in order)
+        text = ORDER_FIX.format(human=contract.human(L), perm=list(perm), write=write)
+        return Fix(ids, key, text, portable, perm)
+    return Fix(ids, key, write, portable)

@@ -1,0 +1,163 @@
+"""``pytest-eagle3 inspect``: the argument parser and command around :mod:`pytest_eagle3.preflight`.
+
+Resolves the target's layer count (``--target`` preset or checkpoint dir, or
+``--layers``) and the SGLang version (``--sglang-version``, else the installed
+one read from package metadata, which is all the id rule needs: no ``--help``
+probe, no SGLang import), then prints the :class:`~pytest_eagle3.preflight.Inspection`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from pytest_eagle3.errors import Eagle3ConfigError, Eagle3ContractError
+
+DESCRIPTION = """\
+Print a draft's training contract (what its fc was trained on), what an SGLang
+version will capture for it (from the ids SGLang reads: only
+eagle_config.eagle_aux_hidden_state_layer_ids), and a verdict with a fix.
+No model is loaded and no engine starts; it is a prediction from the version's
+rule, which the packaged suite (--eagle3-draft/--eagle3-stack) measures.
+
+verdicts: MATCH (exit 0); MISMATCH (silently fed other layers), FAILS (SGLang
+rejects it, e.g. at the first forward), INVALID (the draft contradicts itself
+or its stack): exit 1.  Usage errors: one line on stderr, exit 2.
+
+stack: a speculators-format config means speculators; a Hugging Face-format
+config (eagle_config) is written by several stacks that read its ids as
+different layers, so it needs --stack (or --contract)."""
+
+EPILOG = """\
+--json keys: verdict, exit_code, reason, by_default, draft{path, config_format,
+ids, ids_key, target_hidden_size, fc_shape, fc_input_width}, stack,
+stack_source, target{description, num_layers}, contract (null if invalid),
+contract_error, sglang{version, source, rule, ids_read, layers_to_capture,
+never_reached, fails_at_first_forward, captures, captures_human},
+slots[{slot, sglang, contract, ok, sglang_human, contract_human}],
+fix{ids, key, text, portable, permutation} (null unless MISMATCH/FAILS),
+recheck, notes.  Snapshots are HF output_hidden_states indices (L+1 =
+final_prenorm)."""
+
+NEEDS_LAYERS_MSG = (
+    "the target's layer count is unknown: pass --layers L or --target PRESET|PATH "
+    "(a draft config's num_hidden_layers is the draft's own depth, not the target's)"
+)
+LAYERS_DIFFER_MSG = "--layers {layers} disagrees with --target {target}, which has {target_layers} layers"
+NO_SGLANG_SUFFIX = "; or pass --sglang-version V to ask about a version without installing it"
+
+
+def _version(value: str) -> str:
+    try:
+        Version(value)
+    except InvalidVersion:
+        raise argparse.ArgumentTypeError(f"expected a release number like 0.5.23, got {value!r}") from None
+    return value
+
+
+def _positive(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive layer count, got {value!r}")
+    return n
+
+
+def _option(value: str) -> tuple[str, Any]:
+    name, sep, raw = value.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {value!r}")
+    low = raw.strip().lower()
+    parsed: Any = raw.strip()
+    if low in ("true", "false"):
+        parsed = low == "true"
+    elif low.lstrip("-").isdigit():
+        parsed = int(low)
+    return name.strip(), parsed
+
+
+def add_inspect_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add the ``inspect`` subcommand to ``sub`` (an argparse subparsers action)."""
+    from pytest_eagle3.contracts.stacks import STACKS
+
+    p = sub.add_parser(
+        "inspect", help="check a draft's training contract against what SGLang will capture for it",
+        description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--draft", required=True, metavar="PATH", help="the draft checkpoint directory (config.json, "
+                   "*.safetensors holding fc.weight)")
+    p.add_argument("--target", metavar="PATH|PRESET", help="the target: a preset name (tiny-dsv3), a spec "
+                   "*.json, or a checkpoint directory; gives L and checks the hidden size")
+    p.add_argument("--layers", type=_positive, metavar="L", help="the target's number of layers (without --target)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--stack", choices=list(STACKS), metavar="NAME",
+                       help=f"the training stack that made the draft: {', '.join(STACKS)} "
+                       "(default: speculators for a speculators-format config; required otherwise)")
+    which.add_argument("--contract", metavar="TEXT", help="the contract itself instead of a stack, e.g. "
+                       "'[embedding, out(L2), out(L30)]' (to re-check a draft after a fix)")
+    p.add_argument("--option", type=_option, action="append", default=[], metavar="KEY=VALUE",
+                   help="a stack option: datagen=custom_worker (speculators), capture=output_hidden_states "
+                   "(specforge-hf), sglang_version=V (specforge-sglang), final_layer=false (vllm)")
+    p.add_argument("--sglang-version", type=_version, metavar="V", help="apply this SGLang version's rule "
+                   "instead of the installed one's")
+    p.add_argument("--json", action="store_true", help="print JSON with stable keys (see below)")
+    return p
+
+
+def _layers(args: argparse.Namespace) -> tuple[int, str, int | None]:
+    """``(L, description, target hidden size or None)``."""
+    if args.target is not None:
+        from pytest_eagle3.spec import resolve_target
+
+        t = resolve_target(args.target)
+        if args.layers is not None and args.layers != t.num_layers:
+            raise Eagle3ConfigError(LAYERS_DIFFER_MSG.format(layers=args.layers, target=args.target,
+                                                             target_layers=t.num_layers))
+        return t.num_layers, f"{t.name}, {t.num_layers} layers, hidden {t.hidden_size}", t.hidden_size
+    if args.layers is None:
+        raise Eagle3ConfigError(NEEDS_LAYERS_MSG)
+    return args.layers, f"{args.layers} layers (--layers)", None
+
+
+def _sglang(args: argparse.Namespace) -> tuple[str, str]:
+    """``(version, where it came from)``."""
+    if args.sglang_version is not None:
+        return args.sglang_version, "--sglang-version"
+    from pytest_eagle3.engine.install import locate
+    from pytest_eagle3.errors import Eagle3SGLangMissing
+
+    try:
+        version, location = locate()
+    except Eagle3SGLangMissing as exc:
+        raise Eagle3SGLangMissing(str(exc) + NO_SGLANG_SUFFIX) from None
+    return version, f"installed at {location}"
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from pytest_eagle3.preflight import inspect_draft, unreadable_dict
+
+    L, target, hidden = _layers(args)
+    version, source = _sglang(args)
+    try:
+        result = inspect_draft(
+            args.draft, num_layers=L, sglang_version=version, sglang_source=source, target=target,
+            target_hidden_size=hidden, stack=args.stack, contract_text=args.contract, options=dict(args.option),
+        )
+    except Eagle3ContractError as exc:
+        # load_draft rejected a readable config (bad or conflicting ids, unreadable weights).
+        if args.json:
+            print(json.dumps(unreadable_dict(args.draft, str(exc)), indent=2))
+        else:
+            print(f"draft:     {args.draft}\nverdict:   INVALID: {exc}")
+        return 1
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print("\n".join(result.lines()))
+    return result.exit_code
+

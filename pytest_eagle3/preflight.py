@@ -1,0 +1,435 @@
+"""Pre-flight check of an EAGLE-3 draft against an SGLang version, without starting anything.
+
+:func:`inspect_draft` reads a draft checkpoint directory (``config.json`` and the
+``fc`` shape from the safetensors header, :mod:`pytest_eagle3.contracts.draft`),
+builds its training contract with a training stack's translator, predicts what
+SGLang captures from the ids *it* reads (only
+``eagle_config.eagle_aux_hidden_state_layer_ids``, ``conventions.predict``), and
+compares the two slot by slot.  The result is an :class:`Inspection` with one of
+four verdicts:
+
+* ``match``: SGLang feeds ``fc`` the contract (``by_default`` when SGLang reads
+  no ids and its default list happens to be the contract);
+* ``mismatch``: same number of slots, different snapshots: silent, the draft
+  just accepts less;
+* ``fails``: SGLang rejects it: ids it never reaches or names twice (fails at
+  the first forward, not at startup), or a slot count other than ``fc`` takes;
+* ``invalid``: the draft contradicts itself or its stack (ids out of range,
+  duplicated, an ``fc`` width that disagrees with the ids).
+
+Default stack: a speculators-format config (``speculators_model_type`` /
+``speculators_config``) is only written by speculators, so it means
+``speculators``.  A Hugging Face-format config (``eagle_config``) is shared by
+SpecForge's HF and SGLang backends, the original EAGLE code and hand-written
+configs, which read the same ids as different layers, so a guess would be a
+silent wrong answer: the stack must be named.
+
+This is a prediction from the version's known rule; the packaged suite
+measures the running engine.  Pure Python: no torch, no SGLang import.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from packaging.version import InvalidVersion, Version
+
+from pytest_eagle3.contracts.contract import Contract, entry_text
+from pytest_eagle3.contracts.draft import (
+    BAD_CONFIG_MSG,
+    EAGLE_CONFIG_KEY,
+    FC_WIDTH_MSG,
+    NO_AUX_MSG,
+    NO_CONFIG_MSG,
+    NO_DIR_MSG,
+    TOP_LEVEL_KEY,
+    DraftInfo,
+    contract_for_draft,
+    load_draft,
+)
+from pytest_eagle3.contracts.stacks import STACKS, stack_options
+from pytest_eagle3.conventions import Prediction, predict
+from pytest_eagle3.errors import Eagle3ConfigError, Eagle3ContractError
+from pytest_eagle3.idfix import Fix, plan_fix
+
+MATCH, MISMATCH, FAILS, INVALID = "match", "mismatch", "fails", "invalid"
+EXIT_CODES = {MATCH: 0, MISMATCH: 1, FAILS: 1, INVALID: 1}
+#: ``stack`` of an :class:`Inspection` whose contract came from ``--contract``.
+EXPLICIT = "explicit"
+
+# Message templates (tests import these).
+AMBIGUOUS_STACK_MSG = (
+    "draft {path} is in Hugging Face format ({ids}), which SpecForge (specforge-hf, specforge-sglang), "
+    "the original EAGLE code (eagle) and vLLM users (vllm) all write and read as different layers: "
+    "pass --stack NAME ({known}) or --contract '[...]'"
+)
+NO_HIDDEN_MSG = "draft config {path} names no target_hidden_size or hidden_size: pass --target so it is known"
+BAD_OPTION_MSG = "--option {name}: stack {stack!r} takes {known}"
+BAD_CONTRACT_MSG = "--contract: {error}"
+OPTIONS_WITH_CONTRACT_MSG = "--option configures a stack's translator; --contract needs none"
+FAILS_AT_FIRST_FORWARD = (
+    "SGLang fails at the first forward, not at startup: layers_to_capture {layers} {problem} "
+    "(captured {n} of {k})"
+)
+NEVER_REACHED = "has {layers}, which a target of {L} layers never reaches (0..{last})"
+NAMED_TWICE = "names {layers} twice"
+SLOT_COUNT = (
+    "SGLang captures {got} slot{s} but the draft's fc takes {want}: it fails loading the draft or "
+    "at the first forward"
+)
+MISMATCH_REASON = "{n} of {k} slots differ: the draft runs, silently fed other layers"
+MATCH_REASON = "SGLang feeds fc the contract, slot by slot"
+DEFAULT_REASON = (
+    "SGLang reads no ids from this draft ({why}), so it uses its default [2, L//2, L-3] = layers {layers}"
+)
+NO_KEY_WHY = "no " + EAGLE_CONFIG_KEY
+TOP_LEVEL_WHY = "the ids are only at top level, and SGLang reads " + EAGLE_CONFIG_KEY
+PIN_NOTE = "the match depends on SGLang's default list; to pin it: {fix}"
+DATAGEN_NOTE = (
+    "specforge-sglang: assumed the training data was generated with SGLang {version}; "
+    "pass --option sglang_version=V if it was another"
+)
+UNKNOWN_VERSION_NOTE = "SGLang version {version!r} is not a release number: assumed the newest rule"
+CONTRACT_SOURCE = "--contract {text}"
+#: After a fix the config's ids no longer say what the stack trained on, so the
+#: re-check names the contract explicitly.
+RECHECK = "pytest-eagle3 inspect --draft {path} --contract {contract} --layers {L}{version}"
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One ``fc`` input slot: the snapshot SGLang puts there and the one the contract wants.
+
+    ``sglang``/``contract`` are ``hs`` indices (``L+1`` = final_prenorm), None for no slot.
+    """
+
+    index: int
+    sglang: int | None
+    contract: int | None
+
+    @property
+    def ok(self) -> bool:
+        return self.sglang == self.contract
+
+
+def _text(index: int | None, num_layers: int) -> str:
+    if index is None:
+        return "nothing"
+    return entry_text("final_prenorm" if index == num_layers + 1 else index, num_layers)
+
+
+@dataclass(frozen=True)
+class Inspection:
+    """What :func:`inspect_draft` found; :meth:`lines` for people, :meth:`to_dict` for machines."""
+
+    draft: DraftInfo
+    stack: str
+    stack_source: str
+    num_layers: int
+    target: str
+    contract: Contract | None
+    contract_error: str | None
+    sglang_version: str
+    sglang_source: str
+    ids_read: tuple[int, ...] | None
+    prediction: Prediction
+    verdict: str
+    reason: str
+    by_default: bool = False
+    slots: tuple[Slot, ...] = ()
+    fix: Fix | None = None
+    recheck: str | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.verdict]
+
+    def captures_text(self) -> str:
+        return "[" + ", ".join(_text(i, self.num_layers) for i in self.prediction.snapshots) + "]"
+
+    def lines(self) -> list[str]:
+        """The aligned human report (no trailing newline)."""
+        L, d = self.num_layers, self.draft
+        ids = f"{_key_name(d.ids_key)} ids {list(d.ids)}" if d.ids is not None else "no ids"
+        fc = "fc not read"
+        if d.fc_input_width is not None:
+            h = d.target_hidden_size
+            fc = f"fc {d.fc_input_width}" + (f" = {d.fc_input_width // h} x {h}" if h and d.fc_input_width % h == 0
+                                             else "")
+        stack = f"stack {self.stack}" + (f" from {self.stack_source}" if self.stack_source != "--stack" else "")
+        out = [f"draft:     {d.path} ({stack}, {ids}, {fc})", f"target:    {self.target}"]
+        out.append(f"contract:  {self.contract.human(L)}" if self.contract is not None
+                   else f"contract:  none: {self.contract_error}")
+        p = self.prediction
+        read = f"ids {list(self.ids_read)}" if self.ids_read is not None else "no ids (default [2, L//2, L-3])"
+        out.append(f"sglang:    {self.sglang_version} ({self.sglang_source}), rule: {p.rule}")
+        out.append(f"reads:     {read} -> layers_to_capture {list(p.layers_to_capture)}")
+        out.append(f"captures:  {self.captures_text()}")
+        label = self.verdict.upper() + (" (by SGLang's default)" if self.by_default else "")
+        out.append(f"verdict:   {label}: {self.reason}")
+        for s in self.slots:
+            if not s.ok:
+                out.append(f"  slot {s.index}: sglang captures {_text(s.sglang, L)}; "
+                           f"the contract says {_text(s.contract, L)}")
+        if self.fix is not None:
+            out.append(f"fix:       {self.fix.text}")
+        if self.recheck is not None:
+            out.append(f"recheck:   {self.recheck}")
+        out.extend(f"note:      {n}" for n in self.notes)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """Stable JSON fields (see ``pytest-eagle3 inspect --help``)."""
+        d, p, L = self.draft, self.prediction, self.num_layers
+        return {
+            "verdict": self.verdict,
+            "exit_code": self.exit_code,
+            "reason": self.reason,
+            "by_default": self.by_default,
+            "draft": {
+                "path": str(d.path), "config_format": d.config_format, "ids": _list(d.ids),
+                "ids_key": d.ids_key, "target_hidden_size": d.target_hidden_size,
+                "fc_shape": _list(d.fc_shape), "fc_input_width": d.fc_input_width,
+            },
+            "stack": self.stack,
+            "stack_source": self.stack_source,
+            "target": {"description": self.target, "num_layers": L},
+            "contract": self.contract.to_dict() if self.contract is not None else None,
+            "contract_error": self.contract_error,
+            "sglang": {
+                "version": self.sglang_version, "source": self.sglang_source, "rule": p.rule,
+                "ids_read": _list(self.ids_read), "layers_to_capture": list(p.layers_to_capture),
+                "never_reached": list(p.missing), "fails_at_first_forward": p.fails_at_first_forward,
+                "captures": list(p.snapshots), "captures_human": self.captures_text(),
+            },
+            "slots": [{"slot": s.index, "sglang": s.sglang, "contract": s.contract, "ok": s.ok,
+                       "sglang_human": _text(s.sglang, L), "contract_human": _text(s.contract, L)}
+                      for s in self.slots],
+            "fix": self.fix.to_dict() if self.fix is not None else None,
+            "recheck": self.recheck,
+            "notes": list(self.notes),
+        }
+
+
+JSON_KEYS = ("verdict", "exit_code", "reason", "by_default", "draft", "stack", "stack_source", "target",
+             "contract", "contract_error", "sglang", "slots", "fix", "recheck", "notes")
+
+
+def unreadable_dict(path: str | Path, reason: str) -> dict[str, Any]:
+    """:meth:`Inspection.to_dict`'s keys for a draft :func:`load_draft` rejected (nothing else known)."""
+    out: dict[str, Any] = dict.fromkeys(JSON_KEYS)
+    out.update(verdict=INVALID, exit_code=EXIT_CODES[INVALID], reason=reason, by_default=False,
+               draft={"path": str(path)}, contract_error=reason, slots=[], notes=[])
+    return out
+
+
+def is_release(version: str) -> bool:
+    """Whether ``version`` parses as a release number (``0.5.23``, ``0.5.13.post1``)."""
+    try:
+        Version(version)
+    except InvalidVersion:
+        return False
+    return True
+
+
+def _list(values: Any) -> list[Any] | None:
+    return list(values) if values is not None else None
+
+
+def _key_name(key: str | None) -> str:
+    return "eagle_config" if key == EAGLE_CONFIG_KEY else "top-level"
+
+
+def read_draft(path: str | Path) -> DraftInfo:
+    """:func:`load_draft`, with the problems of *finding* a draft as usage errors.
+
+    Raises:
+        Eagle3ConfigError: not a directory, no ``config.json``, not a JSON object,
+            ``use_aux_hidden_state`` false (nothing to check).
+        Eagle3ContractError: what :func:`load_draft` rejects in a readable config
+            (bad or conflicting ids, unreadable weights): the draft is invalid.
+    """
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        raise Eagle3ConfigError(NO_DIR_MSG.format(path=p))
+    cfg = p / "config.json"
+    if not cfg.is_file():
+        raise Eagle3ConfigError(NO_CONFIG_MSG.format(path=p))
+    try:
+        data = json.loads(cfg.read_text())
+    except (OSError, ValueError) as exc:
+        raise Eagle3ConfigError(BAD_CONFIG_MSG.format(path=cfg, error=exc)) from None
+    if not isinstance(data, dict):
+        raise Eagle3ConfigError(BAD_CONFIG_MSG.format(path=cfg, error="not a JSON object"))
+    info = load_draft(p)
+    if not info.use_aux_hidden_state:
+        raise Eagle3ConfigError(NO_AUX_MSG.format(path=info.path))
+    return info
+
+
+def resolve_stack(info: DraftInfo, stack: str | None) -> tuple[str, str]:
+    """``(stack, where it came from)``: ``--stack``, else the config format when it names one stack.
+
+    Raises:
+        Eagle3ConfigError: a Hugging Face-format draft and no ``--stack``.
+    """
+    if stack is not None:
+        return stack, "--stack"
+    if info.config_format == "speculators":
+        return "speculators", "speculators config format"
+    ids = f"{EAGLE_CONFIG_KEY} {list(info.ids)}" if info.ids is not None else "no ids"
+    raise Eagle3ConfigError(AMBIGUOUS_STACK_MSG.format(path=info.path, ids=ids, known=", ".join(STACKS)))
+
+
+def _explicit_contract(info: DraftInfo, text: str, num_layers: int, hidden: int) -> Contract:
+    try:
+        contract = Contract.parse(text, num_layers=num_layers, hidden_size=hidden, dtype=info.dtype,
+                                  stack="raw", source=CONTRACT_SOURCE.format(text=text))
+    except Eagle3ContractError as exc:
+        raise Eagle3ConfigError(BAD_CONTRACT_MSG.format(error=exc)) from None
+    width = info.fc_input_width
+    if width is not None and width != contract.fc_input_width:
+        raise Eagle3ContractError(FC_WIDTH_MSG.format(
+            path=info.path, fc=f"{info.fc_name} {list(info.fc_shape or ())}", width=width,
+            contract=contract.human(), k=contract.k, hidden=hidden, expected=contract.fc_input_width))
+    return contract
+
+
+def _layers(values: Any) -> str:
+    """``layer 8`` or ``layers 8, 9``."""
+    values = list(values)
+    return ("layer " if len(values) == 1 else "layers ") + ", ".join(str(v) for v in values)
+
+
+def _fails_reason(p: Prediction, num_layers: int) -> str:
+    problems = []
+    if p.missing:
+        problems.append(NEVER_REACHED.format(layers=_layers(p.missing), L=num_layers, last=num_layers - 1))
+    dups = sorted({i for i in p.layers_to_capture if p.layers_to_capture.count(i) > 1})
+    if dups:
+        problems.append(NAMED_TWICE.format(layers=_layers(dups)))
+    return FAILS_AT_FIRST_FORWARD.format(layers=list(p.layers_to_capture), problem=" and ".join(problems),
+                                         n=len(p.snapshots), k=len(p.layers_to_capture))
+
+
+def inspect_draft(
+    path: str | Path,
+    *,
+    num_layers: int,
+    sglang_version: str,
+    sglang_source: str = "--sglang-version",
+    target: str = "",
+    target_hidden_size: int | None = None,
+    stack: str | None = None,
+    contract_text: str | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> Inspection:
+    """Compare a draft's training contract with what SGLang ``sglang_version`` captures for it.
+
+    Args:
+        path: the draft checkpoint directory.
+        num_layers: the target's layer count ``L``.
+        sglang_version: the SGLang version whose rule to apply (``conventions.rule_for``).
+        target_hidden_size: the target's hidden size, checked against the draft config.
+        stack: a :data:`~pytest_eagle3.contracts.stacks.STACKS` name (see :func:`resolve_stack`).
+        contract_text: the contract in human form instead of a stack (``[embedding, out(L2)]``).
+        options: translator options (``datagen``, ``capture``, ``final_layer``, ``sglang_version``).
+
+    Raises:
+        Eagle3ConfigError: usage problems (no draft there, no stack, a bad option or
+            ``--contract``, no hidden size); a draft that contradicts itself is an
+            ``invalid`` verdict instead.
+    """
+    L = num_layers
+    options = dict(options or {})
+    info = read_draft(path)
+    notes: list[str] = []
+    if contract_text is not None:
+        if options:
+            raise Eagle3ConfigError(OPTIONS_WITH_CONTRACT_MSG)
+        used_stack, stack_source = EXPLICIT, "--contract"
+    else:
+        used_stack, stack_source = resolve_stack(info, stack)
+        known = stack_options(used_stack)
+        for name in options:
+            if name not in known:
+                raise Eagle3ConfigError(BAD_OPTION_MSG.format(name=name, stack=used_stack,
+                                                              known=", ".join(known) or "no options"))
+    hidden = info.target_hidden_size or target_hidden_size
+    if hidden is None:
+        raise Eagle3ConfigError(NO_HIDDEN_MSG.format(path=info.path / "config.json"))
+    if used_stack == "specforge-sglang" and "sglang_version" not in options:
+        options["sglang_version"] = sglang_version
+        notes.append(DATAGEN_NOTE.format(version=sglang_version))
+    contract, error = None, None
+    try:
+        if contract_text is not None:
+            contract = _explicit_contract(info, contract_text, L, hidden)
+        else:
+            contract = contract_for_draft(info.path, used_stack, num_layers=L,
+                                          target_hidden_size=target_hidden_size, **options)
+    except Eagle3ContractError as exc:
+        error = str(exc)
+    if contract is not None:
+        notes = list(contract.notes) + notes
+    if not is_release(sglang_version):
+        notes.append(UNKNOWN_VERSION_NOTE.format(version=sglang_version))
+
+    ids_read = info.ids if info.sglang_reads_ids else None
+    p = predict(list(ids_read) if ids_read is not None else None, L, sglang_version)
+    by_default = ids_read is None
+    common = dict(draft=info, stack=used_stack, stack_source=stack_source, num_layers=L, target=target,
+                  contract=contract, contract_error=error, sglang_version=sglang_version,
+                  sglang_source=sglang_source, ids_read=ids_read, prediction=p)
+    if contract is None:
+        return Inspection(**common, verdict=INVALID, reason=error or "", notes=tuple(notes))
+
+    wanted = contract.to_snapshot_indices(L)
+    got = list(p.snapshots)
+    slots = tuple(Slot(j, got[j] if j < len(got) else None, wanted[j] if j < len(wanted) else None)
+                  for j in range(max(len(got), len(wanted))))
+    top_level = TOP_LEVEL_KEY if info.ids_key == TOP_LEVEL_KEY else None
+    prefer = info.ids if top_level else None
+
+    def fix() -> Fix:
+        return plan_fix(contract, L, sglang_version, key=EAGLE_CONFIG_KEY, prefer=prefer,
+                        keep_top_level=top_level is not None)
+
+    recheck_cmd = None
+    if p.fails_at_first_forward:
+        verdict, reason = FAILS, _fails_reason(p, L)
+    elif len(got) != contract.k:
+        verdict, reason = FAILS, SLOT_COUNT.format(got=len(got), s="s" if len(got) != 1 else "", want=contract.k)
+    elif got == wanted:
+        verdict, reason = MATCH, MATCH_REASON
+        if by_default:
+            why = TOP_LEVEL_WHY if info.ids is not None else NO_KEY_WHY
+            reason = DEFAULT_REASON.format(why=why, layers=list(p.layers_to_capture))
+            pin = fix()
+            if pin.ids is not None:
+                notes.insert(0, PIN_NOTE.format(fix=pin.text))
+        return Inspection(**common, verdict=verdict, reason=reason, by_default=by_default, slots=slots,
+                          notes=tuple(notes))
+    else:
+        verdict = MISMATCH
+        reason = MISMATCH_REASON.format(n=sum(not slot.ok for slot in slots), k=len(slots))
+    if by_default:
+        why = TOP_LEVEL_WHY if info.ids is not None else NO_KEY_WHY
+        reason += "; " + DEFAULT_REASON.format(why=why, layers=list(p.layers_to_capture))
+    plan = fix()
+    if plan.ids is not None:
+        recheck_cmd = recheck(info.path, contract, L, sglang_version, sglang_source)
+    return Inspection(**common, verdict=verdict, reason=reason, by_default=by_default, slots=slots,
+                      fix=plan, recheck=recheck_cmd, notes=tuple(notes))
+
+
+def recheck(path: Path, contract: Contract, num_layers: int, version: str, source: str) -> str:
+    """The command that checks the draft once the fix is applied (:data:`RECHECK`)."""
+    flag = f" --sglang-version {version}" if source == "--sglang-version" else ""
+    return RECHECK.format(path=shlex.quote(str(path)), contract=shlex.quote(contract.human(num_layers)),
+                          L=num_layers, version=flag)
