@@ -109,8 +109,6 @@ def wide_case_ids(spec: TargetSpec, version: str) -> list[int] | None:
     """Ids of the suite's every-TP case (embedding first), from the suite's own cases."""
     from pytest_eagle3.suite import cases
 
-    if not hasattr(cases, "WIDE_CASE"):  # the pre-contracts suite (commit f37d67b and older)
-        return cases.EMBEDDING_FIRST.ids(spec.num_layers)
     ids = cases.resolve(cases.WIDE_CASE, spec.num_layers, spec.hidden_size, version).ids
     return None if ids is None else list(ids)
 

@@ -67,8 +67,9 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(data.splitlines()[-lines:])
 
 
-def kill_tree(pid: int, *, timeout: float = 10.0) -> None:
-    """Terminate ``pid`` and all its descendants: SIGTERM, wait, then SIGKILL."""
+def kill_tree(pid: int, *, timeout: float = 10.0, graceful: bool = True) -> None:
+    """Terminate ``pid`` and all its descendants: SIGTERM, wait, then SIGKILL
+    (``graceful=False``: SIGKILL at once)."""
     import psutil
 
     try:
@@ -78,7 +79,7 @@ def kill_tree(pid: int, *, timeout: float = 10.0) -> None:
     procs = parent.children(recursive=True) + [parent]
     for proc in procs:
         try:
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(signal.SIGTERM if graceful else signal.SIGKILL)
         except psutil.NoSuchProcess:
             pass
     _, alive = psutil.wait_procs(procs, timeout=timeout)
@@ -226,7 +227,9 @@ class SGLangServer:
         if self.proc is None:
             return None
         if self.proc.poll() is None:
-            kill_tree(self.proc.pid)
+            # No graceful shutdown: the server holds nothing worth saving, and a
+            # SIGTERM makes SGLang drain, then wait 5 s on the "crashed" workers.
+            kill_tree(self.proc.pid, graceful=False)
         # Workers re-parented after a crash of the server are still in its
         # session (start_new_session=True makes the server the group leader).
         kill_group(self.proc.pid)
