@@ -5,7 +5,7 @@ The chain follows the data path; a fork's ``conftest.py`` can replace any link
 
     eagle3_settings -> eagle3_target -> eagle3_checkpoint -> eagle3_model_config
                                      \\-> eagle3_prompts -> eagle3_reference
-    eagle3_sglang (installed SGLang, flags) -> eagle3_engine_pool
+    eagle3_sglang (installed SGLang, flags) -> eagle3_engine_pool <- eagle3_gpu_lease (cuda)
     eagle3_tp + all of the above -> eagle3_capture (per test)
 
 Nothing here imports torch, transformers or sglang at import time.
@@ -32,7 +32,9 @@ if TYPE_CHECKING:
     from pytest_eagle3.capture import Captures
     from pytest_eagle3.engine.config import EngineConfig
     from pytest_eagle3.engine.install import SGLangInstall
+    from pytest_eagle3.engine.lease import GpuLeaser
     from pytest_eagle3.engine.pool import EnginePool
+    from pytest_eagle3.engine.recordings import Record
     from pytest_eagle3.spec import LocalTarget, TargetSpec
 
 logger = logging.getLogger("pytest_eagle3")
@@ -41,10 +43,17 @@ logger = logging.getLogger("pytest_eagle3")
 def progress_writer(config: pytest.Config):
     """A callable printing progress lines on the terminal (and to the log)."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
 
     def write(message: str) -> None:
         logger.info(message)
-        if reporter is not None and config.get_verbosity() >= 0:
+        if reporter is None or config.get_verbosity() < 0:
+            return
+        # Fixtures run under output capture: suspend it so the line reaches the terminal.
+        if capture is not None:
+            with capture.global_and_fixture_disabled():
+                reporter.write_line(f"[eagle3] {message}")
+        else:
             reporter.write_line(f"[eagle3] {message}")
 
     return write
@@ -141,7 +150,27 @@ def eagle3_sglang(eagle3_settings: Settings) -> "SGLangInstall":
 
 
 @pytest.fixture(scope="session")
-def eagle3_engine_pool(eagle3_settings: Settings, pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Iterator["EnginePool"]:
+def eagle3_gpu_lease(eagle3_settings: Settings, pytestconfig: pytest.Config,
+                     request: pytest.FixtureRequest) -> Iterator["GpuLeaser | None"]:
+    """This process's (xdist worker's) block of ``--tp`` GPUs, leased when its
+    first engine starts and held for the session; ``None`` on cpu (no lease).
+    See :mod:`pytest_eagle3.engine.lease`."""
+    from pytest_eagle3.engine.lease import GpuLeaser
+
+    if eagle3_settings.device != "cuda":
+        yield None
+        return
+    install = request.getfixturevalue("eagle3_sglang")
+    leaser = GpuLeaser.for_run(eagle3_settings, pytestconfig, progress=progress_writer(pytestconfig),
+                               nccl_port=install.has_arg("nccl_port"))
+    yield leaser
+    if leaser is not None:
+        leaser.release()
+
+
+@pytest.fixture(scope="session")
+def eagle3_engine_pool(eagle3_settings: Settings, pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory,
+                       eagle3_gpu_lease: "GpuLeaser | None") -> Iterator["EnginePool"]:
     """Running SGLang servers, one per engine config, reused across tests."""
     from pytest_eagle3.engine.pool import EnginePool
 
@@ -155,6 +184,7 @@ def eagle3_engine_pool(eagle3_settings: Settings, pytestconfig: pytest.Config, t
         startup_timeout=eagle3_settings.startup_timeout,
         progress=progress_writer(pytestconfig),
         on_start=on_start,
+        lease=eagle3_gpu_lease,
     )
     yield pool
     try:
@@ -198,11 +228,13 @@ class CaptureRunner:
         )
 
     def __call__(self, layer_ids: Sequence[int] | None, *, prompts: Sequence[Sequence[int]] | None = None,
-                 decode_steps: int = 0, extra_args: Mapping[str, Any] | None = None) -> "list[Captures]":
+                 decode_steps: int = 0, extra_args: Mapping[str, Any] | None = None,
+                 batch: bool = False) -> "list[Captures]":
         """Captures of ``prompts`` (default: the suite prompts) with draft ids ``layer_ids``.
 
-        ``layer_ids=None`` leaves SGLang's default list.  The engine's log is
-        attached to the test report if the test fails.
+        ``layer_ids=None`` leaves SGLang's default list; ``batch`` sends all
+        prompts in one request.  The engine's log is attached to the test report
+        if the test fails.
 
         Raises:
             Eagle3CaptureUnsupported: this SGLang cannot return captures without a draft.
@@ -210,11 +242,37 @@ class CaptureRunner:
         """
         from pytest_eagle3.capture import capture
 
+        server = self._server(layer_ids, extra_args)
+        return capture(server, self.prompts if prompts is None else prompts, decode_steps=decode_steps,
+                       batch=batch)
+
+    def _server(self, layer_ids: Sequence[int] | None, extra_args: Mapping[str, Any] | None) -> Any:
         config = self.engine_config(layer_ids, extra_args)
         self.last_config = config
         eagle3_session.attach_log(self.request.node, config.name, self.pool.log_path(config))
-        server = self.pool.get(config)
-        return capture(server, self.prompts if prompts is None else prompts, decode_steps=decode_steps)
+        return self.pool.get(config)
+
+    def with_ranks(self, layer_ids: Sequence[int] | None, *, prompts: Sequence[Sequence[int]] | None = None,
+                   decode_steps: int = 0, extra_args: Mapping[str, Any] | None = None,
+                   fault: Mapping[str, Any] | None = None) -> "tuple[list[Captures], dict[int, list[Record]]]":
+        """Like calling the runner, plus what every TP rank captured in each forward.
+
+        ``fault`` (self-tests only) makes one rank's recorder store a wrong copy:
+        see :data:`pytest_eagle3.engine.recorder_hook.FAULTS`.
+
+        Raises:
+            Eagle3Error: a rank recorded nothing (the SGLang plugin is not loaded).
+        """
+        from pytest_eagle3.capture import capture
+        from pytest_eagle3.engine.recordings import Recorder
+
+        server = self._server(layer_ids, extra_args)
+        assert self.last_config is not None
+        recorder = Recorder(self.pool.record_dir(self.last_config))
+        with recorder.recording(fault=fault):
+            captures = capture(server, self.prompts if prompts is None else prompts, decode_steps=decode_steps)
+            records = recorder.read(self.tp)
+        return captures, records
 
 
 @pytest.fixture

@@ -59,6 +59,11 @@ MSG_TOO_FEW_GPUS = (
     "--tp {tp} needs {tp} GPUs on --device cuda but {count} are visible ({probe}); "
     "lower --tp or make more GPUs visible"
 )
+MSG_PLAN_GPUS_ALONE = "--eagle3-plan-gpus goes with --eagle3-plan (it only pretends GPUs for the plan)"
+MSG_BAD_PLAN_GPUS = "--eagle3-plan-gpus: expected a positive number of GPUs, got {value!r}"
+#: GPUs ``--eagle3-plan`` pretends on ``--device cuda`` when none are visible here.
+DEFAULT_PLAN_GPUS = 8
+PLAN_GPU_PROBE = "--eagle3-plan: pretending {count} GPUs ({why})"
 MSG_CACHE_NOT_WRITABLE = (
     "eagle3 cache {path} (from {source}) is not writable: {reason}; "
     "pass --eagle3-cache DIR or set " + ENV_CACHE + " to a writable directory"
@@ -99,6 +104,9 @@ class Settings:
         draft: the user's EAGLE-3 draft directory (``--eagle3-draft``), checked
             against its training contract by the contracts suite.
         stack: the training stack that produced ``draft`` (``--eagle3-stack``).
+        slow: run tests marked ``slow`` (``--eagle3-slow``); they are skipped otherwise.
+        plan: ``--eagle3-plan``: print the engines the selected tests would start,
+            start nothing, run no test (:mod:`pytest_eagle3.plan`).
     """
 
     tp: int = 1
@@ -112,6 +120,8 @@ class Settings:
     gpu: GpuProbe = GpuProbe(0, "not probed")
     draft: Path | None = None
     stack: str | None = None
+    slow: bool = False
+    plan: bool = False
 
     def source(self, name: str) -> str:
         """Where ``name`` came from; ``"default"`` when unknown."""
@@ -179,6 +189,17 @@ def parse_timeout(value: str, *, flag: str = "--eagle3-startup-timeout") -> floa
     return seconds
 
 
+def parse_plan_gpus(value: str) -> int:
+    """``--eagle3-plan-gpus`` parser: a positive integer."""
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise pytest.UsageError(MSG_BAD_PLAN_GPUS.format(value=value))
+    return count
+
+
 def add_options(parser: pytest.Parser) -> None:
     """Register the ``eagle3`` option group and its ini keys."""
     group = parser.getgroup("eagle3", "EAGLE-3 aux hidden states (pytest-eagle3)")
@@ -217,6 +238,10 @@ def add_options(parser: pytest.Parser) -> None:
         help=f"seconds an SGLang engine may take to become ready (default {DEFAULT_STARTUP_TIMEOUT:g})",
     )
     group.addoption(
+        "--eagle3-slow", dest="eagle3_slow", action="store_true", default=False,
+        help="also run tests marked slow (path variants with an engine of their own, TP 8 on cpu)",
+    )
+    group.addoption(
         "--eagle3-draft", dest="eagle3_draft", metavar="PATH", default=None,
         help="your EAGLE-3 draft directory (config.json, fc weight): the contracts suite "
         "checks SGLang captures what it was trained on (needs --eagle3-stack)",
@@ -225,6 +250,21 @@ def add_options(parser: pytest.Parser) -> None:
         "--eagle3-stack", dest="eagle3_stack", metavar="NAME", default=None,
         help="training stack of --eagle3-draft: speculators, specforge-hf, specforge-sglang, "
         "eagle, vllm or raw",
+    )
+    group.addoption(
+        "--eagle3-list-variants", dest="eagle3_list_variants", action="store_true", default=False,
+        help="print the path matrix (server-arg variants of the capture tests) with what runs "
+        "here for this --device/--tp and why the rest is skipped, then exit without running tests",
+    )
+    group.addoption(
+        "--eagle3-plan", dest="eagle3_plan", action="store_true", default=False,
+        help="print every SGLang engine the selected tests would start (server args, env, "
+        "GPUs, TP) and exit without starting any or running tests; -n is ignored",
+    )
+    group.addoption(
+        "--eagle3-plan-gpus", dest="eagle3_plan_gpus", metavar="N", type=parse_plan_gpus, default=None,
+        help=f"with --eagle3-plan: plan as if N GPUs were visible (default: the GPUs visible "
+        f"here, else {DEFAULT_PLAN_GPUS} on --device cuda)",
     )
     parser.addini(INI_TARGET, "eagle3 target preset or checkpoint path (see --eagle3-target)")
     parser.addini(INI_CACHE, "eagle3 cache directory (see --eagle3-cache)")
@@ -299,12 +339,22 @@ def resolve_settings(config: pytest.Config, *, validate: bool = True) -> Setting
     tp = tp if tp is not None else 1
 
     gpu = detect_gpus(env)
+    plan = bool(getattr(opt, "eagle3_plan", False))
+    plan_gpus = getattr(opt, "eagle3_plan_gpus", None)
+    if plan_gpus is not None and validate and not plan:
+        raise pytest.UsageError(MSG_PLAN_GPUS_ALONE)
+    if plan and plan_gpus is not None:
+        # A plan for a machine with N GPUs, whatever this one has.
+        gpu = GpuProbe(plan_gpus, PLAN_GPU_PROBE.format(count=plan_gpus, why="--eagle3-plan-gpus"))
     device = getattr(opt, "eagle3_device", None)
     if device is not None:
         sources["device"] = "cli"
     else:
         device = "cuda" if gpu.count > 0 else "cpu"
         sources["device"] = "default"
+    if plan and device == "cuda" and gpu.count == 0:
+        # Review a GPU run on a CPU machine: nothing starts, so no GPU is needed.
+        gpu = GpuProbe(DEFAULT_PLAN_GPUS, PLAN_GPU_PROBE.format(count=DEFAULT_PLAN_GPUS, why=gpu.how))
 
     target = getattr(opt, "eagle3_target", None)
     if target:
@@ -361,6 +411,7 @@ def resolve_settings(config: pytest.Config, *, validate: bool = True) -> Setting
         sources=MappingProxyType(sources), gpu=gpu,
         draft=Path(draft).expanduser() if draft else None,
         stack=getattr(opt, "eagle3_stack", None),
+        slow=bool(getattr(opt, "eagle3_slow", False)), plan=plan,
     )
     if validate:
         validate_settings(settings)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
 import re
 from collections.abc import Generator
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import NoReturn
 import pytest
 
 from pytest_eagle3 import options, session
+from pytest_eagle3.engine import lease
 from pytest_eagle3.errors import Eagle3Error
 
 FIXTURES_MODULE = "pytest_eagle3.fixtures"
@@ -39,6 +41,7 @@ HEADER_LIBS = "eagle3: torch {torch}, transformers {transformers}"
 HEADER_RUN = "eagle3: device {device}, tp {tp}, target {target}"
 HEADER_CACHE = "eagle3: cache {cache}{rebuild}, startup timeout {timeout:g} s"
 HEADER_SGLANG_ARGS = "eagle3: sglang args {args}"
+HEADER_GPU_BLOCKS = "eagle3: gpu blocks of {tp}: {blocks} (one leased per pytest process; locks in {lock_dir})"
 
 #: Fixture whose use makes a test an eagle3 test for the collection-time checks.
 TARGET_FIXTURE = "eagle3_target"
@@ -52,13 +55,32 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 @pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> int | None:
+    # --eagle3-list-variants: print the path matrix and exit 0 before any
+    # collection, as --markers/--fixtures do (pytest's own cmdline_main hooks).
+    if not getattr(config.option, "eagle3_list_variants", False):
+        return None
+    from pytest_eagle3.variants import list_variants
+
+    return list_variants(options.resolve_settings(config, validate=False))
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
     # `pytest --help` / `--version` must work whatever the machine looks like.
     validate = not (getattr(config.option, "help", False) or getattr(config.option, "version", False))
-    config.stash[options.SETTINGS_KEY] = options.resolve_settings(config, validate=validate)
+    config.stash[options.SETTINGS_KEY] = settings = options.resolve_settings(config, validate=validate)
     session.get_session(config)
+    if settings.plan:
+        from pytest_eagle3 import plan
+
+        plan.switch_off_xdist(config)
+    elif not hasattr(config, "workerinput"):
+        warning = lease.oversubscription(settings, getattr(config.option, "numprocesses", None))
+        if warning:
+            config.issue_config_time_warning(pytest.PytestConfigWarning(warning), stacklevel=2)
     if importlib.util.find_spec(FIXTURES_MODULE) is not None:
         config.pluginmanager.import_plugin(FIXTURES_MODULE)
 
@@ -86,7 +108,36 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     if settings.sglang_args:
         args = " ".join(f"{k}={v!r}" for k, v in settings.sglang_args)
         lines.append(HEADER_SGLANG_ARGS.format(args=args) + _src(settings, "sglang_args"))
+    if settings.device == "cuda":
+        try:
+            blocks = lease.describe_blocks(lease.settings_blocks(settings))
+        except Eagle3Error as exc:
+            blocks = str(exc)
+        lines.append(HEADER_GPU_BLOCKS.format(tp=settings.tp, blocks=blocks, lock_dir=lease.default_lock_dir()))
     return lines
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    # ``-n auto``: one worker per block of --tp GPUs on cuda, one on cpu
+    # (lease.auto_num_workers says why).  Runs before pytest_configure, so the
+    # settings are resolved here unvalidated.  None (xdist's own default) when
+    # PYTEST_XDIST_AUTO_NUM_WORKERS is set or the run is not about eagle3 at all.
+    if os.environ.get(lease.ENV_XDIST_AUTO) or not lease.is_eagle3_run(config):
+        return None
+    return lease.auto_num_workers(options.resolve_settings(config, validate=False))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> bool | None:
+    # --eagle3-plan: print the engines, run nothing (as --collect-only does).
+    settings = options.get_settings(session.config)
+    if not settings.plan:
+        return None
+    from pytest_eagle3 import plan
+
+    plan.write_plan(session, settings)
+    return True
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -117,6 +168,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             needed = session.item_tp(item)
             if needed > settings.tp:
                 item.add_marker(pytest.mark.skip(reason=session.MSG_SKIP_TP.format(needed=needed, tp=settings.tp)))
+                continue
+            if settings.device == "cpu" and needed == 8:
+                # TP 8 on CPU: ~100 s per engine start and ~15 GB (DESIGN.md).
+                item.add_marker(pytest.mark.slow)
+        if not settings.slow and item.get_closest_marker("slow") is not None:
+            item.add_marker(pytest.mark.skip(reason=session.MSG_SKIP_SLOW))
     # Tests sharing an engine run back to back, so each engine starts once.
     items.sort(key=session.engine_group)
 

@@ -27,6 +27,7 @@ LOG_TAIL_BYTES = 256 * 1024
 TP_ARGNAME = "eagle3_tp"
 
 MSG_SKIP_GPU = "needs --device cuda; this run is --device {device}"
+MSG_SKIP_SLOW = "slow: starts an SGLang engine of its own (minutes on CPU); run with --eagle3-slow"
 MSG_SKIP_TP = "needs --tp {needed}; this run has --tp {tp}"
 MSG_BAD_TP_MARKER = "{nodeid}: tp marker takes TP sizes from {choices}, got {args}"
 MSG_TP_PARAM_UNUSED = (

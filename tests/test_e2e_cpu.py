@@ -43,6 +43,43 @@ def test_contract_without_offset(eagle3_case, eagle3_capture, eagle3_reference, 
     fail_if_bad(report)
 '''
 
+#: Per-rank detectors must fire on a deliberately wrong tensor recorded inside a
+#: real TP worker (the recorder's fault switch), through the checks the suite uses.
+#: Shares the suite's TP 2 engine of the wide case.
+FAULT_TEST = '''
+import pytest
+from pytest_eagle3.compare import fail_if_bad
+from pytest_eagle3.conventions import predict
+from pytest_eagle3.rankcheck import check_rank_embeddings, check_rank_slots, check_ranks_agree
+from pytest_eagle3.suite import cases
+
+FAULTS = {
+    "unreduced-embedding": {"kind": "unreduced-embedding", "rank": 1, "slot": 0},
+    "partial-sum": {"kind": "partial-sum", "rank": 1, "slot": 1, "fraction": 0.5},
+}
+
+
+@pytest.mark.tp(2)
+@pytest.mark.parametrize("eagle3_case", [cases.WIDE_CASE])
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+@pytest.mark.parametrize("check", ["embedding", "agree", "slots"])
+def test_fault_fires(check, fault, eagle3_case, eagle3_capture, eagle3_reference, eagle3_model_config,
+                     eagle3_sglang):
+    f = eagle3_model_config
+    ids = list(cases.resolve(eagle3_case, f.num_layers, f.hidden_size, eagle3_sglang.version).ids)
+    expected = list(predict(ids, f.num_layers, eagle3_sglang.version).snapshots)
+    _, records = eagle3_capture.with_ranks(ids, fault=FAULTS[fault])
+    if check == "embedding":
+        report = check_rank_embeddings(records, eagle3_reference, slot=0, hidden_size=f.hidden_size,
+                                       vocab_size=f.vocab_size)
+    elif check == "agree":
+        report = check_ranks_agree(records, hidden_size=f.hidden_size)
+    else:
+        report = check_rank_slots(records, eagle3_reference, expected=expected,
+                                  num_layers=f.num_layers, hidden_size=f.hidden_size)
+    fail_if_bad(report)
+'''
+
 INNER_TIMEOUT_S = 40 * 60
 RUN_MARK = "PYTEST_EAGLE3_E2E_RUN"
 
@@ -80,13 +117,14 @@ def inner(tmp_path_factory: pytest.TempPathFactory) -> InnerRun:
     """The packaged suite + the wrong-layer test, once, at --tp 2."""
     work = tmp_path_factory.mktemp("e2e")
     (work / "test_wrong_layer.py").write_text(WRONG_LAYER_TEST)
+    (work / "test_rank_faults.py").write_text(FAULT_TEST)
     junit = work / "junit.xml"
     cache = os.environ.get("PYTEST_EAGLE3_CACHE") or str(default_cache_dir()[0])
     env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER")}
     # Every SGLang process of the inner run inherits this mark (leftover check).
-    env[RUN_MARK] = work.name
+    env[RUN_MARK] = str(work)
     cmd = [
-        sys.executable, "-m", "pytest", "--pyargs", "pytest_eagle3.suite", "test_wrong_layer.py",
+        sys.executable, "-m", "pytest", "--pyargs", "pytest_eagle3.suite", "test_wrong_layer.py", "test_rank_faults.py",
         "--tp", "2", "--device", "cpu", "--eagle3-cache", cache, "-p", "no:cacheprovider",
         "-rA", f"--junitxml={junit}", "-o", "junit_family=xunit1",
     ]
@@ -96,7 +134,7 @@ def inner(tmp_path_factory: pytest.TempPathFactory) -> InnerRun:
     if not junit.exists():
         pytest.fail(f"inner pytest wrote no JUnit XML (exit {proc.returncode}):\n{output[-4000:]}")
     outcomes, messages = _parse_junit(junit)
-    return InnerRun(proc.returncode, output, outcomes, messages, work.name)
+    return InnerRun(proc.returncode, output, outcomes, messages, str(work))
 
 
 def _select(run: InnerRun, prefix: str) -> dict[str, str]:
@@ -155,6 +193,54 @@ def test_wrong_layer_capture_is_diagnosed(inner: InnerRun) -> None:
     assert "slot 0: holds hs[2] (input of layer 2, rel.err " in message
     assert "expected hs[1] (input of layer 1, rel.err " in message
     assert "slot 2: holds hs[7] (input of layer 7, rel.err " in message
+
+
+def test_per_rank_checks_pass_at_tp2(inner: InnerRun) -> None:
+    got = _select(inner, "test_every_rank_") | _select(inner, "test_ranks_hold_identical_captures")
+    assert {k: v for k, v in got.items() if "tp2" in k} == {
+        f"test_every_rank_embedding_complete[tp2-{WIDE}]": "passed",
+        f"test_ranks_hold_identical_captures[tp2-{WIDE}]": "passed",
+        f"test_every_rank_fully_reduced[tp2-{WIDE}]": "passed",
+    }, inner.output[-4000:]
+
+
+def test_paths_sharing_the_wide_engine_pass_at_tp1_and_tp2(inner: InnerRun) -> None:
+    got = _select(inner, "test_captures_identical_through_path")
+    for variant in ("plain", "decode", "batch"):
+        for tp in (1, 2):
+            assert got[f"test_captures_identical_through_path[tp{tp}-{variant}]"] == "passed", inner.output[-4000:]
+    assert "run with --eagle3-slow" in inner.messages["test_captures_identical_through_path[tp1-chunked-prefill]"]
+
+
+def _fault(inner: InnerRun, check: str, fault: str) -> str:
+    name = f"test_fault_fires[{check}-{fault}-{WIDE}]"
+    assert inner.outcomes.get(name) == "failed", (name, inner.outcomes.get(name))
+    return inner.messages[name]
+
+
+def test_unreduced_embedding_on_one_rank_is_named(inner: InnerRun) -> None:
+    message = _fault(inner, "embedding", "unreduced-embedding")
+    assert "rank 1: embedding: " in message and "rows are exact zeros" in message
+    assert "vocab shard 0 of 2" in message
+
+
+def test_ranks_disagree_names_the_rank(inner: InnerRun) -> None:
+    message = _fault(inner, "agree", "unreduced-embedding")
+    assert "ranks disagree" in message and "rank 1, forward 0 (EXTEND), slot 0:" in message
+    assert "rank 1, forward 0 (EXTEND), slot 1" in _fault(inner, "agree", "partial-sum")
+
+
+def test_partial_sum_on_one_rank_is_named(inner: InnerRun) -> None:
+    message = _fault(inner, "slots", "partial-sum")
+    assert "slot 1 on rank 1 holds 0.5 x hs[3] (input of layer 3)" in message
+    assert "a partial sum, the all-reduce is missing or incomplete on rank 1" in message
+
+
+def test_faults_stay_in_the_recorder(inner: InnerRun) -> None:
+    """A fault touches only its slot on its rank: the embedding check passes under
+    a partial sum in slot 1, the slot check fails under a broken embedding."""
+    assert inner.outcomes[f"test_fault_fires[slots-unreduced-embedding-{WIDE}]"] == "failed"
+    assert inner.outcomes[f"test_fault_fires[embedding-partial-sum-{WIDE}]"] == "passed"
 
 
 def test_engine_log_attached_to_the_failure(inner: InnerRun) -> None:

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Mapping
 
 from pytest_eagle3.engine.cpu import recipe
 from pytest_eagle3.engine.install import SGLangInstall
+from pytest_eagle3.engine.sglang_hooks import HOOKS_ENV
 from pytest_eagle3.errors import Eagle3ConfigError
 
 UNKNOWN_ARG = (
@@ -124,6 +125,8 @@ def build_engine_config(
     if device == "cpu":
         args.update(recipe.cpu_server_args())
         env.update(recipe.cpu_env(tp))
+    # The per-rank recorder, idle until a test enables it (engine/recorder_hook.py).
+    env[HOOKS_ENV] = ",".join(x for x in (env.get(HOOKS_ENV), "record") if x)
     for origin, layer in (("test argument", dict(test_args or {})), ("--sglang-arg", dict(user_args))):
         for name, value in layer.items():
             name = name.replace("-", "_")

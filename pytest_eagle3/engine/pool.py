@@ -6,7 +6,10 @@ once (default 1: on a 2-core CPU machine an idle SGLang scheduler still
 competes for cores), the least recently used is stopped first, and every
 engine is stopped when the pool closes (session end, Ctrl-C, xdist worker
 exit).  A config that failed to start fails fast for later tests with the same
-error instead of waiting for another timeout.
+error instead of waiting for another timeout.  On ``--device cuda`` every
+engine of the pool runs on one block of GPUs leased for the pool's lifetime
+(:mod:`pytest_eagle3.engine.lease`): leased at the first start, released by
+:meth:`EnginePool.close` after its engines stopped.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from pathlib import Path
 from typing import Callable
 
 from pytest_eagle3.engine.config import EngineConfig
+from pytest_eagle3.engine.lease import GpuLeaser
+from pytest_eagle3.engine.recorder_hook import RECORD_DIR_ENV
 from pytest_eagle3.engine.server import SGLangServer
 from pytest_eagle3.errors import Eagle3EngineError
 
@@ -37,6 +42,9 @@ class EnginePool:
     progress: Callable[[str], None] | None = None
     #: Called with ``(config, server)`` after each successful start.
     on_start: Callable[[EngineConfig, SGLangServer], None] | None = None
+    #: ``--device cuda``: this process's GPU block, leased at the first start and
+    #: released by :meth:`close` (``None`` on cpu: no lease).
+    lease: "GpuLeaser | None" = None
     _alive: "OrderedDict[EngineConfig, SGLangServer]" = field(default_factory=OrderedDict)
     _failed: dict[EngineConfig, str] = field(default_factory=dict)
 
@@ -62,12 +70,20 @@ class EnginePool:
         while len(self._alive) >= self.max_alive:
             _, oldest = self._alive.popitem(last=False)
             oldest.stop()
+        env = {**config.env_dict(), RECORD_DIR_ENV: str(self.record_dir(config))}
+        args = config.args()
+        if self.lease is not None:
+            # CUDA_VISIBLE_DEVICES and nccl_port of this process's block (engine/lease.py).
+            lease_args, lease_env = self.lease.engine_overrides()
+            args.update(lease_args)
+            env.update(lease_env)
         server = SGLangServer(
-            config.name, config.args(), env=config.env_dict(), log_dir=self.log_dir,
+            config.name, args, env=env, log_dir=self.log_dir,
             startup_timeout=self.startup_timeout,
         )
         if self.progress:
-            self.progress(f"starting SGLang {config.describe()} (log: {server.log_path})")
+            where = f" on {self.lease.describe()}" if self.lease is not None else ""
+            self.progress(f"starting SGLang {config.describe()}{where} (log: {server.log_path})")
         try:
             server.start(progress=self.progress)
         except Eagle3EngineError as exc:
@@ -80,6 +96,10 @@ class EnginePool:
             self.on_start(config, server)
         return server
 
+    def record_dir(self, config: EngineConfig) -> Path:
+        """Where the engine's per-rank recorder writes (``rank<r>/`` inside)."""
+        return self.log_dir / f"{config.name}-record"
+
     def log_path(self, config: EngineConfig) -> Path:
         return self.log_dir / f"{config.name}.log"
 
@@ -88,3 +108,5 @@ class EnginePool:
         while self._alive:
             _, server = self._alive.popitem()
             server.stop()
+        if self.lease is not None:
+            self.lease.release()

@@ -12,6 +12,8 @@ pytest-eagle3's ``pyproject.toml`` and does nothing unless the engine host set
   They route around missing CPU kernels and leave the code under test
   (capture, collectives, embedding, logits processor, speculative worker)
   untouched.
+* ``record``: the per-rank recorder (:mod:`pytest_eagle3.engine.recorder_hook`),
+  idle until a test enables it.
 """
 
 from __future__ import annotations
@@ -39,3 +41,8 @@ def load() -> None:
 
         patches.install()
         logger.info("pytest-eagle3: CPU-tier hooks installed (pid %d)", os.getpid())
+    if "record" in sets:
+        from pytest_eagle3.engine import recorder_hook
+
+        recorder_hook.install()
+        logger.info("pytest-eagle3: per-rank recorder installed (pid %d)", os.getpid())

@@ -12,6 +12,9 @@ import logging
 
 logger = logging.getLogger("pytest_eagle3.cpu")
 
+#: Names of the fixes this module installs (``variants.py`` checks for the ones a path needs).
+FIXES = ("torch_native_mla_dispatch", "torch_native_dp_padding")
+
 _installed = False
 
 
@@ -22,6 +25,7 @@ def install() -> None:
         return
     _installed = True
     _route_torch_native_mla()
+    _torch_native_dp_padding()
 
 
 def _route_torch_native_mla() -> None:
@@ -49,3 +53,21 @@ def _route_torch_native_mla() -> None:
         return AttnForwardMethod.MLA
 
     AttentionBackendRegistry.register("torch_native", handle_attention_torch_native)
+
+
+def _torch_native_dp_padding() -> None:
+    """Give ``TorchNativeAttnBackend`` the padding fill value DP attention asks for.
+
+    Under DP attention SGLang pads each DP rank's batch on CPU and asks the
+    attention backend for the sequence-length fill value
+    (``forward_batch_info.py`` ``_pad_inputs_to_size`` calls
+    ``get_cpu_graph_seq_len_fill_value``); only the ``intel_amx`` backend has
+    it, so ``torch_native`` fails at the first forward with an AttributeError.
+    ``intel_amx`` returns 1; so does this.
+    """
+    try:
+        from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    except ImportError:
+        return
+    if not hasattr(TorchNativeAttnBackend, "get_cpu_graph_seq_len_fill_value"):
+        TorchNativeAttnBackend.get_cpu_graph_seq_len_fill_value = lambda self: 1

@@ -1,0 +1,561 @@
+"""GPU leases: each pytest process (an xdist worker, or the one process without
+xdist) runs its engines on a block of ``--tp`` GPUs no other process uses.
+
+Blocks.  The visible GPUs are the entries of ``CUDA_VISIBLE_DEVICES`` when it
+lists any (physical ids, UUIDs or MIG ids, as written), else ``0 .. count-1``
+with ``count`` from :func:`pytest_eagle3.options.detect_gpus`.  They are cut
+into consecutive blocks of ``tp``: 8 GPUs at ``--tp 2`` give ``0,1 | 2,3 | 4,5
+| 6,7``; ``--tp 8`` gives one block; GPUs left over (6 GPUs at ``--tp 4``) are
+not used.  ``--tp`` above the visible count is refused earlier, as a usage error
+(:func:`pytest_eagle3.options.validate_settings`); :func:`gpu_blocks` refuses it
+too (:class:`~pytest_eagle3.errors.Eagle3ConfigError`) for callers outside pytest.
+
+Locks.  One exclusive :class:`filelock.FileLock` per GPU, ``gpu-<id>.lock`` in
+:func:`default_lock_dir`; a lease holds the locks of every GPU of its block.
+Locking GPUs rather than blocks keeps two runs disjoint even when they cut the
+GPUs differently (one at ``--tp 2``, another at ``--tp 4``, or with different
+``CUDA_VISIBLE_DEVICES`` lists of physical ids).  A lease is taken without
+blocking (all locks of a block or none, so two processes never deadlock on
+each other's halves), trying the block of this worker's index first, then the
+others; when none is free it polls until ``timeout``, reporting who holds what
+every :data:`NOTE_INTERVAL_S`.  Next to each lock, ``gpu-<id>.owner`` records the
+holder (pid, host, xdist worker, run, since when) for those messages.
+
+Crashes.  The locks are ``flock`` locks: the kernel drops them when the holding
+process dies, however it dies (SIGKILL included), so a crashed worker's GPUs are
+free for the next lease at once; its stale owner file is overwritten by the next
+holder.  The lock file descriptors are not inherited by the SGLang server (Python
+opens them close-on-exec), so a server outliving a killed worker (it gets SIGTERM
+through ``PR_SET_PDEATHSIG``, see :mod:`pytest_eagle3.engine.server`) may still
+free its GPU memory while the next lease starts; a start that fails for memory
+then names the engine in its log.
+
+Lock directory.  ``$PYTEST_EAGLE3_GPU_LOCKS`` when set, else
+``<tmpdir>/pytest-eagle3-<uid>/gpu-leases``: local to the machine (the GPUs are)
+and shared by every pytest run of the user on it, not only the workers of one
+run, so two concurrent runs do not share GPUs either.  Not under the eagle3
+cache: that is often a home directory on NFS, shared by several machines whose
+``GPU 0`` are different devices.  Runs of other users are not seen (separate
+them with ``CUDA_VISIBLE_DEVICES``, or point ``$PYTEST_EAGLE3_GPU_LOCKS`` of
+everyone at one directory they can all write).
+
+Ports.  Engines bind their HTTP port from the kernel (a free port, see
+:func:`pytest_eagle3.engine.server.free_port`); SGLang's NCCL/TCPStore port
+(``--nccl-port``, otherwise random in 22000-29999) comes from the lease's own
+window of :data:`PORT_STRIDE` ports at ``PORT_BASE + PORT_STRIDE * k`` (``k`` the
+block's first GPU id, or its position when ids are not numbers), the first port
+there that is free, so engines on different blocks never race for one.
+
+CPU.  No lease: ``--device cpu`` engines use no GPU, and one worker runs at most
+one engine at a time (:class:`~pytest_eagle3.engine.pool.EnginePool`);
+``pytest -n auto`` runs one worker on CPU (:func:`auto_num_workers`).
+
+Nothing here imports torch or sglang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from pytest_eagle3.errors import Eagle3ConfigError, Eagle3EngineError
+
+if TYPE_CHECKING:
+    import pytest
+
+    from pytest_eagle3.options import Settings
+
+ENV_LOCK_DIR = "PYTEST_EAGLE3_GPU_LOCKS"
+#: xdist's own override of ``-n auto``; when set, it wins over :func:`auto_num_workers`.
+ENV_XDIST_AUTO = "PYTEST_XDIST_AUTO_NUM_WORKERS"
+
+#: How long a worker waits for a free block before its engine start fails.
+WAIT_TIMEOUT_S = 7200.0
+POLL_INTERVAL_S = 0.5
+#: Seconds between "waiting for a block" progress lines.
+NOTE_INTERVAL_S = 30.0
+
+#: NCCL port windows: ``PORT_BASE + PORT_STRIDE * k`` .. ``+ PORT_STRIDE - 1``
+#: (below SGLang's own random range 22000-29999 and the kernel's ephemeral range).
+PORT_BASE = 15000
+PORT_STRIDE = 100
+
+# Messages (tests import these).
+MSG_TOO_FEW = (
+    "--tp {tp} needs {tp} GPUs on --device cuda but {count} are visible ({gpus}); "
+    "lower --tp or make more GPUs visible"
+)
+MSG_WAITING = "waiting {waited:.0f} s for a free block of {tp} GPU(s) (blocks {blocks}): {holders}"
+MSG_TIMEOUT = (
+    "no block of {tp} GPU(s) became free in {timeout:.0f} s (blocks {blocks}; locks in {lock_dir}): "
+    "{holders}. Another pytest run holds them, or -n exceeds the {n} block(s) of this run "
+    "(use -n auto)"
+)
+MSG_HOLDER = "GPU {gpu} held by {owner}"
+MSG_HOLDER_UNKNOWN = "GPU {gpu} held (no owner record)"
+MSG_LEASED = "leased GPUs {gpus} (block {index}) for {owner}"
+MSG_OVERSUBSCRIBED = (
+    "pytest-eagle3: -n {n} workers but {blocks} block(s) of --tp {tp} GPUs ({gpus}): "
+    "{waiting} worker(s) will wait for a block; -n auto runs {blocks}"
+)
+
+
+class Eagle3LeaseTimeout(Eagle3EngineError):
+    """No GPU block became free in time (the message names the holders)."""
+
+
+# --- blocks ---
+
+
+@dataclass(frozen=True)
+class GpuBlock:
+    """``tp`` consecutive visible GPUs.
+
+    Attributes:
+        index: position of the block among the blocks of the visible GPUs (0-based).
+        gpus: the GPU ids as ``CUDA_VISIBLE_DEVICES`` writes them (``("2", "3")``).
+        port_key: ``k`` of the block's NCCL port window (see the module docstring).
+    """
+
+    index: int
+    gpus: tuple[str, ...]
+    port_key: int
+
+    @property
+    def label(self) -> str:
+        """``"2,3"``."""
+        return ",".join(self.gpus)
+
+    @property
+    def ports(self) -> range:
+        """The block's NCCL port window."""
+        start = PORT_BASE + PORT_STRIDE * self.port_key
+        return range(start, start + PORT_STRIDE)
+
+    def env(self) -> dict[str, str]:
+        """``{"CUDA_VISIBLE_DEVICES": "2,3"}``: the engine sees exactly this block."""
+        return {"CUDA_VISIBLE_DEVICES": self.label}
+
+
+def visible_gpu_ids(count: int, env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """Ids of the ``count`` visible GPUs: ``CUDA_VISIBLE_DEVICES`` entries when it
+    lists at least ``count`` (the first ``count``), else ``"0" .. str(count - 1)``.
+
+    ``count`` is what the GPU probe saw (:attr:`pytest_eagle3.options.GpuProbe.count`),
+    which is already capped by ``CUDA_VISIBLE_DEVICES``.
+    """
+    env = os.environ if env is None else env
+    entries = [e.strip() for e in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if e.strip()]
+    if entries and entries[0] != "-1" and len(entries) >= count:
+        return tuple(entries[:count])
+    # No list, or a shorter one than the count (``--eagle3-plan-gpus`` pretending more).
+    return tuple(str(i) for i in range(count))
+
+
+def gpu_blocks(gpu_ids: Sequence[str], tp: int) -> list[GpuBlock]:
+    """Cut ``gpu_ids`` into consecutive blocks of ``tp`` (leftover GPUs unused).
+
+    >>> [b.gpus for b in gpu_blocks(["0", "1", "2", "3"], 2)]
+    [('0', '1'), ('2', '3')]
+
+    Raises:
+        Eagle3ConfigError: ``tp`` is larger than the number of GPUs.
+    """
+    ids = [str(g) for g in gpu_ids]
+    if tp < 1 or tp > len(ids):
+        raise Eagle3ConfigError(MSG_TOO_FEW.format(tp=tp, count=len(ids), gpus=",".join(ids) or "none"))
+    numeric = all(g.isdigit() for g in ids)
+    blocks = []
+    for index in range(len(ids) // tp):
+        gpus = tuple(ids[index * tp:(index + 1) * tp])
+        blocks.append(GpuBlock(index, gpus, int(gpus[0]) if numeric else index * tp))
+    return blocks
+
+
+def describe_blocks(blocks: Sequence[GpuBlock]) -> str:
+    """``"0,1 | 2,3"``."""
+    return " | ".join(b.label for b in blocks)
+
+
+def settings_blocks(settings: "Settings", env: Mapping[str, str] | None = None) -> list[GpuBlock]:
+    """The blocks of a ``--device cuda`` run (``settings.gpu.count`` GPUs, ``settings.tp`` each)."""
+    return gpu_blocks(visible_gpu_ids(settings.gpu.count, env), settings.tp)
+
+
+def default_lock_dir(env: Mapping[str, str] | None = None) -> Path:
+    """``$PYTEST_EAGLE3_GPU_LOCKS``, else ``<tmpdir>/pytest-eagle3-<uid>/gpu-leases``."""
+    env = os.environ if env is None else env
+    if env.get(ENV_LOCK_DIR):
+        return Path(env[ENV_LOCK_DIR]).expanduser()
+    uid = os.getuid() if hasattr(os, "getuid") else "user"
+    return Path(tempfile.gettempdir()) / f"pytest-eagle3-{uid}" / "gpu-leases"
+
+
+# --- xdist ---
+
+
+def worker_id(config: "pytest.Config") -> str | None:
+    """The xdist worker id (``"gw0"``), ``None`` without xdist (or in its controller)."""
+    workerinput = getattr(config, "workerinput", None)
+    return None if workerinput is None else str(workerinput.get("workerid"))
+
+
+def worker_index(config: "pytest.Config") -> int:
+    """``3`` for ``gw3``; ``0`` without xdist."""
+    wid = worker_id(config) or ""
+    digits = wid.lstrip("gw")
+    return int(digits) if digits.isdigit() else 0
+
+
+def owner_label(config: "pytest.Config | None" = None) -> str:
+    """Who holds a lease, for messages: ``"xdist worker gw1 (pid 123 on host, run 1a2b3c4d)"``."""
+    workerinput = getattr(config, "workerinput", None) if config is not None else None
+    who = f"xdist worker {workerinput.get('workerid')}" if workerinput else "pytest"
+    run = f", run {str(workerinput.get('testrunuid', ''))[:8]}" if workerinput else ""
+    return f"{who} (pid {os.getpid()} on {socket.gethostname()}{run})"
+
+
+def is_eagle3_run(config: "pytest.Config") -> bool:
+    """Whether this pytest run is about pytest-eagle3 at all: an eagle3 option on
+    the command line, an eagle3 target from the environment or ini file, or the
+    packaged suite among the arguments.  Unrelated projects in an environment where
+    the plugin is installed keep xdist's own ``-n auto``."""
+    opt = config.option
+    names = ("eagle3_tp", "eagle3_device", "eagle3_target", "eagle3_cache", "eagle3_draft", "eagle3_plan")
+    if any(getattr(opt, name, None) not in (None, False) for name in names):
+        return True
+    if os.environ.get("PYTEST_EAGLE3_TARGET"):
+        return True
+    try:
+        if config.getini("eagle3_target"):
+            return True
+    except ValueError:
+        pass
+    return any("pytest_eagle3" in str(arg) for arg in getattr(config, "args", ()))
+
+
+def auto_num_workers(settings: "Settings") -> int:
+    """``-n auto`` for an eagle3 run.
+
+    ``--device cuda``: one worker per block, ``visible GPUs // tp`` (at least 1):
+    every worker then leases a block at once and none waits.  ``--device cpu``: 1.
+    A CPU engine at TP ``n`` binds ``n`` OpenMP threads and its scheduler keeps
+    polling; two engines on a small machine (the CPU tier is measured on 2 cores)
+    only slow each other down, and each rank needs about 1.3 GB (DESIGN.md).
+    """
+    if settings.device == "cuda":
+        return max(1, settings.gpu.count // max(1, settings.tp))
+    return 1
+
+
+def oversubscription(settings: "Settings", numprocesses: Any) -> str | None:
+    """The warning for ``-n N`` above the number of blocks on cuda, else ``None``."""
+    if settings.device != "cuda" or not isinstance(numprocesses, int) or numprocesses < 2:
+        return None
+    try:
+        blocks = settings_blocks(settings)
+    except Eagle3ConfigError:
+        return None
+    if numprocesses <= len(blocks):
+        return None
+    return MSG_OVERSUBSCRIBED.format(n=numprocesses, blocks=len(blocks), tp=settings.tp,
+                                     gpus=describe_blocks(blocks), waiting=numprocesses - len(blocks))
+
+
+# --- leases ---
+
+
+@dataclass
+class Lease:
+    """A held block: exclusive until :meth:`release` (or the process dies).
+
+    A context manager; :meth:`release` is idempotent.
+    """
+
+    block: GpuBlock
+    lock_dir: Path
+    owner: str
+    _locks: list[Any] = field(default_factory=list, repr=False)
+    _owner_files: list[Path] = field(default_factory=list, repr=False)
+    _next_port: int = field(default=0, repr=False)
+
+    @property
+    def held(self) -> bool:
+        return bool(self._locks)
+
+    def env(self) -> dict[str, str]:
+        """Environment for an engine on this block (``CUDA_VISIBLE_DEVICES``)."""
+        return self.block.env()
+
+    def nccl_port(self, host: str = "") -> int | None:
+        """A free port from the block's window, a different one each call while
+        others are free (a port just released may linger); ``None`` if all are taken."""
+        window = self.block.ports
+        for step in range(len(window)):
+            port = window[(self._next_port + step) % len(window)]
+            if _port_free(port, host):
+                self._next_port = (self._next_port + step + 1) % len(window)
+                return port
+        return None
+
+    def release(self) -> None:
+        """Drop the owner records, then the locks."""
+        for path in self._owner_files:
+            try:
+                path.unlink()
+            except OSError:
+                pass
+        self._owner_files.clear()
+        while self._locks:
+            lock = self._locks.pop()
+            try:
+                lock.release(force=True)
+            except Exception:  # noqa: BLE001 - releasing must not mask the test's outcome
+                pass
+
+    def __enter__(self) -> "Lease":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        state = "held" if self.held else "released"
+        return f"<Lease GPUs {self.block.label} (block {self.block.index}) {state} by {self.owner}>"
+
+
+def _port_free(port: int, host: str = "") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _lock_path(lock_dir: Path, gpu: str) -> Path:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in gpu)
+    return lock_dir / f"gpu-{safe}.lock"
+
+
+def _owner_path(lock_dir: Path, gpu: str) -> Path:
+    return _lock_path(lock_dir, gpu).with_suffix(".owner")
+
+
+def _file_lock(path: Path) -> Any:
+    """A non-blocking :class:`filelock.FileLock` that is always an ``flock`` lock.
+
+    filelock 4 falls back to a marker-file ("soft") lock where ``flock`` is not
+    supported; a soft lock outlives a crashed holder, which would defeat the
+    reclaiming of a crashed worker's lease, so the fallback is refused (an
+    ``OSError`` names the file system instead).
+    """
+    import inspect
+
+    from filelock import FileLock
+
+    kwargs: dict[str, Any] = {"timeout": 0, "thread_local": False}
+    if "fallback_to_soft" in inspect.signature(FileLock.__init__).parameters:
+        kwargs["fallback_to_soft"] = False
+    return FileLock(str(path), **kwargs)
+
+
+def _try_block(block: GpuBlock, lock_dir: Path, owner: str) -> Lease | None:
+    """Take every lock of ``block`` without waiting, or none of them."""
+    from filelock import Timeout
+
+    taken = []
+    for gpu in block.gpus:
+        lock = _file_lock(_lock_path(lock_dir, gpu))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            for held in reversed(taken):
+                held.release(force=True)
+            return None
+        taken.append(lock)
+    lease = Lease(block, lock_dir, owner, _locks=taken)
+    record = {"owner": owner, "pid": os.getpid(), "host": socket.gethostname(),
+              "gpus": list(block.gpus), "since": time.strftime("%H:%M:%S")}
+    for gpu in block.gpus:
+        path = _owner_path(lock_dir, gpu)
+        try:
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(record))
+            os.replace(tmp, path)
+            lease._owner_files.append(path)
+        except OSError:
+            pass
+    return lease
+
+
+def holders(lock_dir: Path, blocks: Sequence[GpuBlock]) -> str:
+    """Who holds the GPUs of ``blocks``, one clause per held GPU (read from the owner
+    records; a GPU whose lock is free right now is left out)."""
+    from filelock import Timeout
+
+    clauses = []
+    for block in blocks:
+        for gpu in block.gpus:
+            lock = _file_lock(_lock_path(lock_dir, gpu))
+            try:
+                lock.acquire(timeout=0)
+            except Timeout:
+                clauses.append(_holder_clause(lock_dir, gpu))
+            else:
+                lock.release(force=True)
+    return "; ".join(clauses) or "no GPU is held right now"
+
+
+def _holder_clause(lock_dir: Path, gpu: str) -> str:
+    try:
+        record = json.loads(_owner_path(lock_dir, gpu).read_text())
+        owner = f"{record['owner']} since {record.get('since', '?')}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return MSG_HOLDER_UNKNOWN.format(gpu=gpu)
+    return MSG_HOLDER.format(gpu=gpu, owner=owner)
+
+
+def acquire(
+    blocks: Sequence[GpuBlock],
+    *,
+    lock_dir: Path | None = None,
+    owner: str | None = None,
+    prefer: int = 0,
+    timeout: float = WAIT_TIMEOUT_S,
+    poll: float = POLL_INTERVAL_S,
+    note_every: float = NOTE_INTERVAL_S,
+    progress: Callable[[str], None] | None = None,
+) -> Lease:
+    """Lease one of ``blocks``, trying ``blocks[prefer % len(blocks)]`` first.
+
+    Args:
+        lock_dir: where the locks live (default :func:`default_lock_dir`; created).
+        owner: who asks, for other processes' messages (default :func:`owner_label`).
+        prefer: index of the block to try first (the xdist worker index), so workers
+            of one run usually get distinct blocks without contention.
+        timeout: seconds to wait for a free block.
+        poll: seconds between attempts while waiting.
+        note_every: seconds between ``progress`` lines while waiting.
+        progress: called with :data:`MSG_WAITING` lines while waiting.
+
+    Raises:
+        Eagle3LeaseTimeout: nothing became free within ``timeout`` (names the holders).
+    """
+    if not blocks:
+        raise Eagle3ConfigError(MSG_TOO_FEW.format(tp="?", count=0, gpus="none"))
+    lock_dir = Path(lock_dir) if lock_dir is not None else default_lock_dir()
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    owner = owner or owner_label()
+    start = prefer % len(blocks)
+    order = list(blocks[start:]) + list(blocks[:start])
+    t0 = last_note = time.monotonic()
+    while True:
+        for block in order:
+            lease = _try_block(block, lock_dir, owner)
+            if lease is not None:
+                return lease
+        waited = time.monotonic() - t0
+        if waited >= timeout:
+            raise Eagle3LeaseTimeout(
+                MSG_TIMEOUT.format(tp=len(blocks[0].gpus), timeout=timeout, blocks=describe_blocks(blocks),
+                                   lock_dir=lock_dir, holders=holders(lock_dir, blocks), n=len(blocks))
+            )
+        if progress is not None and time.monotonic() - last_note >= note_every:
+            last_note = time.monotonic()
+            progress(MSG_WAITING.format(waited=waited, tp=len(blocks[0].gpus), blocks=describe_blocks(blocks),
+                                        holders=holders(lock_dir, blocks)))
+        time.sleep(min(poll, timeout - waited))
+
+
+class GpuLeaser:
+    """One process's lease, taken on first use and held until :meth:`release`.
+
+    The engine pool asks it for :meth:`engine_overrides` before each engine start;
+    the first call leases a block (waiting if none is free), later calls reuse it.
+
+    Args:
+        blocks: the blocks of this run (:func:`settings_blocks`).
+        lock_dir, owner, prefer, timeout, progress: as in :func:`acquire`.
+        nccl_port: pass ``--nccl-port`` from the block's window (when the installed
+            SGLang has the flag).
+    """
+
+    def __init__(
+        self,
+        blocks: Sequence[GpuBlock],
+        *,
+        lock_dir: Path | None = None,
+        owner: str | None = None,
+        prefer: int = 0,
+        timeout: float = WAIT_TIMEOUT_S,
+        progress: Callable[[str], None] | None = None,
+        nccl_port: bool = True,
+    ) -> None:
+        self.blocks = list(blocks)
+        self.lock_dir = Path(lock_dir) if lock_dir is not None else default_lock_dir()
+        self.owner = owner or owner_label()
+        self.prefer = prefer
+        self.timeout = timeout
+        self.progress = progress
+        self.use_nccl_port = nccl_port
+        self.lease: Lease | None = None
+
+    @classmethod
+    def for_run(
+        cls,
+        settings: "Settings",
+        config: "pytest.Config | None" = None,
+        *,
+        progress: Callable[[str], None] | None = None,
+        nccl_port: bool = True,
+    ) -> "GpuLeaser | None":
+        """The leaser of a pytest process; ``None`` on ``--device cpu`` (no lease there).
+
+        Raises:
+            Eagle3ConfigError: ``--tp`` above the visible GPUs.
+        """
+        if settings.device != "cuda":
+            return None
+        return cls(settings_blocks(settings), owner=owner_label(config),
+                   prefer=worker_index(config) if config is not None else 0,
+                   progress=progress, nccl_port=nccl_port)
+
+    def acquire(self) -> Lease:
+        """The held lease (leased now if not yet)."""
+        if self.lease is None or not self.lease.held:
+            self.lease = acquire(self.blocks, lock_dir=self.lock_dir, owner=self.owner, prefer=self.prefer,
+                                 timeout=self.timeout, progress=self.progress)
+            if self.progress is not None:
+                self.progress(MSG_LEASED.format(gpus=self.lease.block.label, index=self.lease.block.index,
+                                                owner=self.owner))
+        return self.lease
+
+    def engine_overrides(self) -> tuple[dict[str, Any], dict[str, str]]:
+        """``(server args, env)`` an engine on this process's block gets:
+        ``CUDA_VISIBLE_DEVICES`` and, when enabled, ``nccl_port``."""
+        lease = self.acquire()
+        args: dict[str, Any] = {}
+        if self.use_nccl_port:
+            port = lease.nccl_port()
+            if port is not None:
+                args["nccl_port"] = port
+        return args, lease.env()
+
+    def describe(self) -> str:
+        """``"GPUs 2,3"`` once leased, else ``"no GPUs leased yet"``."""
+        if self.lease is None or not self.lease.held:
+            return "no GPUs leased yet"
+        return f"GPUs {self.lease.block.label}"
+
+    def release(self) -> None:
+        """Release the lease (idempotent)."""
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None

@@ -1,0 +1,153 @@
+"""Per-rank recorder: runs inside every SGLang TP worker (never in the test process).
+
+Installed by :mod:`pytest_eagle3.engine.sglang_hooks` when the hook set
+``record`` is enabled.  It wraps ``DeepseekV2Model.forward``
+(``srt/models/deepseek_v2.py``, which returns ``(hidden_states, aux)`` when
+captures are on) with an *after* hook through SGLang's own
+``HookRegistry`` (``srt/plugins/hook_registry.py``) and writes a copy of each
+rank's packed aux hidden states to ``$PYTEST_EAGLE3_RECORD_DIR/rank<r>/``.
+It observes: the tensor SGLang uses is never modified.
+
+Recording is off unless the test process created ``<dir>/ENABLED``: a disabled
+recorder costs one ``stat`` per forward.  ``<dir>/FAULT`` (JSON) makes the
+recorder store a deliberately wrong copy, so the project's tests can prove each
+per-rank check fires through the real path (:data:`FAULTS`).
+
+Files: ``rank<r>/<seq:06d>-<mode>.safetensors`` with tensors ``aux``
+``[tokens, K*H]`` (the worker's dtype), ``input_ids`` ``[tokens]`` int64,
+``positions`` ``[tokens]`` int64, and metadata ``shard`` = this rank's
+``"start,end"`` slice of the original vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+RECORD_DIR_ENV = "PYTEST_EAGLE3_RECORD_DIR"
+ENABLED_FILE = "ENABLED"
+FAULT_FILE = "FAULT"
+TARGET = "sglang.srt.models.deepseek_v2.DeepseekV2Model.forward"
+
+#: Fault kinds a test may ask the recorder to apply to its copy on one rank:
+#: ``unreduced-embedding``: slot ``slot`` keeps only the rows of tokens in this
+#: rank's vocab shard, zeros elsewhere (a rank's embedding before the all-reduce);
+#: ``partial-sum``: slot ``slot`` scaled by ``fraction`` (default 1/tp), a
+#: residual whose all-reduce is missing.
+FAULTS = ("unreduced-embedding", "partial-sum")
+
+logger = logging.getLogger("pytest_eagle3.recorder")
+_seq = 0
+
+
+def _tp_rank_and_size() -> tuple[int, int]:
+    """This worker's TP rank and TP size (``srt/distributed/parallel_state.py``
+    ``get_tp_group``; ``torch.distributed`` rank where that is missing)."""
+    try:
+        from sglang.srt.distributed.parallel_state import get_tp_group
+
+        group = get_tp_group()
+        return int(group.rank_in_group), int(group.world_size)
+    except (ImportError, AttributeError, AssertionError):
+        import torch.distributed as dist
+
+        return int(dist.get_rank()), int(dist.get_world_size())
+
+
+def _shard(model: Any) -> tuple[int, int] | None:
+    indices = getattr(getattr(model, "embed_tokens", None), "shard_indices", None)
+    if indices is None:
+        return None
+    return int(indices.org_vocab_start_index), int(indices.org_vocab_end_index)
+
+
+def _apply_fault(aux: Any, fault: dict[str, Any], *, input_ids: Any, shard: tuple[int, int] | None,
+                 tp: int, hidden: int) -> Any:
+    kind = fault.get("kind")
+    slot = int(fault.get("slot", 0))
+    cols = slice(slot * hidden, (slot + 1) * hidden)
+    aux = aux.clone()
+    if kind == "unreduced-embedding":
+        if shard is None:
+            raise RuntimeError("pytest-eagle3 recorder: no vocab shard on this model for the fault")
+        outside = (input_ids < shard[0]) | (input_ids >= shard[1])
+        aux[outside, cols] = 0
+    elif kind == "partial-sum":
+        aux[:, cols] = aux[:, cols] * float(fault.get("fraction", 1.0 / tp))
+    else:
+        raise RuntimeError(f"pytest-eagle3 recorder: unknown fault {kind!r}; known: {FAULTS}")
+    return aux
+
+
+def _after_forward(result: Any, model: Any, input_ids: Any = None, positions: Any = None,
+                   forward_batch: Any = None, *args: Any, **kwargs: Any) -> None:
+    global _seq
+    root = os.environ.get(RECORD_DIR_ENV)
+    if not root or not os.path.exists(os.path.join(root, ENABLED_FILE)):
+        return None
+    if not (isinstance(result, tuple) and len(result) == 2):
+        return None
+    aux = result[1]
+    mode = getattr(getattr(forward_batch, "forward_mode", None), "name", "UNKNOWN")
+    if mode == "IDLE" or aux is None or aux.shape[0] == 0:
+        return None
+    if input_ids is None:
+        input_ids = kwargs.get("input_ids")
+    if positions is None:
+        positions = kwargs.get("positions")
+    rank, tp = _tp_rank_and_size()
+    shard = _shard(model)
+    import torch
+    from safetensors.torch import save_file
+
+    copy = aux.detach().to("cpu").contiguous()
+    ids = input_ids.detach().to("cpu").to(torch.int64).contiguous()
+    fault_path = Path(root) / FAULT_FILE
+    if fault_path.exists():
+        fault = json.loads(fault_path.read_text())
+        if int(fault.get("rank", 0)) == rank:
+            hidden = int(getattr(getattr(model, "config", None), "hidden_size", 0)) or copy.shape[1]
+            copy = _apply_fault(copy, fault, input_ids=ids, shard=shard, tp=tp, hidden=hidden)
+    out = Path(root) / f"rank{rank}"
+    out.mkdir(parents=True, exist_ok=True)
+    _seq += 1
+    tensors = {"aux": copy, "input_ids": ids}
+    if positions is not None:
+        tensors["positions"] = positions.detach().to("cpu").to(torch.int64).contiguous()
+    meta = {"mode": mode, "rank": str(rank), "tp": str(tp),
+            "shard": "" if shard is None else f"{shard[0]},{shard[1]}"}
+    tmp = out / f".{_seq:06d}.{os.getpid()}.tmp"
+    save_file(tensors, str(tmp), metadata=meta)
+    os.replace(tmp, out / f"{_seq:06d}-{mode}.safetensors")
+    return None
+
+
+def install() -> None:
+    """Register the after-hook with SGLang's HookRegistry (applied by ``load_plugins``).
+
+    Where the registry is missing, patch the class attribute directly.
+    """
+    try:
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    except ImportError:
+        HookRegistry = None  # type: ignore[assignment]
+    if HookRegistry is not None:
+        HookRegistry.register(TARGET, _after_forward, HookType.AFTER)
+        return
+    import functools
+    import importlib
+
+    module = importlib.import_module("sglang.srt.models.deepseek_v2")
+    cls = module.DeepseekV2Model
+    original = cls.forward
+
+    @functools.wraps(original)
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        _after_forward(result, self, *args, **kwargs)
+        return result
+
+    cls.forward = forward

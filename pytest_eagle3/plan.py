@@ -1,0 +1,420 @@
+"""``--eagle3-plan``: the engines a run would start, printed without starting any.
+
+After collection (and ``-m``/``-k`` deselection), every selected test is mapped
+to the engine it would use, through the same path the fixtures take:
+:func:`pytest_eagle3.capture.capture_server_args` for the test's id list, then
+:func:`pytest_eagle3.engine.config.build_engine_config` with the installed
+SGLang's flags (:func:`pytest_eagle3.engine.install.probe`, cached), the run's
+``--sglang-arg`` values and the model path the default ``eagle3_checkpoint``
+fixture resolves (a preset's cache entry on this machine; a ``conftest.py``
+that overrides the fixture is not seen).  Then pytest exits without running a
+test, like ``--collect-only``; xdist is switched off (``-n`` is reported, not used).
+
+How a test maps to an engine: the suite's tests are parametrized by
+``eagle3_case`` (a contract fixture name, see :mod:`pytest_eagle3.suite.cases`,
+or the module's ``USER_DRAFT`` for ``--eagle3-draft``) and run at
+:func:`pytest_eagle3.session.item_tp`.  The case's ids give the capture
+arguments.  A case that the suite's own rule (:func:`~pytest_eagle3.suite.cases.skip_reason`)
+runs only at TP 1 is listed as skipped at larger TP, as is a test with a skip
+marker (``gpu`` on cpu, ``tp`` above ``--tp``).  A test that uses an engine
+fixture but has no ``eagle3_case`` parameter, or whose engine cannot be composed
+here, is listed under "engine determined at run time" with the reason.  A
+listed engine may still not start if every test using it skips inside its body
+(e.g. an id list the installed SGLang's rule predicts to fail).
+
+Tests whose engine depends on more than ``eagle3_case`` (server-arg variants,
+...) can say which engine they use: their module defines
+``eagle3_plan_engine(item, context)`` (:data:`PLAN_HOOK`), called with a
+:class:`PlanContext` and returning an :class:`EngineRequest` (ids and extra
+server args, as the test passes them to ``eagle3_capture``), a skip reason
+(``str``), or ``None`` for the ``eagle3_case`` mapping above.
+
+GPUs (``--device cuda``): each pytest process leases one block of ``--tp`` GPUs
+for its session (:mod:`pytest_eagle3.engine.lease`); an engine gets
+``CUDA_VISIBLE_DEVICES`` of that block and, where SGLang has ``--nccl-port``, a
+port from the block's window.  Which block a test gets depends on the xdist
+worker that runs it, so the plan names the blocks and the window of each.
+On a machine without GPUs, ``--device cuda --eagle3-plan`` pretends
+``--eagle3-plan-gpus`` GPUs (default 8, see :mod:`pytest_eagle3.options`).
+
+Nothing here imports torch or sglang.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+import pytest
+
+from pytest_eagle3 import session as eagle3_session
+from pytest_eagle3.errors import Eagle3Error
+from pytest_eagle3.options import Settings
+
+if TYPE_CHECKING:
+    from pytest_eagle3.engine.config import EngineConfig
+    from pytest_eagle3.engine.install import SGLangInstall
+
+#: ``config.option.numprocesses`` as xdist resolved it, before plan mode switched xdist off.
+XDIST_WORKERS_KEY = pytest.StashKey["int | None"]()
+
+#: Module-level function of a test module that maps its tests to engines (see the module docstring).
+PLAN_HOOK = "eagle3_plan_engine"
+
+#: Fixtures whose use means a test starts an engine.
+ENGINE_FIXTURES = ("eagle3_capture", "eagle3_engine_pool")
+
+TITLE = "eagle3 plan"
+MSG_SUMMARY = (
+    "nothing was started: {engines} engine(s) for {used} selected test(s); "
+    "{skipped} skipped; {runtime} decided at run time; {free} without an engine"
+)
+MSG_RUN = "run: device {device}, --tp {tp}, target {target}, {sglang}"
+MSG_MODEL = "model path: {path}"
+MSG_CPU = "GPUs: none (--device cpu: no lease; each pytest process runs one engine at a time)"
+MSG_GPUS = (
+    "GPUs: {count} ({how}); blocks of {tp}: {blocks}; each pytest process (xdist worker) leases "
+    "one block for its session (locks in {lock_dir})"
+)
+MSG_WORKERS = (
+    "xdist: {n} (switched off for the plan; each worker starts the engines its own tests need); "
+    "-n auto would run {auto} worker(s)"
+)
+MSG_ENGINE = "engine {n}: {name} (TP {tp}) for {count} test(s)"
+MSG_ENGINE_GPUS = (
+    "  GPUs: CUDA_VISIBLE_DEVICES = the worker's block ({blocks}); TP {tp} uses the first {tp} "
+    "GPU(s) of it"
+)
+MSG_ENGINE_NCCL = "  nccl_port: from the block's window ({windows})"
+MSG_NO_ENGINE_SECTION = "skipped, no engine starts for them ({count}):"
+MSG_RUNTIME_SECTION = "engine determined at run time:"
+MSG_NO_SGLANG = "SGLang: {error}"
+RUNTIME_NO_CASE = "uses {fixture} but has no eagle3_case parameter"
+RUNTIME_UNKNOWN_CASE = "eagle3_case {case!r} is not a contract fixture"
+RUNTIME_HOOK_FAILED = PLAN_HOOK + " raised {error}"
+PORT_PLACEHOLDER = "<free port>"
+NCCL_PLACEHOLDER = "<port from the block window>"
+BLOCK_PLACEHOLDER = "<the worker block>"
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    """What a :data:`PLAN_HOOK` gets besides the item.
+
+    Attributes:
+        settings: the run's settings.
+        install: the installed SGLang (flags, version).
+        tp: the test's TP size (:func:`pytest_eagle3.session.item_tp`).
+        num_layers, hidden_size, first_k_dense_replace: the target's config.
+    """
+
+    settings: Settings
+    install: "SGLangInstall"
+    tp: int
+    num_layers: int
+    hidden_size: int
+    first_k_dense_replace: int
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """The engine a test asks for: ``eagle3_capture(ids, extra_args=extra_args)``."""
+
+    ids: "Sequence[int] | None"
+    extra_args: "dict[str, object]" = field(default_factory=dict)
+
+
+@dataclass
+class PlannedEngine:
+    """One engine and the tests that would use it."""
+
+    config: "EngineConfig"
+    tests: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Plan:
+    """What ``--eagle3-plan`` prints (see :func:`render`)."""
+
+    settings: Settings
+    engines: list[PlannedEngine] = field(default_factory=list)
+    #: ``(nodeid, reason)`` of selected tests that will be skipped.
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    #: ``(nodeid, why)`` of tests whose engine is only known at run time.
+    runtime: list[tuple[str, str]] = field(default_factory=list)
+    #: node ids of selected tests that use no engine.
+    free: list[str] = field(default_factory=list)
+    sglang: str = "sglang: not probed"
+    model_path: str | None = None
+    install: "SGLangInstall | None" = None
+    #: ``-n`` as given (resolved by xdist), ``None`` without xdist.
+    workers: int | None = None
+
+    def engine_for(self, config: "EngineConfig") -> PlannedEngine:
+        for planned in self.engines:
+            if planned.config == config:
+                return planned
+        planned = PlannedEngine(config)
+        self.engines.append(planned)
+        return planned
+
+
+# --- building ---
+
+
+def static_skip(item: pytest.Item) -> str | None:
+    """The reason of a ``skip`` marker, or of a ``skipif`` whose conditions are plain
+    booleans and true (string conditions are not evaluated: the test is planned)."""
+    for mark in item.iter_markers(name="skip"):
+        return str(mark.kwargs.get("reason", mark.args[0] if mark.args else "unconditional skip"))
+    for mark in item.iter_markers(name="skipif"):
+        conditions = tuple(mark.args)
+        if not conditions and "condition" in mark.kwargs:
+            conditions = (mark.kwargs["condition"],)
+        if conditions and all(isinstance(c, bool) for c in conditions) and any(conditions):
+            return str(mark.kwargs.get("reason", "skipif"))
+    return None
+
+
+def _target_facts(settings: Settings) -> tuple[str, int, int, int]:
+    """``(model path, num_layers, hidden_size, first_k_dense_replace)`` of the run's
+    target, from JSON only."""
+    from pytest_eagle3.spec import LocalTarget, resolve_target
+
+    target = resolve_target(settings.target)
+    if isinstance(target, LocalTarget):
+        path, config = str(target.path), target.config
+    else:
+        from pytest_eagle3.checkpoint.cache import entry_dir
+
+        path, config = str(entry_dir(target, settings.cache_dir)), target.config
+    return (path, int(config["num_hidden_layers"]), int(config["hidden_size"]),
+            int(config.get("first_k_dense_replace", 0)))
+
+
+def _case_ids(item: pytest.Item, case: str, settings: Settings, num_layers: int, hidden: int,
+              install: "SGLangInstall") -> list[int] | None:
+    """The ids the test's engine captures (``None``: SGLang's default list)."""
+    from pytest_eagle3.suite import cases
+
+    user_draft = getattr(getattr(item, "module", None), "USER_DRAFT", None)
+    if user_draft is not None and case == user_draft:
+        from pytest_eagle3.contracts.draft import load_draft
+
+        if settings.draft is None:
+            return None
+        draft = load_draft(settings.draft)
+        return list(draft.ids) if draft.ids is not None and draft.sglang_reads_ids else None
+    fixture = cases.resolve(case, num_layers, hidden, install.version)
+    return list(fixture.ids) if fixture.ids is not None else None
+
+
+def build_plan(items: Sequence[pytest.Item], settings: Settings, *,
+               install: "SGLangInstall | None" = None, workers: int | None = None) -> Plan:
+    """Map each selected test to the engine it would start (nothing is started).
+
+    ``install`` defaults to the cached probe of the installed SGLang; a missing or
+    broken SGLang is reported in the plan, not raised.
+    """
+    from pytest_eagle3.suite import cases
+
+    plan = Plan(settings, workers=workers)
+    problem: str | None = None
+    try:
+        model_path, num_layers, hidden, first_dense = _target_facts(settings)
+        plan.model_path = model_path
+    except Eagle3Error as exc:
+        problem = f"target {settings.target}: {exc}"
+    if install is None and problem is None:
+        from pytest_eagle3.engine.install import probe
+
+        try:
+            install = probe(settings.cache_dir)
+        except Eagle3Error as exc:
+            problem = MSG_NO_SGLANG.format(error=exc)
+            plan.sglang = problem
+    if install is not None:
+        plan.install = install
+        plan.sglang = install.describe()
+
+    for item in items:
+        nodeid = item.nodeid
+        reason = static_skip(item)
+        if reason is not None:
+            plan.skipped.append((nodeid, reason))
+            continue
+        fixturenames = getattr(item, "fixturenames", ())
+        engine_fixture = next((f for f in ENGINE_FIXTURES if f in fixturenames), None)
+        if engine_fixture is None:
+            plan.free.append(nodeid)
+            continue
+        hook = getattr(getattr(item, "module", None), PLAN_HOOK, None)
+        if hook is not None and problem is None and install is not None:
+            tp = eagle3_session.item_tp(item)
+            context = PlanContext(settings, install, tp, num_layers, hidden, first_dense)
+            try:
+                request = hook(item, context)
+            except Exception as exc:  # noqa: BLE001 - a broken hook must not hide the rest of the plan
+                plan.runtime.append((nodeid, RUNTIME_HOOK_FAILED.format(error=f"{type(exc).__name__}: {exc}")))
+                continue
+            if isinstance(request, str):
+                plan.skipped.append((nodeid, request))
+                continue
+            if isinstance(request, EngineRequest):
+                try:
+                    config = engine_config(install, settings, model_path=model_path, tp=tp, ids=request.ids,
+                                           extra_args=request.extra_args)
+                except Eagle3Error as exc:
+                    plan.runtime.append((nodeid, f"{type(exc).__name__}: {exc}"))
+                    continue
+                plan.engine_for(config).tests.append(nodeid)
+                continue
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        case = params.get(eagle3_session.CASE_ARGNAME)
+        if case is None:
+            plan.runtime.append((nodeid, RUNTIME_NO_CASE.format(fixture=engine_fixture)))
+            continue
+        case = str(getattr(case, "name", case))
+        tp = eagle3_session.item_tp(item)
+        user_draft = getattr(getattr(item, "module", None), "USER_DRAFT", None)
+        if case != user_draft and case not in cases.case_files():
+            plan.runtime.append((nodeid, RUNTIME_UNKNOWN_CASE.format(case=case)))
+            continue
+        skip = None if case == user_draft else cases.skip_reason(case, tp)
+        if skip:
+            plan.skipped.append((nodeid, skip))
+            continue
+        if problem is not None or install is None:
+            plan.runtime.append((nodeid, problem or "SGLang not probed"))
+            continue
+        try:
+            ids = _case_ids(item, case, settings, num_layers, hidden, install)
+            config = engine_config(install, settings, model_path=model_path, tp=tp, ids=ids)
+        except Eagle3Error as exc:
+            plan.runtime.append((nodeid, f"{type(exc).__name__}: {exc}"))
+            continue
+        plan.engine_for(config).tests.append(nodeid)
+    return plan
+
+
+def engine_config(install: "SGLangInstall", settings: Settings, *, model_path: str, tp: int,
+                  ids: Sequence[int] | None, extra_args: "dict[str, object] | None" = None) -> "EngineConfig":
+    """The :class:`EngineConfig` :class:`pytest_eagle3.fixtures.CaptureRunner` builds for
+    ``ids`` and ``extra_args``."""
+    from pytest_eagle3.capture import capture_server_args
+    from pytest_eagle3.engine.config import build_engine_config
+
+    args = capture_server_args(install, list(ids) if ids is not None else None)
+    args.update(extra_args or {})
+    return build_engine_config(
+        install, model_path=model_path, tp=tp, device=settings.device,
+        test_args=args, user_args=settings.sglang_args,
+    )
+
+
+# --- rendering ---
+
+
+def command_line(config: "EngineConfig", *, nccl_port: bool = False) -> str:
+    """The ``launch_server`` command the engine would run (shell-quoted), with
+    placeholders (unquoted, in angle brackets) for the ports chosen at each start."""
+    from pytest_eagle3.engine.server import SGLangServer
+
+    argv = SGLangServer(config.name, config.args(), log_dir=Path(".")).argv()
+    argv[0] = Path(sys.executable).name if argv[0] == sys.executable else argv[0]
+    tail = f" --nccl-port {NCCL_PLACEHOLDER}" if nccl_port else ""
+    return f"{shlex.join(argv)}{tail} --port {PORT_PLACEHOLDER}"
+
+
+def _env_line(env: dict[str, str], placeholders: dict[str, str]) -> str:
+    items = {k: shlex.quote(v) for k, v in env.items()}
+    items.update(placeholders)
+    return " ".join(f"{k}={v}" for k, v in sorted(items.items())) or "(none)"
+
+
+def render(plan: Plan) -> list[str]:
+    """The plan as terminal lines (see the module docstring for what each says)."""
+    from pytest_eagle3.engine import lease
+
+    s = plan.settings
+    used = sum(len(e.tests) for e in plan.engines)
+    lines = [
+        MSG_SUMMARY.format(engines=len(plan.engines), used=used, skipped=len(plan.skipped),
+                           runtime=len(plan.runtime), free=len(plan.free)),
+        MSG_RUN.format(device=s.device, tp=s.tp, target=s.target, sglang=plan.sglang),
+    ]
+    if plan.model_path:
+        lines.append(MSG_MODEL.format(path=plan.model_path))
+    blocks: list[lease.GpuBlock] = []
+    if s.device == "cuda":
+        try:
+            blocks = lease.settings_blocks(s)
+        except Eagle3Error as exc:
+            lines.append(f"GPUs: {exc}")
+        else:
+            lines.append(MSG_GPUS.format(count=s.gpu.count, how=s.gpu.how, tp=s.tp,
+                                         blocks=lease.describe_blocks(blocks), lock_dir=lease.default_lock_dir()))
+    else:
+        lines.append(MSG_CPU)
+    if plan.workers:
+        lines.append(MSG_WORKERS.format(n=f"-n {plan.workers}", auto=lease.auto_num_workers(s)))
+    nccl = bool(blocks) and plan.install is not None and plan.install.has_arg("nccl_port")
+    for n, planned in enumerate(plan.engines, 1):
+        config = planned.config
+        lines.append(MSG_ENGINE.format(n=n, name=config.name, tp=config.tp, count=len(planned.tests)))
+        lines.append(f"  chosen: {config.describe()}")
+        if blocks:
+            lines.append(MSG_ENGINE_GPUS.format(blocks=lease.describe_blocks(blocks), tp=config.tp))
+            if nccl:
+                windows = ", ".join(f"{b.ports.start}-{b.ports.stop - 1}" for b in blocks)
+                lines.append(MSG_ENGINE_NCCL.format(windows=windows))
+        env = config.env_dict()
+        placeholders = {}
+        if len(blocks) == 1:
+            env["CUDA_VISIBLE_DEVICES"] = blocks[0].label
+        elif blocks:
+            placeholders["CUDA_VISIBLE_DEVICES"] = BLOCK_PLACEHOLDER
+        lines.append("  env: " + _env_line(env, placeholders))
+        lines.append(f"  command: {command_line(config, nccl_port=nccl)}")
+        lines.append("  tests:")
+        lines += [f"    {nodeid}" for nodeid in planned.tests]
+    if plan.skipped:
+        lines.append(MSG_NO_ENGINE_SECTION.format(count=len(plan.skipped)))
+        by_reason: dict[str, list[str]] = {}
+        for nodeid, reason in plan.skipped:
+            by_reason.setdefault(reason, []).append(nodeid)
+        for reason, nodeids in by_reason.items():
+            lines.append(f"  {reason}:")
+            lines += [f"    {nodeid}" for nodeid in nodeids]
+    if plan.runtime:
+        lines.append(MSG_RUNTIME_SECTION)
+        lines += [f"  {nodeid}: {why}" for nodeid, why in plan.runtime]
+    return lines
+
+
+# --- pytest glue (called from plugin.py) ---
+
+
+def switch_off_xdist(config: pytest.Config) -> None:
+    """Plan mode runs in one process: remember ``-n`` for the report, then keep
+    xdist from starting workers (its ``pytest_configure`` runs after ours)."""
+    workers = getattr(config.option, "numprocesses", None)
+    config.stash[XDIST_WORKERS_KEY] = workers if isinstance(workers, int) else None
+    if getattr(config.option, "dist", "no") != "no":
+        config.option.dist = "no"
+    if getattr(config.option, "tx", None):
+        config.option.tx = []
+
+
+def write_plan(session: pytest.Session, settings: Settings) -> None:
+    """Build the plan for ``session.items`` and write it to the terminal."""
+    plan = build_plan(session.items, settings, workers=session.config.stash.get(XDIST_WORKERS_KEY, None))
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return
+    reporter.write_sep("=", TITLE)
+    for line in render(plan):
+        reporter.write_line(line)

@@ -1,0 +1,158 @@
+"""Per-rank verdicts on what every TP rank captured (records from the recorder).
+
+Pure functions with named sides returning a report with ``.ok`` and
+``.message()`` (use :func:`pytest_eagle3.compare.fail_if_bad`).  Three checks:
+
+* :func:`check_ranks_agree`: every rank holds the captures rank 0 holds
+  (bitwise in fp32 on CPU, within a tolerance on GPU);
+* :func:`check_rank_embeddings`: every rank's embedding slot is complete
+  (no zero rows outside the rank's vocab shard), via
+  :func:`pytest_eagle3.compare.check_embedding_complete`;
+* :func:`check_rank_slots`: every rank's slots hold the expected snapshots; a
+  slot equal to a fraction ``k/tp`` of the expected snapshot is diagnosed as a
+  partial sum on that rank (an all-reduce missing, e.g. the MLP all-reduce
+  deferred into the next layer's fused norm, SGLang PR #28343).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+from pytest_eagle3.compare import check_embedding_complete, compare_slots, fmt_err
+from pytest_eagle3.snapshots import full_label
+
+if TYPE_CHECKING:
+    import torch
+
+    from pytest_eagle3.engine.recordings import Record
+
+AGREE_OK = "ranks agree: {tp} ranks hold identical captures in {n} forwards ({how})"
+AGREE_BAD = "ranks disagree: {bad} of {total} (rank, forward) captures differ from rank 0 ({how})"
+AGREE_LINE = "rank {rank}, forward {fwd} ({mode}), slot {slot}: max |diff| {diff} (rel.err {err})"
+COUNT_BAD = "ranks recorded different forwards: {counts}"
+RANK_PREFIX = "rank {rank}: {message}"
+PARTIAL_SUM = (
+    "slot {slot} on rank {rank} holds {fraction:.3g} x {label} (fit rel.err {err}): a partial "
+    "sum, the all-reduce is missing or incomplete on rank {rank}"
+)
+ALL_RANKS_OK = "all {tp} ranks: {message}"
+
+#: Largest fit error for a "k/tp of the snapshot" partial-sum diagnosis.
+PARTIAL_FIT_TOL = 1e-3
+
+
+@dataclass
+class RankReport:
+    """Result of a per-rank check: ``ok``, ``lines`` (first line is the verdict)."""
+
+    ok: bool
+    lines: list[str] = field(default_factory=list)
+    details: list[str] = field(default_factory=list)
+
+    def message(self, verbose: bool = False) -> str:
+        return "\n".join(self.lines + (self.details if verbose else []))
+
+
+def _rel(a: "torch.Tensor", b: "torch.Tensor") -> float:
+    denom = float(b.double().norm())
+    return float((a.double() - b.double()).norm()) / denom if denom else float(a.double().norm())
+
+
+def check_ranks_agree(records: Mapping[int, Sequence["Record"]], *, hidden_size: int,
+                      exact: bool = True, tol: float = 1e-3) -> RankReport:
+    """Every rank's aux equals rank 0's, forward by forward (``exact``: bitwise)."""
+    how = "bitwise" if exact else f"rel.err <= {tol}"
+    counts = {r: len(v) for r, v in records.items()}
+    if len(set(counts.values())) != 1:
+        return RankReport(False, [COUNT_BAD.format(counts=counts)])
+    base = records[0]
+    lines: list[str] = []
+    total = 0
+    for rank in sorted(records):
+        if rank == 0:
+            continue
+        for fwd, (mine, ref) in enumerate(zip(records[rank], base)):
+            total += 1
+            if mine.aux.shape != ref.aux.shape:
+                lines.append(f"rank {rank}, forward {fwd}: shape {tuple(mine.aux.shape)} vs rank 0 {tuple(ref.aux.shape)}")
+                continue
+            same = bool((mine.aux == ref.aux).all()) if exact else _rel(mine.aux, ref.aux) <= tol
+            if same:
+                continue
+            k = ref.aux.shape[1] // hidden_size
+            for slot in range(k):
+                cols = slice(slot * hidden_size, (slot + 1) * hidden_size)
+                a, b = mine.aux[:, cols], ref.aux[:, cols]
+                if exact and bool((a == b).all()) or not exact and _rel(a, b) <= tol:
+                    continue
+                lines.append(AGREE_LINE.format(rank=rank, fwd=fwd, mode=mine.mode, slot=slot,
+                                               diff=fmt_err(float((a - b).abs().max())), err=fmt_err(_rel(a, b))))
+    n = len(base)
+    if not lines:
+        return RankReport(True, [AGREE_OK.format(tp=len(records), n=n, how=how)])
+    bad = len({line.split(",")[0] + line.split(",")[1] for line in lines})
+    return RankReport(False, [AGREE_BAD.format(bad=bad, total=total, how=how), *lines])
+
+
+def check_rank_embeddings(records: Mapping[int, Sequence["Record"]], references: Sequence["torch.Tensor"],
+                          *, slot: int, hidden_size: int, vocab_size: int, tol: float = 1e-3) -> RankReport:
+    """Every rank's embedding slot equals the reference embedding ``hs[0]`` for every
+    token, forward ``i`` against ``references[i]`` (``[L+2, tokens, H]``)."""
+    tp = len(records)
+    cols = slice(slot * hidden_size, (slot + 1) * hidden_size)
+    lines: list[str] = []
+    for rank in sorted(records):
+        for rec, ref in zip(records[rank], references):
+            report = check_embedding_complete(rec.aux[:, cols], ref[0], rec.input_ids.tolist(),
+                                              vocab_size=vocab_size, tp=tp, tol=tol,
+                                              side_names=(f"rank {rank}", "reference"))
+            if not report.ok:
+                lines.append(RANK_PREFIX.format(rank=rank, message=report.message()))
+                break
+    if lines:
+        return RankReport(False, lines)
+    return RankReport(True, [ALL_RANKS_OK.format(tp=tp, message="embedding rows complete on every vocab shard")])
+
+
+def partial_sum_fraction(captured: "torch.Tensor", snapshot: "torch.Tensor", tp: int) -> tuple[float, float] | None:
+    """``(fraction, fit error)`` when ``captured ~= fraction * snapshot`` with
+    ``fraction = k/tp`` for some ``1 <= k < tp``; None otherwise."""
+    import torch
+
+    b = snapshot.double()
+    denom = float((b * b).sum())
+    if denom == 0 or tp < 2:
+        return None
+    alpha = float((captured.double() * b).sum()) / denom
+    k = round(alpha * tp)
+    if not 1 <= k < tp or abs(alpha * tp - k) > 0.05:
+        return None
+    err = _rel(captured, torch.as_tensor(k / tp, dtype=torch.float64) * b)
+    return (k / tp, err) if err <= PARTIAL_FIT_TOL else None
+
+
+def check_rank_slots(records: Mapping[int, Sequence["Record"]], references: Sequence["torch.Tensor"],
+                     *, expected: Sequence[int], num_layers: int, hidden_size: int, tol: float = 1e-3) -> RankReport:
+    """Every rank's slots hold the expected snapshots; partial sums are named."""
+    tp = len(records)
+    lines: list[str] = []
+    for rank in sorted(records):
+        for rec, ref in zip(records[rank], references):
+            report = compare_slots(rec.aux, ref, expected=list(expected), num_layers=num_layers,
+                                   hidden_size=hidden_size, tol=tol, side_names=(f"rank {rank}", "reference"))
+            if report.ok:
+                continue
+            partial = []
+            for slot, index in enumerate(expected):
+                cols = slice(slot * hidden_size, (slot + 1) * hidden_size)
+                fit = partial_sum_fraction(rec.aux[:, cols], ref[index], tp)
+                if fit is not None:
+                    partial.append(PARTIAL_SUM.format(slot=slot, rank=rank, fraction=fit[0],
+                                                      label=full_label(index, num_layers), err=fmt_err(fit[1])))
+            lines.append(RANK_PREFIX.format(rank=rank, message=report.message()))
+            lines.extend(partial)
+            break
+    if lines:
+        return RankReport(False, lines)
+    return RankReport(True, [ALL_RANKS_OK.format(tp=tp, message="every slot holds its expected snapshot")])

@@ -1,0 +1,281 @@
+"""``--eagle3-plan``: a GPU run reviewed on this CPU machine, nothing started.
+
+The packaged suite at ``--device cuda --tp 8`` must list exactly the capture
+engines its id-list cases start (one per id list at TP 1, the wide case at TP 2,
+4 and 8), on the one block of 8 pretended GPUs, account for every selected test,
+and run none.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+
+import pytest
+
+from pytest_eagle3 import plan
+# Imported here, before any pytester snapshot: pytester drops modules first
+# imported during a test from sys.modules, and a later import would load a copy
+# that a monkeypatch of the first does not reach.
+from pytest_eagle3.engine import install
+from pytest_eagle3.suite import cases
+from pytest_eagle3.options import MSG_PLAN_GPUS_ALONE, default_cache_dir
+from pytest_eagle3.spec import TargetSpec
+
+pytestmark = pytest.mark.usefixtures("clean_eagle3_env")
+
+#: The user's cache, read before clean_eagle3_env hides it: the SGLang flag list
+#: is cached there (``launch_server --help`` takes seconds); nothing else is written.
+CACHE = str(default_cache_dir()[0])
+
+needs_sglang = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="SGLang is not installed")
+
+SUMMARY = re.compile(r"^nothing was started: (\d+) engine\(s\) for (\d+) selected test\(s\); (\d+) skipped; "
+                     r"(\d+) decided at run time; (\d+) without an engine$")
+#: Server args the capture of an id list sets; an engine with others is a variant's.
+CAPTURE_ARGS = {"enable_return_aux_hidden_states", "speculative_algorithm", "return_aux_hidden_state_layer_ids"}
+ENGINE_LINE = re.compile(r"^engine \d+: (tp\d+-cuda-[0-9a-f]{10}) \(TP (\d)\) for (\d+) test\(s\)$")
+
+
+def expected_engines() -> set[tuple[int, tuple[int, ...] | None]]:
+    """``(tp, ids)`` of every engine the suite starts at --tp 8, from its own cases."""
+    config = TargetSpec.preset("tiny-dsv3").config
+    L, H = config["num_hidden_layers"], config["hidden_size"]
+    version = install.probe(CACHE).version
+    out: set[tuple[int, tuple[int, ...] | None]] = set()
+    for name in cases.case_names():
+        case = cases.resolve(name, L, H, version)
+        for tp in (1, 2, 4, 8):
+            if cases.skip_reason(name, tp) is None:
+                out.add((tp, tuple(case.ids) if case.ids is not None else None))
+    return out
+
+
+def planned_engines(lines: list[str]) -> dict[str, dict]:
+    """name -> {"tp", "tests", "chosen", "env", "command", "nodeids"} parsed from the plan."""
+    engines: dict[str, dict] = {}
+    current = None
+    for line in lines:
+        match = ENGINE_LINE.match(line)
+        if match:
+            current = engines[match.group(1)] = {"tp": int(match.group(2)), "tests": int(match.group(3)),
+                                                 "nodeids": []}
+            continue
+        if current is None:
+            continue
+        if not line.startswith("  "):
+            current = None
+        elif line.startswith("    "):
+            current["nodeids"].append(line.strip())
+        elif ": " in line:
+            key, _, value = line.strip().partition(": ")
+            current[key] = value
+    return engines
+
+
+@needs_sglang
+def test_gpu_run_of_the_packaged_suite_is_planned_on_cpu(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_subprocess(
+        "--pyargs", "pytest_eagle3.suite", "--device", "cuda", "--tp", "8", "--eagle3-plan",
+        f"--eagle3-cache={CACHE}", "-p", "no:cacheprovider",
+    )
+    out = result.stdout.str()
+    assert result.ret == 0, out + result.stderr.str()
+    result.stdout.fnmatch_lines([
+        "*= eagle3 plan =*",
+        "nothing was started: * engine(s) for * selected test(s); * skipped; * decided at run time; 0 without an engine",
+        "run: device cuda, --tp 8, target tiny-dsv3, sglang *",
+        "GPUs: 8 (--eagle3-plan: pretending 8 GPUs (*)); blocks of 8: 0,1,2,3,4,5,6,7; *",
+    ])
+    assert "starting SGLang" not in out and "ready in" not in out
+    assert re.search(r"no tests ran in ", out)
+    assert result.parseoutcomes().get("passed", 0) == 0
+
+    # Every selected test is accounted for, each exactly once.
+    summary = next(SUMMARY.match(line) for line in result.stdout.lines if SUMMARY.match(line))
+    n_engines, used, skipped, runtime, free = map(int, summary.groups())
+    collected = int(re.search(r"collected (\d+) items", out).group(1))
+    assert used + skipped + runtime + free == collected
+
+    engines = planned_engines(result.stdout.lines)
+    assert len(engines) == n_engines and sum(e["tests"] for e in engines.values()) == used
+    seen = []
+    for name, info in engines.items():
+        chosen = dict(re.findall(r"(\w+)=(\[[^]]*\]|\S+)", info["chosen"]))
+        ids_match = re.search(r"\[([0-9, ]*)\]", chosen.get("return_aux_hidden_state_layer_ids", ""))
+        ids = tuple(int(v) for v in ids_match.group(1).split(",")) if ids_match else None
+        if set(chosen) - {"tp", "device"} <= CAPTURE_ARGS:
+            seen.append((info["tp"], ids))
+        assert info["tests"] == len(info["nodeids"]) >= 1
+        assert all(f"[tp{info['tp']}-" in n or f"-tp{info['tp']}]" in n for n in info["nodeids"]), info
+        # The one block of 8 GPUs, whatever the engine's TP; the command is the engine's own.
+        assert "CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7" in info["env"]
+        assert f"--tp-size {info['tp']} " in info["command"]
+        assert "--enable-return-aux-hidden-states" in info["command"]
+        assert "--device cpu" not in info["command"] and "SGLANG_USE_CPU_ENGINE" not in info["env"]
+        assert info["command"].endswith(f"--nccl-port {plan.NCCL_PLACEHOLDER} --port {plan.PORT_PLACEHOLDER}")
+    assert sorted(seen, key=str) == sorted(expected_engines(), key=str)  # one engine per (tp, ids), shared
+
+
+@needs_sglang
+def test_plan_ignores_n_and_starts_no_worker(pytester: pytest.Pytester) -> None:
+    pytest.importorskip("xdist")
+    result = pytester.runpytest_subprocess(
+        "--pyargs", "pytest_eagle3.suite", "--device", "cuda", "--tp", "2", "--eagle3-plan",
+        f"--eagle3-cache={CACHE}", "-n", "auto", "-k", "kimi and tp2",
+    )
+    assert result.ret == 0, result.stdout.str() + result.stderr.str()
+    result.stdout.fnmatch_lines([
+        "GPUs: 8 (*); blocks of 2: 0,1 | 2,3 | 4,5 | 6,7; *",
+        "xdist: -n 4 (switched off for the plan;*); -n auto would run 4 worker(s)",
+        "engine 1: tp2-cuda-* (TP 2) for * test(s)",
+        "  nccl_port: from the block's window (15000-15099, 15200-15299, 15400-15499, 15600-15699)",
+        "  env: CUDA_VISIBLE_DEVICES=<the worker block> *",
+    ])
+    assert "created:" not in result.stdout.str() and "[gw0]" not in result.stdout.str()
+
+
+INNER = """
+import pytest
+
+def test_no_engine():
+    pass
+
+@pytest.mark.skip(reason="not today")
+@pytest.mark.parametrize("eagle3_case", ["kimi-embedding-first"])
+def test_skipped(eagle3_case, eagle3_capture):
+    pass
+
+def test_engine_without_case(eagle3_capture):
+    pass
+
+@pytest.mark.parametrize("eagle3_case", ["no-such-case"])
+def test_unknown_case(eagle3_case, eagle3_capture):
+    pass
+
+@pytest.mark.tp(1)
+@pytest.mark.parametrize("eagle3_case", ["kimi-embedding-first"])
+def test_mapped(eagle3_case, eagle3_capture):
+    pass
+"""
+
+
+@needs_sglang
+def test_unmapped_tests_are_decided_at_run_time(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_inner=INNER)
+    result = pytester.runpytest_subprocess("--eagle3-plan", "--device", "cpu", f"--eagle3-cache={CACHE}")
+    assert result.ret == 0, result.stdout.str() + result.stderr.str()
+    result.stdout.fnmatch_lines([
+        "nothing was started: 1 engine(s) for 1 selected test(s); 1 skipped; 2 decided at run time; "
+        "1 without an engine",
+        "GPUs: none (--device cpu: no lease; *)",
+        "engine 1: tp1-cpu-* (TP 1) for 1 test(s)",
+        "  env: * SGLANG_USE_CPU_ENGINE=1 *",
+        "    test_inner.py::test_mapped[[]kimi-embedding-first[]]",
+        "skipped, no engine starts for them (1):",
+        "  not today:",
+        "    test_inner.py::test_skipped[[]kimi-embedding-first[]]",
+        "engine determined at run time:",
+        "  test_inner.py::test_engine_without_case: " + plan.RUNTIME_NO_CASE.format(fixture="eagle3_capture"),
+        "  test_inner.py::test_unknown_case[[]no-such-case[]]: "
+        + plan.RUNTIME_UNKNOWN_CASE.format(case="no-such-case"),
+    ])
+
+
+HOOKED = """
+import pytest
+from pytest_eagle3.plan import EngineRequest
+
+def eagle3_plan_engine(item, context):
+    mode = item.callspec.params["mode"]
+    if mode == "chunked":
+        return EngineRequest([0, context.num_layers // 2], {"chunked_prefill_size": 16 * context.tp})
+    if mode == "skip":
+        return f"needs something this run lacks (tp {context.tp})"
+    if mode == "bad-arg":
+        return EngineRequest(None, {"no_such_flag": 1})
+    if mode == "broken":
+        raise RuntimeError("hook bug")
+    return None  # the eagle3_case mapping
+
+@pytest.mark.parametrize("eagle3_case", ["kimi-embedding-first"])
+@pytest.mark.parametrize("mode", ["chunked", "skip", "bad-arg", "broken", "default"])
+def test_variant(mode, eagle3_case, eagle3_capture):
+    pass
+"""
+
+
+@needs_sglang
+def test_a_module_hook_maps_tests_with_more_parameters(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_hooked=HOOKED)
+    result = pytester.runpytest_subprocess("--eagle3-plan", "--device", "cpu", "--tp", "2",
+                                           f"--eagle3-cache={CACHE}")
+    assert result.ret == 0, result.stdout.str() + result.stderr.str()
+    result.stdout.fnmatch_lines([
+        "nothing was started: 2 engine(s) for 2 selected test(s); 1 skipped; 2 decided at run time; "
+        "0 without an engine",
+        "engine 1: tp2-cpu-* (TP 2) for 1 test(s)",
+        "  chosen: tp=2 device=cpu chunked_prefill_size=32 * return_aux_hidden_state_layer_ids=[[]0, ?[]] *",
+        "*--chunked-prefill-size 32 *",
+        "    test_hooked.py::test_variant[[]chunked-kimi-embedding-first[]]",
+        "engine 2: tp2-cpu-* (TP 2) for 1 test(s)",
+        "  chosen: * return_aux_hidden_state_layer_ids=[[]0, 3, 5[]] *",
+        "    test_hooked.py::test_variant[[]default-kimi-embedding-first[]]",
+        "skipped, no engine starts for them (1):",
+        "  needs something this run lacks (tp 2):",
+        "    test_hooked.py::test_variant[[]skip-kimi-embedding-first[]]",
+        "engine determined at run time:",
+        "  test_hooked.py::test_variant[[]bad-arg-kimi-embedding-first[]]: Eagle3ConfigError: test argument "
+        "no_such_flag: the installed sglang * has no --no-such-flag server argument *",
+        "  test_hooked.py::test_variant[[]broken-kimi-embedding-first[]]: "
+        + plan.RUNTIME_HOOK_FAILED.format(error="RuntimeError: hook bug"),
+    ])
+
+
+def test_without_sglang_every_engine_is_decided_at_run_time(pytester: pytest.Pytester,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_eagle3.errors import Eagle3SGLangMissing
+
+    def missing(*args, **kwargs):
+        raise Eagle3SGLangMissing("SGLang is not installed in this environment (test)")
+
+    monkeypatch.setattr(install, "probe", missing)
+    pytester.makepyfile(test_inner=INNER)
+    result = pytester.runpytest("--eagle3-plan", "--device", "cuda", "--tp", "2", f"--eagle3-cache={pytester.path / 'cache'}")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines([
+        "nothing was started: 0 engine(s) for 0 selected test(s); 1 skipped; 3 decided at run time; *",
+        "run: device cuda, --tp 2, target tiny-dsv3, SGLang: SGLang is not installed in this environment (test)",
+        "  test_inner.py::test_mapped[[]kimi-embedding-first[]]: SGLang: SGLang is not installed *",
+        "  test_inner.py::test_unknown_case[[]no-such-case[]]: "
+        + plan.RUNTIME_UNKNOWN_CASE.format(case="no-such-case"),
+    ])
+
+
+def test_plan_gpus(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("--eagle3-plan-gpus", "4")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{MSG_PLAN_GPUS_ALONE}*"])
+    result = pytester.runpytest("--eagle3-plan", "--eagle3-plan-gpus", "4", "--tp", "8")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--tp 8 needs 8 GPUs on --device cuda but 4 are visible "
+                                 "(--eagle3-plan: pretending 4 GPUs (--eagle3-plan-gpus))*"])
+    result = pytester.runpytest("--eagle3-plan-gpus", "0", "--eagle3-plan")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--eagle3-plan-gpus: expected a positive number of GPUs, got '0'*"])
+
+
+def test_plan_is_in_help(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_subprocess("--help")
+    result.stdout.fnmatch_lines(["  --eagle3-plan *", "  --eagle3-plan-gpus=N *"])
+
+
+def test_command_line_placeholders_are_not_quoted() -> None:
+    from pytest_eagle3.engine.config import EngineConfig
+
+    config = EngineConfig(model_path="/m x", tp=2, device="cuda",
+                          server_args=(("model_path", "/m x"), ("tp_size", 2)), env=())
+    line = plan.command_line(config, nccl_port=True)
+    assert line == (f"{plan.Path(plan.sys.executable).name} -m sglang.launch_server --model-path '/m x' "
+                    "--tp-size 2 --host 127.0.0.1 --nccl-port <port from the block window> --port <free port>")

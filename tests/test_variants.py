@@ -1,0 +1,259 @@
+"""The path matrix (``pytest_eagle3.variants``), ``--eagle3-list-variants`` and the
+``reduced-dsv3`` preset."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from pytest_eagle3 import variants as V
+from pytest_eagle3.engine.install import SGLangInstall
+from pytest_eagle3.options import default_cache_dir
+
+#: Every flag the variants use, as SGLang 0.5.23 spells them (a fake install).
+FLAGS_0523 = frozenset({
+    "model-path", "tp-size", "chunked-prefill-size", "disable-radix-cache", "attn-dp-size",
+    "dp-size", "enable-dp-attention", "enable-dp-lm-head", "moe-dense-tp-size",
+    "enable-attn-tp-input-scattered", "flashinfer-allreduce-fusion-backend",
+    "enable-flashinfer-allreduce-fusion", "enforce-disable-flashinfer-allreduce-fusion",
+    "cuda-graph-backend-decode", "cuda-graph-backend-prefill", "disable-cuda-graph",
+    "enable-two-batch-overlap",
+})
+#: An older SGLang / fork: no --attn-dp-size, no --flashinfer-allreduce-fusion-backend,
+#: no --cuda-graph-backend-*.
+FLAGS_OLD = FLAGS_0523 - {"attn-dp-size", "flashinfer-allreduce-fusion-backend",
+                          "cuda-graph-backend-decode", "cuda-graph-backend-prefill"}
+
+ON_CPU = {"plain", "decode", "chunked-prefill", "radix-cache-hit", "batch",
+          "ids-at-first-k-dense", "ids-last-capturable"}
+
+
+def fake_install(flags: frozenset[str] = FLAGS_0523, version: str = "0.5.23") -> SGLangInstall:
+    return SGLangInstall(version=version, location="/fake/sglang", flags=flags, python="python")
+
+
+def reasons(install: SGLangInstall, device: str, tp: int, arch: str | None = None) -> dict[str, str | None]:
+    return {v.name: reason for v, reason in V.matrix(install, device, tp, arch)}
+
+
+# --- the matrix ---------------------------------------------------------------
+
+
+def test_names_are_unique_and_cover_the_issue() -> None:
+    names = V.variant_names()
+    assert len(names) == len(set(names))
+    assert set(names) == {
+        "plain", "decode", "chunked-prefill", "radix-cache-hit", "batch", "dp-attention",
+        "attn-tp-input-scattered", "allreduce-fusion-on", "allreduce-fusion-off",
+        "cuda-graph-on", "cuda-graph-off", "two-batch-overlap", "ids-at-first-k-dense",
+        "ids-last-capturable",
+    }
+    for variant in V.VARIANTS:
+        assert variant.description and variant.source, variant.name
+
+
+def test_cpu_tp1() -> None:
+    got = reasons(fake_install(), "cpu", 1)
+    assert {n for n, r in got.items() if r is None} == ON_CPU
+    assert got["dp-attention"] == "DP attention needs TP>=2 (attn_dp_size = tp); this run is tp 1"
+    assert got["allreduce-fusion-on"] == "all-reduce fusion needs CUDA SM90/SM100 and TP>1; this run is cpu"
+    assert got["cuda-graph-on"] == "CUDA graphs need CUDA; this run is cpu"
+    assert got["two-batch-overlap"].endswith("; this run is cpu")
+    assert got["attn-tp-input-scattered"].endswith("; this run is cpu")
+
+
+@pytest.fixture
+def without_cpu_fixes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_eagle3.engine.cpu import patches
+
+    monkeypatch.setattr(patches, "FIXES", (), raising=False)
+
+
+@pytest.fixture
+def with_dp_padding_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_eagle3.engine.cpu import patches
+
+    fixes = tuple(getattr(patches, "FIXES", ())) + (V.TORCH_NATIVE_DP_PADDING,)
+    monkeypatch.setattr(patches, "FIXES", fixes, raising=False)
+
+
+def test_cpu_tp2_dp_attention_needs_the_cpu_fix(without_cpu_fixes: None) -> None:
+    got = reasons(fake_install(), "cpu", 2)
+    assert {n for n, r in got.items() if r is None} == ON_CPU
+    assert got["dp-attention"] == (
+        "DP attention needs TP>=2 (attn_dp_size = tp); on cpu it also needs the CPU-tier fix "
+        "'torch_native_dp_padding', which this pytest-eagle3 lacks (sglang 0.5.23 pads DP batches "
+        "in ForwardBatch._pad_inputs_to_size and asks the attention backend for "
+        "get_cpu_graph_seq_len_fill_value, which torch_native lacks: AttributeError at the first forward)"
+    )
+
+
+def test_cpu_tp2(with_dp_padding_fix: None) -> None:
+    got = reasons(fake_install(), "cpu", 2)
+    assert {n for n, r in got.items() if r is None} == ON_CPU | {"dp-attention"}
+    assert got["allreduce-fusion-off"] == (
+        "all-reduce fusion off differs from plain only where fusion can run: "
+        "CUDA SM90/SM100 and TP>1; this run is cpu"
+    )
+    assert got["attn-tp-input-scattered"] == (
+        "input-scattered attention needs CUDA (or NPU) and TP>1 without DP attention "
+        "(AttnTpContext.init_context silently keeps it off elsewhere); this run is cpu"
+    )
+
+
+def test_cuda_by_architecture() -> None:
+    install = fake_install()
+    hopper = reasons(install, "cuda", 8, "9.0")
+    assert all(r is None for r in hopper.values()), hopper
+    ampere = reasons(install, "cuda", 8, "sm80")
+    assert ampere["allreduce-fusion-on"] == "all-reduce fusion needs CUDA SM90/SM100 and TP>1; this GPU is sm80"
+    assert ampere["cuda-graph-on"] is None and ampere["two-batch-overlap"] is None
+    assert reasons(install, "cuda", 2, (10, 3))["allreduce-fusion-on"] is None
+    assert reasons(install, "cuda", 2, "12.0")["allreduce-fusion-on"].endswith("this GPU is sm120")
+    unknown = reasons(install, "cuda", 2, None)
+    assert unknown["allreduce-fusion-on"].endswith("the GPU architecture of this run is unknown")
+    assert reasons(install, "cuda", 1, "9.0")["allreduce-fusion-on"].endswith("this run is tp 1")
+
+
+def test_missing_flag_is_named() -> None:
+    install = fake_install(FLAGS_0523 - {"chunked-prefill-size"}, version="0.4.0")
+    reason = V.get_variant("chunked-prefill").requirements(install, "cpu", 1)
+    assert reason == (
+        "chunked prefill (chunk 8) needs --chunked-prefill-size; the installed sglang 0.4.0 "
+        "(/fake/sglang) has no --chunked-prefill-size server argument"
+    )
+    # Flags are checked before hardware: a fork without the flag says so even on CPU.
+    no_dp = fake_install(FLAGS_0523 - {"attn-dp-size", "enable-dp-attention"})
+    reason = V.get_variant("dp-attention").requirements(no_dp, "cpu", 1)
+    assert reason == (
+        "DP attention needs TP>=2 (attn_dp_size = tp); the installed sglang 0.5.23 (/fake/sglang) "
+        "has no --attn-dp-size server argument (nor the older --enable-dp-attention)"
+    )
+
+
+def test_older_spelling_is_used_when_the_new_one_is_missing() -> None:
+    old = fake_install(FLAGS_OLD, version="0.5.9")
+    assert V.get_variant("dp-attention").args_for(old, 4) == {
+        "enable_dp_attention": True, "dp_size": 4, "enable_dp_lm_head": True, "moe_dense_tp_size": 1,
+    }
+    assert V.get_variant("allreduce-fusion-on").args_for(old, 2) == {"enable_flashinfer_allreduce_fusion": True}
+    assert V.get_variant("cuda-graph-off").args_for(old, 1) == {"disable_cuda_graph": True}
+    new = fake_install()
+    assert V.get_variant("dp-attention").args_for(new, 2) == {
+        "attn_dp_size": 2, "enable_dp_lm_head": True, "moe_dense_tp_size": 1,
+    }
+    assert V.get_variant("two-batch-overlap").args_for(new, 8)["enable_two_batch_overlap"] is True
+    assert V.get_variant("plain").args_for(new, 1) == {}
+    with pytest.raises(ValueError, match="has no --enable-two-batch-overlap server argument"):
+        V.get_variant("two-batch-overlap").args_for(fake_install(FLAGS_0523 - {"enable-two-batch-overlap"}), 2)
+
+
+def test_request_fields_and_ids() -> None:
+    assert V.get_variant("decode").request["decode_steps"] > 0
+    assert V.get_variant("radix-cache-hit").request["repeat"] == 2
+    assert V.get_variant("batch").request["batch"] is True
+    assert V.get_variant("chunked-prefill").server_args == {"chunked_prefill_size": V.CHUNK_SIZE}
+    first_k = V.get_variant("ids-at-first-k-dense").ids
+    last = V.get_variant("ids-last-capturable").ids
+    assert first_k is not None and last is not None
+    assert first_k(8, 1) == (0, 1, 2) and first_k(4, 3) == (0, 3) and first_k(6, 0) == (0, 1)
+    assert last(8, 1) == (0, 4, 7) and last(4, 1) == (0, 2, 3)
+    with pytest.raises(KeyError, match="known: plain, decode"):
+        V.get_variant("nope")
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("sm90", "sm90"), ("sm_100", "sm100"), ("9.0", "sm90"), ("10.3", "sm103"), ("90", "sm90"),
+    ((8, 0), "sm80"), (None, None), ("hopper", None), ("9.x", None),
+])
+def test_normalize_arch(text: object, want: str | None) -> None:
+    assert V.normalize_arch(text) == want  # type: ignore[arg-type]
+
+
+def test_format_matrix(with_dp_padding_fix: None) -> None:
+    text = V.format_matrix(fake_install(), "cpu", 2)
+    lines = text.splitlines()
+    assert lines[0] == "eagle3 variants for sglang 0.5.23 (/fake/sglang), device cpu, tp 2:"
+    assert "attn_dp_size=2 enable_dp_lm_head=True moe_dense_tp_size=1" in text
+    assert lines[-1] == f"{len(ON_CPU) + 1} of {len(V.VARIANTS)} variants run here"
+
+
+# --- against the installed SGLang --------------------------------------------
+
+needs_sglang = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="SGLang is not installed")
+
+
+@needs_sglang
+def test_every_variant_flag_is_accepted_by_the_installed_sglang() -> None:
+    from pytest_eagle3.engine.install import probe
+
+    install = probe(default_cache_dir()[0])
+    for variant in V.VARIANTS:
+        spelling = variant.spelling_for(install)
+        assert spelling is not None, variant.requirements(install, "cuda", 8, "9.0")
+        if spelling is not variant.server_args:  # pragma: no cover - depends on the install
+            pytest.fail(f"{variant.name}: {install.describe()} lacks the preferred spelling "
+                        f"{dict(variant.server_args)}")
+
+
+@needs_sglang
+def test_list_variants_option(pytester: pytest.Pytester, clean_eagle3_env: None) -> None:
+    pytester.makepyfile("def test_never_runs(): raise AssertionError('ran')")
+    cache = str(default_cache_dir()[0])
+    result = pytester.runpytest_subprocess("--eagle3-list-variants", "--tp", "2", "--device", "cpu",
+                                           "--eagle3-cache", cache, "-p", "no:cacheprovider")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines([
+        "eagle3 variants for sglang *, device cpu, tp 2:",
+        "  plain  *",
+        "*-> runs",
+        "  dp-attention * attn_dp_size=2 enable_dp_lm_head=True moe_dense_tp_size=1*",
+        "*-> *",
+        "  allreduce-fusion-on *",
+        "*-> skipped: all-reduce fusion needs CUDA SM90/SM100 and TP>1; this run is cpu",
+        "* of 14 variants run here",
+    ])
+    assert "test_never_runs" not in result.stdout.str()
+    assert "passed" not in result.stdout.str() and "collected" not in result.stdout.str()
+
+
+def test_list_variants_without_sglang(pytester: pytest.Pytester, clean_eagle3_env: None) -> None:
+    # A shadowing package that fails on import stands for a broken install.
+    fork = pytester.mkpydir("sglang")
+    (fork / "launch_server.py").write_text("raise ImportError('broken fork')\n")
+    result = pytester.runpytest_subprocess("--eagle3-list-variants", "--eagle3-cache",
+                                           str(pytester.path / "cache"), "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --eagle3-list-variants: SGLang * fails to start: *broken fork*"])
+
+
+# --- reduced-dsv3 ---------------------------------------------------------------
+
+
+def test_reduced_dsv3_has_production_widths() -> None:
+    from pytest_eagle3.checkpoint.init import Dims
+    from pytest_eagle3.spec import TargetSpec, list_presets, resolve_target
+
+    assert "reduced-dsv3" in list_presets()
+    spec = resolve_target("reduced-dsv3")
+    assert isinstance(spec, TargetSpec)
+    cfg = spec.config
+    production = {
+        "hidden_size": 7168, "num_attention_heads": 128, "q_lora_rank": 1536, "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 256,
+        "n_shared_experts": 1, "num_experts_per_tok": 8, "n_group": 8, "topk_group": 4,
+        "first_k_dense_replace": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
+    }
+    assert {k: cfg[k] for k in production} == production
+    assert cfg["torch_dtype"] == "bfloat16" and cfg["rope_scaling"]["type"] == "yarn"
+    assert spec.num_layers == 4 and cfg["moe_intermediate_size"] >= 128
+    assert all(spec.num_attention_heads % tp == 0 for tp in (1, 2, 4, 8))
+    assert spec.init.pinned_experts >= cfg["num_experts_per_tok"]
+    # The prompts fixture (ids < 2048, stratified over 8 shards) covers every vocab shard.
+    assert cfg["vocab_size"] == 2048
+    # The checkpoint builder accepts the layout (no torch needed for this check).
+    dims = Dims.from_config(cfg)
+    assert [dims.is_moe(i) for i in range(dims.layers)] == [False, True, True, True]
+    assert spec.cache_key() != resolve_target("tiny-dsv3").cache_key()  # type: ignore[union-attr]
