@@ -34,7 +34,8 @@ def engine_for(variant, install, device, tp, num_layers, hidden_size, first_k_de
     reason = variant.requirements(install, device, tp, arch)
     if reason:
         return reason
-    if tp > 1 and variant.server_args and variant.needs.min_tp <= 1 and device == "cpu":
+    own_engine = bool(variant.server_args) or variant.ids is not None
+    if tp > 1 and own_engine and variant.needs.min_tp <= 1 and device == "cpu":
         return TP1_ON_CPU.format(variant=variant.name)
     if variant.ids is not None:
         ids = list(variant.ids(num_layers, first_k_dense))
