@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest

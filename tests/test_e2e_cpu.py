@@ -8,17 +8,10 @@ JUnit XML; each test below checks one thing about it.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import xml.etree.ElementTree as ET
-from dataclasses import dataclass
-from pathlib import Path
-
 import psutil
 import pytest
 
-from pytest_eagle3.options import default_cache_dir
+from tests.inner_run import RUN_MARK, InnerRun, run_inner
 
 pytestmark = pytest.mark.e2e
 
@@ -80,61 +73,14 @@ def test_fault_fires(check, fault, eagle3_case, eagle3_capture, eagle3_reference
     fail_if_bad(report)
 '''
 
-INNER_TIMEOUT_S = 40 * 60
-RUN_MARK = "PYTEST_EAGLE3_E2E_RUN"
-
-
-@dataclass
-class InnerRun:
-    returncode: int
-    output: str
-    outcomes: dict[str, str]  # test name (with params) -> passed/failed/skipped/error
-    messages: dict[str, str]  # test name -> failure/skip message
-    mark: str  # value of RUN_MARK in the inner run's environment
-
-
-def _parse_junit(path: Path) -> tuple[dict[str, str], dict[str, str]]:
-    outcomes: dict[str, str] = {}
-    messages: dict[str, str] = {}
-    for case in ET.parse(path).getroot().iter("testcase"):
-        name = case.get("name", "")
-        outcome, message = "passed", ""
-        for tag in ("failure", "error", "skipped"):
-            node = case.find(tag)
-            if node is not None:
-                outcome = {"failure": "failed"}.get(tag, tag)
-                if tag == "skipped" and node.get("type") == "pytest.xfail":
-                    outcome = "xfailed"
-                message = (node.get("message") or "") + "\n" + (node.text or "")
-                break
-        outcomes[name] = outcome
-        messages[name] = message
-    return outcomes, messages
-
-
 @pytest.fixture(scope="module")
 def inner(tmp_path_factory: pytest.TempPathFactory) -> InnerRun:
-    """The packaged suite + the wrong-layer test, once, at --tp 2."""
-    work = tmp_path_factory.mktemp("e2e")
-    (work / "test_wrong_layer.py").write_text(WRONG_LAYER_TEST)
-    (work / "test_rank_faults.py").write_text(FAULT_TEST)
-    junit = work / "junit.xml"
-    cache = os.environ.get("PYTEST_EAGLE3_CACHE") or str(default_cache_dir()[0])
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER")}
-    # Every SGLang process of the inner run inherits this mark (leftover check).
-    env[RUN_MARK] = str(work)
-    cmd = [
-        sys.executable, "-m", "pytest", "--pyargs", "pytest_eagle3.suite", "test_wrong_layer.py", "test_rank_faults.py",
-        "--tp", "2", "--device", "cpu", "--eagle3-cache", cache, "-p", "no:cacheprovider",
-        "-rA", f"--junitxml={junit}", "-o", "junit_family=xunit1",
-    ]
-    proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=INNER_TIMEOUT_S)
-    output = proc.stdout + proc.stderr
-    (work / "inner-output.txt").write_text(output)
-    if not junit.exists():
-        pytest.fail(f"inner pytest wrote no JUnit XML (exit {proc.returncode}):\n{output[-4000:]}")
-    outcomes, messages = _parse_junit(junit)
-    return InnerRun(proc.returncode, output, outcomes, messages, str(work))
+    """The packaged suite + the wrong-layer and fault tests, once, at --tp 2."""
+    return run_inner(
+        tmp_path_factory.mktemp("e2e"),
+        ["--pyargs", "pytest_eagle3.suite", "test_wrong_layer.py", "test_rank_faults.py", "--tp", "2"],
+        files={"test_wrong_layer.py": WRONG_LAYER_TEST, "test_rank_faults.py": FAULT_TEST},
+    )
 
 
 def _select(run: InnerRun, prefix: str) -> dict[str, str]:
@@ -263,3 +209,22 @@ def test_no_sglang_process_left_behind(inner: InnerRun) -> None:
         except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
     assert not leftovers
+
+
+def test_inspect_verdicts_agree_with_the_engine(inner: InnerRun, tmp_path) -> None:
+    """``pytest-eagle3 inspect`` (no engine) predicts, for every fixture contract, the
+    outcome the real engine measured: match <-> passed, mismatch <-> xfailed."""
+    from pytest_eagle3.engine.install import locate
+    from pytest_eagle3.preflight import inspect_draft
+    from pytest_eagle3.suite import cases
+    from pytest_eagle3.suite.support import write_draft_config
+
+    version = locate()[0]
+    measured_to_verdict = {"passed": "match", "xfailed": "mismatch"}
+    for case in CASES:
+        fixture = cases.resolve(case, 8, 256, version)
+        draft = write_draft_config(tmp_path / case, fixture.ids, 256)
+        verdict = inspect_draft(draft, num_layers=8, sglang_version=version, target_hidden_size=256,
+                                stack=fixture.stack, options=fixture.options).verdict
+        measured = inner.outcomes[f"test_draft_receives_its_training_contract[{case}-tp1]"]
+        assert verdict == measured_to_verdict[measured], (case, verdict, measured)

@@ -8,15 +8,9 @@ come from :mod:`pytest_eagle3.variants`.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import xml.etree.ElementTree as ET
-from pathlib import Path
-
 import pytest
 
-from pytest_eagle3.options import default_cache_dir
+from tests.inner_run import run_inner
 
 pytestmark = pytest.mark.e2e
 
@@ -31,27 +25,9 @@ GPU_ONLY = ("allreduce-fusion-on", "allreduce-fusion-off", "cuda-graph-on", "cud
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str]]:
-    work = tmp_path_factory.mktemp("e2e-paths")
-    junit = work / "junit.xml"
-    cache = os.environ.get("PYTEST_EAGLE3_CACHE") or str(default_cache_dir()[0])
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER")}
-    cmd = [sys.executable, "-m", "pytest", "--pyargs", "pytest_eagle3.suite.test_paths", "--tp", "2",
-           "--device", "cpu", "--eagle3-slow", "--eagle3-cache", cache, "-p", "no:cacheprovider",
-           f"--junitxml={junit}"]
-    proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=40 * 60)
-    (work / "inner-output.txt").write_text(proc.stdout + proc.stderr)
-    if not junit.exists():
-        pytest.fail(f"inner pytest wrote no JUnit XML (exit {proc.returncode}):\n{proc.stdout[-4000:]}")
-    out: dict[str, tuple[str, str]] = {}
-    for case in ET.parse(junit).getroot().iter("testcase"):
-        outcome, message = "passed", ""
-        for tag in ("failure", "error", "skipped"):
-            node = case.find(tag)
-            if node is not None:
-                outcome, message = {"failure": "failed"}.get(tag, tag), node.get("message") or ""
-                break
-        out[case.get("name", "")] = (outcome, message)
-    return out
+    run = run_inner(tmp_path_factory.mktemp("e2e-paths"),
+                    ["--pyargs", "pytest_eagle3.suite.test_paths", "--tp", "2", "--eagle3-slow"])
+    return {name: (outcome, run.messages[name].split("\n", 1)[0]) for name, outcome in run.outcomes.items()}
 
 
 def _name(tp: int, variant: str) -> str:
@@ -60,7 +36,7 @@ def _name(tp: int, variant: str) -> str:
 
 @pytest.mark.parametrize("tp, variant", [(tp, v) for tp, vs in RUNS_ON_CPU.items() for v in vs])
 def test_variant_passes_on_cpu(outcomes: dict[str, tuple[str, str]], tp: int, variant: str) -> None:
-    assert outcomes[_name(tp, variant)] == ("passed", ""), outcomes[_name(tp, variant)]
+    assert outcomes[_name(tp, variant)][0] == "passed", outcomes[_name(tp, variant)]
 
 
 @pytest.mark.parametrize("variant", GPU_ONLY)

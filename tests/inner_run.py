@@ -1,0 +1,70 @@
+"""Run the packaged suite in a child pytest against the real SGLang, read its JUnit XML.
+
+Shared by the e2e tests.  Every SGLang process the child starts inherits
+``RUN_MARK`` (its working directory), so a test can look for leftovers.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import pytest
+
+from pytest_eagle3.options import default_cache_dir
+
+INNER_TIMEOUT_S = 40 * 60
+RUN_MARK = "PYTEST_EAGLE3_E2E_RUN"
+
+
+@dataclass
+class InnerRun:
+    returncode: int
+    output: str
+    outcomes: dict[str, str]  # test name (with params) -> passed/failed/skipped/xfailed/error
+    messages: dict[str, str]  # test name -> failure/skip message
+    mark: str  # value of RUN_MARK in the inner run's environment
+
+
+def parse_junit(path: Path) -> tuple[dict[str, str], dict[str, str]]:
+    outcomes: dict[str, str] = {}
+    messages: dict[str, str] = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = case.get("name", "")
+        outcome, message = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            node = case.find(tag)
+            if node is not None:
+                outcome = {"failure": "failed"}.get(tag, tag)
+                if tag == "skipped" and node.get("type") == "pytest.xfail":
+                    outcome = "xfailed"
+                message = (node.get("message") or "") + "\n" + (node.text or "")
+                break
+        outcomes[name] = outcome
+        messages[name] = message
+    return outcomes, messages
+
+
+def run_inner(work: Path, args: Sequence[str], files: Mapping[str, str] = {}) -> InnerRun:
+    """``python -m pytest ARGS`` in ``work`` (with extra test ``files`` written there),
+    on CPU, sharing the user's checkpoint cache."""
+    for name, text in files.items():
+        (work / name).write_text(text)
+    junit = work / "junit.xml"
+    cache = os.environ.get("PYTEST_EAGLE3_CACHE") or str(default_cache_dir()[0])
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER")}
+    env[RUN_MARK] = str(work)
+    cmd = [sys.executable, "-m", "pytest", *args, "--device", "cpu", "--eagle3-cache", cache,
+           "-p", "no:cacheprovider", "-rA", f"--junitxml={junit}"]
+    proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=INNER_TIMEOUT_S)
+    output = proc.stdout + proc.stderr
+    (work / "inner-output.txt").write_text(output)
+    if not junit.exists():
+        pytest.fail(f"inner pytest wrote no JUnit XML (exit {proc.returncode}):\n{output[-4000:]}")
+    outcomes, messages = parse_junit(junit)
+    return InnerRun(proc.returncode, output, outcomes, messages, str(work))
