@@ -32,7 +32,7 @@ MARKERS = (
     "gpu: needs CUDA; selected with -m gpu, skipped on --device cpu",
     "tp(*sizes): needs that many tensor-parallel ranks; tp(4) runs at TP 4, tp(1, 2, 4) "
     "runs at each size (parameter eagle3_tp); sizes above --tp are skipped",
-    "slow: takes minutes (large TP engine starts); deselect with -m 'not slow'",
+    "slow: starts an engine of its own or a TP 8 engine on cpu (minutes); skipped unless --eagle3-slow",
 )
 
 HEADER_SGLANG = "eagle3: sglang {version} at {location}"
