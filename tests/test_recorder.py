@@ -1,0 +1,105 @@
+"""The per-rank recorder's two halves without an engine: the worker-side hook
+(faults, the off switch) and the test-side reader (waiting, missing ranks), and
+the partial-sum fit of the per-rank checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from pytest_eagle3.engine import recorder_hook
+from pytest_eagle3.engine.recordings import MISSING_RANKS, UNEVEN, Recorder
+from pytest_eagle3.errors import Eagle3Error
+from pytest_eagle3.rankcheck import check_ranks_agree, partial_sum_fraction
+
+H = 4
+
+
+def _forward(ids: list[int]) -> tuple[object, object, torch.Tensor, torch.Tensor, object]:
+    """(result, model, input_ids, positions, forward_batch) of a fake DeepseekV2Model.forward."""
+    aux = torch.arange(len(ids) * 2 * H, dtype=torch.float32).reshape(len(ids), 2 * H) + 1
+    shard = SimpleNamespace(org_vocab_start_index=0, org_vocab_end_index=10)
+    model = SimpleNamespace(embed_tokens=SimpleNamespace(shard_indices=shard), config=SimpleNamespace(hidden_size=H))
+    batch = SimpleNamespace(forward_mode=SimpleNamespace(name="EXTEND"))
+    return (torch.zeros(len(ids), H), aux), model, torch.tensor(ids), torch.arange(len(ids)), batch
+
+
+@pytest.fixture
+def record_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv(recorder_hook.RECORD_DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(recorder_hook, "_tp_rank_and_size", lambda: (1, 2))
+    return tmp_path
+
+
+def test_recorder_is_off_until_enabled(record_dir: Path) -> None:
+    result, model, ids, pos, batch = _forward([1, 2, 3])
+    assert recorder_hook._after_forward(result, model, ids, pos, batch) is None
+    assert not list(record_dir.rglob("*.safetensors"))
+
+
+def test_recorder_copies_without_touching_sglang_tensor(record_dir: Path) -> None:
+    result, model, ids, pos, batch = _forward([1, 12, 3])
+    before = result[1].clone()
+    with Recorder(record_dir).recording(fault={"kind": "unreduced-embedding", "rank": 1, "slot": 0}):
+        recorder_hook._after_forward(result, model, ids, pos, batch)
+    assert torch.equal(result[1], before)
+    (path,) = (record_dir / "rank1").glob("*.safetensors")
+    from safetensors.torch import load_file
+
+    aux = load_file(str(path))["aux"]
+    # token 12 is outside rank 1's shard [0, 10): its embedding row is zero, others kept
+    assert torch.equal(aux[1, :H], torch.zeros(H)) and torch.equal(aux[0], before[0])
+    assert torch.equal(aux[:, H:], before[:, H:])
+
+
+def test_partial_sum_fault_scales_one_slot(record_dir: Path) -> None:
+    result, model, ids, pos, batch = _forward([1, 2])
+    with Recorder(record_dir).recording(fault={"kind": "partial-sum", "rank": 1, "slot": 1}):
+        recorder_hook._after_forward(result, model, ids, pos, batch)
+    from safetensors.torch import load_file
+
+    (path,) = (record_dir / "rank1").glob("*.safetensors")
+    aux = load_file(str(path))["aux"]
+    assert torch.allclose(aux[:, H:], result[1][:, H:] / 2) and torch.equal(aux[:, :H], result[1][:, :H])
+
+
+def test_unknown_fault_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown fault 'bitflip'"):
+        with Recorder(tmp_path).recording(fault={"kind": "bitflip"}):
+            pass
+
+
+def test_reader_names_ranks_that_wrote_nothing(record_dir: Path) -> None:
+    result, model, ids, pos, batch = _forward([1, 2])
+    with Recorder(record_dir).recording():
+        recorder_hook._after_forward(result, model, ids, pos, batch)  # rank 1 only
+        with pytest.raises(Eagle3Error) as exc:
+            Recorder(record_dir).read(2, timeout=0.2)
+    assert str(exc.value) == MISSING_RANKS.format(missing=[0], timeout=0.2, present=[1])
+
+
+def test_reader_waits_for_even_counts(record_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    result, model, ids, pos, batch = _forward([1, 2])
+    with Recorder(record_dir).recording():
+        for rank in (0, 0, 1):
+            monkeypatch.setattr(recorder_hook, "_tp_rank_and_size", lambda rank=rank: (rank, 2))
+            recorder_hook._after_forward(result, model, ids, pos, batch)
+        with pytest.raises(Eagle3Error) as exc:
+            Recorder(record_dir).read(2, timeout=0.2)
+        assert str(exc.value) == UNEVEN.format(timeout=0.2, counts={0: 2, 1: 1})
+        recorder_hook._after_forward(result, model, ids, pos, batch)
+        records = Recorder(record_dir).read(2, timeout=1)
+    assert [len(records[r]) for r in (0, 1)] == [2, 2]
+    assert records[1][0].mode == "EXTEND" and records[1][0].shard == (0, 10)
+    assert check_ranks_agree(records, hidden_size=H).ok
+
+
+def test_partial_sum_fit() -> None:
+    snap = torch.randn(5, H, generator=torch.Generator().manual_seed(0))
+    assert partial_sum_fraction(snap / 4, snap, 4) == (0.25, pytest.approx(0.0, abs=1e-12))
+    assert partial_sum_fraction(snap * 3 / 4, snap, 4)[0] == 0.75
+    assert partial_sum_fraction(snap, snap, 4) is None  # complete, not partial
+    assert partial_sum_fraction(torch.randn(5, H), snap, 4) is None
