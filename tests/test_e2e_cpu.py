@@ -34,6 +34,24 @@ def test_contract_without_offset(eagle3_case, eagle3_capture, eagle3_reference, 
     report = compare_slots(cap.prefill, eagle3_reference[0], expected=ids,
                            num_layers=L, hidden_size=H, tol=1e-3)
     fail_if_bad(report)
+
+
+@pytest.mark.tp(1)
+@pytest.mark.parametrize("eagle3_case", ["inspect-fix"])
+def test_inspect_fix_is_what_sglang_captures(eagle3_case, eagle3_capture, eagle3_reference, eagle3_model_config,
+                                            eagle3_sglang):
+    """pytest-eagle3 inspect's fix for vllm-first-id-1 lists 1 second; SGLang must
+    capture the contract [hs[1], hs[4], hs[6]] from it, in layer order."""
+    from pytest_eagle3.idfix import ids_for
+
+    L, H = eagle3_model_config.num_layers, eagle3_model_config.hidden_size
+    contract = list(cases.resolve("vllm-first-id-1", L, H, eagle3_sglang.version).contract.to_snapshot_indices(L))
+    fix = ids_for(contract, L, eagle3_sglang.version)
+    assert fix is not None and fix[0] != 1
+    cap = eagle3_capture(list(fix))[0]
+    report = compare_slots(cap.prefill, eagle3_reference[0], expected=contract,
+                           num_layers=L, hidden_size=H, tol=1e-3)
+    fail_if_bad(report)
 '''
 
 #: Per-rank detectors must fire on a deliberately wrong tensor recorded inside a
@@ -189,15 +207,20 @@ def test_faults_stay_in_the_recorder(inner: InnerRun) -> None:
     assert inner.outcomes[f"test_fault_fires[embedding-partial-sum-{WIDE}]"] == "passed"
 
 
+def test_inspect_fix_confirmed_by_the_engine(inner: InnerRun) -> None:
+    assert inner.outcomes["test_inspect_fix_is_what_sglang_captures[inspect-fix]"] == "passed", \
+        inner.messages["test_inspect_fix_is_what_sglang_captures[inspect-fix]"]
+
+
 def test_engine_log_attached_to_the_failure(inner: InnerRun) -> None:
     assert "sglang log tp1-cpu-" in inner.output
 
 
 def test_one_engine_per_configuration(inner: InnerRun) -> None:
-    # TP 1: one engine per id list; TP 2: the wide case only.
+    # TP 1: one engine per id list (+1 for the inspect fix); TP 2: the wide case only.
     summary = inner.output.split("eagle3 engines", 1)[-1]
     ready = [line for line in summary.splitlines() if ": ready in " in line]
-    assert len(ready) == len(CASES) + 1, summary
+    assert len(ready) == len(CASES) + 2, summary
 
 
 def test_no_sglang_process_left_behind(inner: InnerRun) -> None:
