@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.safetensors_files import write_safetensors
 from pytest_eagle3.contracts import (
     FINAL_PRENORM,
     STACKS,
@@ -302,21 +303,6 @@ def test_same_ids_mean_different_layers() -> None:
 # ----------------------------------------------------------------------------------------
 # Draft checkpoints
 # ----------------------------------------------------------------------------------------
-
-
-def write_safetensors(file: Path, tensors: dict[str, tuple[str, list[int]]]) -> None:
-    """A valid safetensors file of zero-filled tensors ``{name: (dtype, shape)}``."""
-    size = {"F32": 4, "F16": 2, "BF16": 2}
-    header, offset = {}, 0
-    for name, (dtype, shape) in tensors.items():
-        n = size[dtype]
-        for d in shape:
-            n *= d
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
-        offset += n
-    raw_header = json.dumps(header).encode()
-    raw_header += b" " * (-len(raw_header) % 8)
-    file.write_bytes(struct.pack("<Q", len(raw_header)) + raw_header + bytes(offset))
 
 
 def make_draft(

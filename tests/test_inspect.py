@@ -12,13 +12,13 @@ from __future__ import annotations
 import itertools
 import json
 import shlex
-import struct
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.safetensors_files import write_safetensors
 from pytest_eagle3 import cli, idfix, inspect_cli, preflight
 from pytest_eagle3.contracts.catalog import load_contract_fixtures
 from pytest_eagle3.contracts.contract import Contract
@@ -43,20 +43,6 @@ EXPECTED = {
     ("vllm-first-id-1", OLD): ("mismatch", [0, 3, 5]),
 }
 FIXTURES = {f.name: f for f in load_contract_fixtures(L, hidden_size=H)}
-
-
-def write_safetensors(file: Path, tensors: dict[str, tuple[str, list[int]]]) -> None:
-    """A valid safetensors file of zero-filled tensors ``{name: (dtype, shape)}``."""
-    header, offset = {}, 0
-    for name, (dtype, shape) in tensors.items():
-        n = {"F32": 4, "BF16": 2}[dtype]
-        for d in shape:
-            n *= d
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
-        offset += n
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    file.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(offset))
 
 
 def make_draft(directory: Path, ids, *, slots: int = 3, hidden: int = H, config: dict | None = None) -> Path:
