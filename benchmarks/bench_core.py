@@ -33,8 +33,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from pytest_eagle3.options import DEFAULT_TARGETS, TP_CHOICES, check_tp_divides
-from pytest_eagle3.spec import TargetSpec, load_prompts
+from pytest_eagle3.target.checkpoint.cache import cache_key
+from pytest_eagle3.plugin.options import DEFAULT_TARGETS, TP_CHOICES, check_tp_divides
+from pytest_eagle3.target.spec import TargetSpec, load_prompts
 
 REPO = Path(__file__).resolve().parent.parent
 MAIN_JOB_TP = 2
@@ -107,22 +108,22 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
 
 def wide_case_ids(spec: TargetSpec, version: str) -> list[int] | None:
     """Ids of the suite's every-TP case (embedding first), from the suite's own cases."""
-    from pytest_eagle3.suite import cases
+    from pytest_eagle3.capture import cases
 
-    ids = cases.resolve(cases.WIDE_CASE, spec.num_layers, spec.hidden_size, version).ids
+    ids = cases.resolve(cases.WIDE_CASE, spec.facts.num_layers, spec.facts.hidden_size, version).ids
     return None if ids is None else list(ids)
 
 
 def bench_engine(install: Any, ckpt: Path, prompts: list[list[int]], spec: TargetSpec, tp: int,
                  log_dir: Path, timeout: float) -> dict[str, Any]:
-    from pytest_eagle3.capture import capture, capture_server_args
+    from pytest_eagle3.capture.api import capture, capture_server_args
     from pytest_eagle3.engine.config import build_engine_config
     from pytest_eagle3.engine.server import SGLangServer
     from pytest_eagle3.errors import Eagle3Error
 
     keys = ("start_s", "capture_s", "stop_s", "peak_rss_bytes", "peak_procs", "log", "error")
     row: dict[str, Any] = {"tp": tp, **dict.fromkeys(keys)}
-    problem = check_tp_divides(tp, spec.num_attention_heads)
+    problem = check_tp_divides(tp, spec.facts.num_attention_heads)
     if problem:
         row["error"] = problem
         return row
@@ -224,10 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     log(f"cache {cache}; logs {log_dir}; load average {r['loadavg_before']}")
     try:
-        from pytest_eagle3.checkpoint import check_entry, ensure_checkpoint, entry_dir
+        from pytest_eagle3.target.checkpoint import check_entry, ensure_checkpoint, entry_dir
 
         spec = TargetSpec.preset(preset)
-        cold = check_entry(entry_dir(spec, cache), spec.cache_key()) is not None
+        cold = check_entry(entry_dir(spec, cache), cache_key(spec)) is not None
         log("checkpoint: importing torch")
         _, import_s = timed(lambda: (__import__("torch"), __import__("safetensors.torch")))
         log(f"checkpoint: building {preset} ({'cold' if cold else 'warm'})")
@@ -235,9 +236,9 @@ def main(argv: list[str] | None = None) -> int:
             ckpt, build_s = timed(lambda: ensure_checkpoint(spec, cache))
         r["checkpoint"] = {"import_s": import_s, "build_s": build_s, "cold": cold, "path": str(ckpt)}
 
-        from pytest_eagle3.reference import ensure_reference, reference_path
+        from pytest_eagle3.target.reference import ensure_reference, reference_path
 
-        prompts = load_prompts(vocab_size=spec.vocab_size)
+        prompts = load_prompts(vocab_size=spec.facts.vocab_size)
         cold = not reference_path(ckpt, prompts).is_file()
         log(f"reference: {len(prompts)} prompts ({'cold' if cold else 'warm'})")
         with heartbeat("reference"):

@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 
 import pytest
 
-from pytest_eagle3.options import default_cache_dir
+from pytest_eagle3.plugin.options import default_cache_dir
 
 INNER_TIMEOUT_S = 40 * 60
 RUN_MARK = "PYTEST_EAGLE3_E2E_RUN"

@@ -19,14 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from pytest_eagle3 import plugin
-from pytest_eagle3.checkpoint import builder, cache, ensure_checkpoint, entry_dir
+from pytest_eagle3.target.checkpoint.cache import cache_key
+from pytest_eagle3.plugin import hooks as plugin
+from pytest_eagle3.target.checkpoint import builder, cache, ensure_checkpoint, entry_dir
 from pytest_eagle3.engine.install import IMPORT_FAILED, NOT_INSTALLED
 from pytest_eagle3.engine.pool import FAILED_BEFORE
 from pytest_eagle3.errors import Eagle3ConfigError
-from pytest_eagle3.options import ENV_TARGET, MSG_CACHE_NOT_WRITABLE, check_tp_divides
-from pytest_eagle3.session import LOG_SECTION, LOG_SHOWN_BEFORE
-from pytest_eagle3.spec import MISSING_CONFIG_MSG, UNKNOWN_TARGET_MSG, TargetSpec, list_presets
+from pytest_eagle3.plugin.options import ENV_TARGET, MSG_CACHE_NOT_WRITABLE, check_tp_divides
+from pytest_eagle3.plugin.session import LOG_SECTION, LOG_SHOWN_BEFORE
+from pytest_eagle3.target.spec import MISSING_CONFIG_MSG, UNKNOWN_TARGET_MSG, TargetSpec, list_presets
 
 pytestmark = pytest.mark.usefixtures("clean_eagle3_env")
 
@@ -113,7 +114,7 @@ def error_sections(result: pytest.RunResult) -> dict[str, list[str]]:
     sections: dict[str, list[str]] = {}
     current: list[str] | None = None
     for line in lines[start + 1:]:
-        if line.startswith("=" * 5):
+        if line.startswith("=" * 5) or line.startswith("- eagle3 "):  # next section
             break
         match = re.fullmatch(r"_+ ERROR at setup of (.+?) _+", line)
         if match:
@@ -298,7 +299,7 @@ def test_build_failing_midway_leaves_nothing(
 
     monkeypatch.setattr(builder, "build_checkpoint", real_build)
     assert ensure_checkpoint(small_spec, tmp_path) == entry
-    assert cache.check_entry(entry, small_spec.cache_key()) is None
+    assert cache.check_entry(entry, cache_key(small_spec)) is None
     assert_nothing_half_written(tmp_path)
 
 
@@ -338,7 +339,7 @@ def test_session_fixture_error_is_one_line_per_test(pytester: pytest.Pytester) -
 
 SHARED_BROKEN_ENGINE = '''
 import pytest
-from pytest_eagle3 import session
+from pytest_eagle3.plugin import session
 from pytest_eagle3.engine import server
 from pytest_eagle3.engine.pool import EnginePool
 from pytest_eagle3.errors import Eagle3EngineError

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_eagle3.checkpoint import builder, cache, ensure_checkpoint, entry_dir
-from pytest_eagle3.checkpoint.builder import build_checkpoint
+from pytest_eagle3.target.checkpoint.cache import cache_key
+from pytest_eagle3.target.checkpoint import builder, cache, ensure_checkpoint, entry_dir
+from pytest_eagle3.target.checkpoint.builder import build_checkpoint
 from pytest_eagle3.errors import Eagle3ConfigError
-from pytest_eagle3.spec import (
+from pytest_eagle3.target.spec import (
     MISSING_CONFIG_MSG,
     UNKNOWN_TARGET_MSG,
     LocalTarget,
@@ -61,11 +62,11 @@ def _bytes(directory: Path) -> dict[str, bytes]:
 def test_tiny_preset_is_a_valid_v3_layout(tiny_spec: TargetSpec) -> None:
     assert TINY in list_presets()
     cfg = tiny_spec.config
-    assert (tiny_spec.num_layers, tiny_spec.hidden_size, tiny_spec.vocab_size) == (8, 256, 2048)
+    assert (tiny_spec.facts.num_layers, tiny_spec.facts.hidden_size, tiny_spec.facts.vocab_size) == (8, 256, 2048)
     assert cfg["architectures"] == ["DeepseekV3ForCausalLM"] and cfg["model_type"] == "deepseek_v3"
     for tp in (1, 2, 4, 8):
-        assert tiny_spec.num_attention_heads % tp == 0
-        assert tiny_spec.vocab_size % tp == 0
+        assert tiny_spec.facts.num_attention_heads % tp == 0
+        assert tiny_spec.facts.vocab_size % tp == 0
     assert cfg["num_nextn_predict_layers"] == 0 and cfg["tie_word_embeddings"] is False
     assert (cfg["scoring_func"], cfg["topk_method"]) == ("sigmoid", "noaux_tc")
     rs = cfg["rope_scaling"]
@@ -76,9 +77,9 @@ def test_tiny_preset_is_a_valid_v3_layout(tiny_spec: TargetSpec) -> None:
 
 
 def test_prompts_cover_every_tp8_vocab_shard(tiny_spec: TargetSpec) -> None:
-    prompts = load_prompts(vocab_size=tiny_spec.vocab_size)
+    prompts = load_prompts(vocab_size=tiny_spec.facts.vocab_size)
     assert 5 <= min(map(len, prompts)) and max(map(len, prompts)) <= 40
-    shard = tiny_spec.vocab_size // 8
+    shard = tiny_spec.facts.vocab_size // 8
     for ids in prompts:
         if len(ids) >= 8:
             assert {t // shard for t in ids} == set(range(8)), ids
@@ -87,11 +88,11 @@ def test_prompts_cover_every_tp8_vocab_shard(tiny_spec: TargetSpec) -> None:
 def test_cache_key_covers_what_determines_bytes(tiny_spec: TargetSpec) -> None:
     data = json.loads(tiny_spec.source.read_text())  # type: ignore[union-attr]
     again = TargetSpec.from_dict(data)
-    assert again.cache_key() == tiny_spec.cache_key() and len(tiny_spec.cache_key()) == 64
-    assert TargetSpec.from_dict(dict(data, description="other")).cache_key() == tiny_spec.cache_key()
-    assert TargetSpec.from_dict(dict(data, seed=data["seed"] + 1)).cache_key() != tiny_spec.cache_key()
+    assert cache_key(again) == cache_key(tiny_spec) and len(cache_key(tiny_spec)) == 64
+    assert cache_key(TargetSpec.from_dict(dict(data, description="other"))) == cache_key(tiny_spec)
+    assert cache_key(TargetSpec.from_dict(dict(data, seed=data["seed"] + 1))) != cache_key(tiny_spec)
     changed = dict(data, config=dict(data["config"], hidden_size=128))
-    assert TargetSpec.from_dict(changed).cache_key() != tiny_spec.cache_key()
+    assert cache_key(TargetSpec.from_dict(changed)) != cache_key(tiny_spec)
 
 
 def test_unknown_preset_message() -> None:
@@ -109,10 +110,10 @@ def test_resolve_directory_and_spec_file(tmp_path: Path, tiny_spec: TargetSpec) 
     (tmp_path / "config.json").write_text(json.dumps(tiny_spec.config))
     local = resolve_target(str(tmp_path))
     assert isinstance(local, LocalTarget) and local.checkpoint_dir == tmp_path.resolve()
-    assert local.num_layers == 8
+    assert local.facts.num_layers == 8
     spec_file = tmp_path / "mine.json"
     spec_file.write_text(tiny_spec.source.read_text())  # type: ignore[union-attr]
-    assert resolve_target(str(spec_file)).cache_key() == tiny_spec.cache_key()  # type: ignore[union-attr]
+    assert cache_key(resolve_target(str(spec_file))) == cache_key(tiny_spec)  # type: ignore[union-attr]
 
 
 def test_bad_spec_is_a_config_error(tmp_path: Path) -> None:
@@ -150,9 +151,9 @@ def test_weights_use_real_v3_names_and_pinned_routing(tiny_spec: TargetSpec, tin
         assert f"model.layers.5.mlp.shared_experts.{proj}.weight" in names
     assert {"lm_head.weight", "model.embed_tokens.weight", "model.norm.weight"} <= names
     assert not any(n.startswith("model.layers.8.") for n in names)  # no MTP layer
-    assert len(bias) == tiny_spec.num_layers - 1
+    assert len(bias) == tiny_spec.facts.num_layers - 1
     experts = tiny_spec.config["n_routed_experts"]
-    for j, layer in enumerate(range(1, tiny_spec.num_layers)):
+    for j, layer in enumerate(range(1, tiny_spec.facts.num_layers)):
         b = bias[f"model.layers.{layer}.mlp.gate.e_score_correction_bias"]
         pinned = sorted(int(i) for i in (b == tiny_spec.init.router_bias).nonzero().flatten())
         assert pinned == sorted({(2 * j) % experts, (2 * j + 1) % experts})
@@ -165,8 +166,8 @@ def test_weights_use_real_v3_names_and_pinned_routing(tiny_spec: TargetSpec, tin
 def test_cache_reuse_keeps_sentinel(small_spec: TargetSpec, tmp_path: Path) -> None:
     first = ensure_checkpoint(small_spec, tmp_path)
     assert first == entry_dir(small_spec, tmp_path)
-    assert first.name == f"tiny-test-{small_spec.cache_key()[:16]}"
-    assert cache.check_entry(first, small_spec.cache_key()) is None
+    assert first.name == f"tiny-test-{cache_key(small_spec)[:16]}"
+    assert cache.check_entry(first, cache_key(small_spec)) is None
     (first / "sentinel").write_text("kept")
     assert ensure_checkpoint(small_spec, tmp_path) == first
     assert (first / "sentinel").read_text() == "kept"
@@ -264,7 +265,7 @@ def test_concurrent_ensure_builds_once(small_spec: TargetSpec, tmp_path: Path, m
 
 def test_imports_stay_light() -> None:
     code = (
-        "import sys, pytest_eagle3.spec, pytest_eagle3.checkpoint, pytest_eagle3.reference, "
+        "import sys, pytest_eagle3.target.spec, pytest_eagle3.target.checkpoint, pytest_eagle3.target.reference, "
         "pytest_eagle3.errors; "
         "bad = [m for m in ('torch', 'transformers', 'sglang', 'safetensors') if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"

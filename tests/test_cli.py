@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_eagle3 import cli
+from pytest_eagle3.cli import main as cli
 
 
 @pytest.fixture(scope="module")

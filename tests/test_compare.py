@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pytest_eagle3.compare import (  # noqa: E402
+from pytest_eagle3.verdicts.compare import (  # noqa: E402
     EMB_ALLREDUCE,
     EMB_BAD,
     EMB_OFF_ROW,
@@ -224,7 +224,7 @@ def test_fail_if_bad_hides_the_traceback(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """
         import torch
-        from pytest_eagle3.compare import compare_slots, fail_if_bad
+        from pytest_eagle3.verdicts.compare import compare_slots, fail_if_bad
 
         def test_slots(pytestconfig):
             ref = torch.randn(8, 4, 16, dtype=torch.float64)

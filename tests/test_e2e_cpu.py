@@ -21,8 +21,8 @@ pytestmark = pytest.mark.e2e
 #: comparison must fire and name the snapshot each slot really holds.
 WRONG_LAYER_TEST = '''
 import pytest
-from pytest_eagle3.compare import compare_slots, fail_if_bad
-from pytest_eagle3.suite import cases
+from pytest_eagle3.verdicts.compare import compare_slots, fail_if_bad
+from pytest_eagle3.capture import cases
 
 
 @pytest.mark.tp(1)
@@ -42,7 +42,7 @@ def test_inspect_fix_is_what_sglang_captures(eagle3_case, eagle3_capture, eagle3
                                             eagle3_sglang):
     """pytest-eagle3 inspect's fix for vllm-first-id-1 lists 1 second; SGLang must
     capture the contract [hs[1], hs[4], hs[6]] from it, in layer order."""
-    from pytest_eagle3.idfix import ids_for
+    from pytest_eagle3.cli.idfix import ids_for
 
     L, H = eagle3_model_config.num_layers, eagle3_model_config.hidden_size
     contract = list(cases.resolve("vllm-first-id-1", L, H, eagle3_sglang.version).contract.to_snapshot_indices(L))
@@ -59,10 +59,10 @@ def test_inspect_fix_is_what_sglang_captures(eagle3_case, eagle3_capture, eagle3
 #: Shares the suite's TP 2 engine of the wide case.
 FAULT_TEST = '''
 import pytest
-from pytest_eagle3.compare import fail_if_bad
-from pytest_eagle3.conventions import predict
-from pytest_eagle3.rankcheck import check_rank_embeddings, check_rank_slots, check_ranks_agree
-from pytest_eagle3.suite import cases
+from pytest_eagle3.verdicts.compare import fail_if_bad
+from pytest_eagle3.verdicts.conventions import predict
+from pytest_eagle3.verdicts.rankcheck import check_rank_embeddings, check_rank_slots, check_ranks_agree
+from pytest_eagle3.capture import cases
 
 FAULTS = {
     "unreduced-embedding": {"kind": "unreduced-embedding", "rank": 1, "slot": 0},
@@ -238,8 +238,8 @@ def test_inspect_verdicts_agree_with_the_engine(inner: InnerRun, tmp_path) -> No
     """``pytest-eagle3 inspect`` (no engine) predicts, for every fixture contract, the
     outcome the real engine measured: match <-> passed, mismatch <-> xfailed."""
     from pytest_eagle3.engine.install import locate
-    from pytest_eagle3.preflight import inspect_draft
-    from pytest_eagle3.suite import cases
+    from pytest_eagle3.cli.preflight import inspect_draft
+    from pytest_eagle3.capture import cases
     from pytest_eagle3.suite.support import write_draft_config
 
     version = locate()[0]

@@ -3,7 +3,7 @@
 Runs ``pytest_eagle3.suite.test_paths --tp 2 --eagle3-slow`` once (engines of
 their own for chunked prefill, radix cache, DP attention and the two id
 variants); about 4 minutes on 2 cores.  The variant matrix and its skip reasons
-come from :mod:`pytest_eagle3.variants`.
+come from :mod:`pytest_eagle3.engine.variants`.
 """
 
 from __future__ import annotations

@@ -19,11 +19,14 @@ from pathlib import Path
 import pytest
 
 from tests.safetensors_files import write_safetensors
-from pytest_eagle3 import cli, idfix, inspect_cli, preflight
+from pytest_eagle3.cli import main as cli
+from pytest_eagle3.cli import idfix
+from pytest_eagle3.cli import inspect as inspect_cli
+from pytest_eagle3.cli import preflight
 from pytest_eagle3.contracts.catalog import load_contract_fixtures
 from pytest_eagle3.contracts.contract import Contract
 from pytest_eagle3.contracts.draft import TOP_LEVEL_KEY
-from pytest_eagle3.conventions import predict
+from pytest_eagle3.verdicts.conventions import predict
 from pytest_eagle3.suite.support import write_draft_config
 
 L, H = 8, 256
@@ -196,7 +199,7 @@ def test_installed_sglang(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
 def test_answers_fast_without_heavy_imports(tmp_path: Path) -> None:
     draft = make_draft(tmp_path / "d", [1, 3, 4])
     code = (
-        "import sys; from pytest_eagle3 import cli; "
+        "import sys; from pytest_eagle3.cli import main as cli; "
         f"rc = cli.main(['inspect', '--draft', {str(draft)!r}, '--stack', 'specforge-hf', '--target', 'tiny-dsv3']); "
         "heavy = [m for m in ('torch', 'transformers', 'sglang') if m in sys.modules]; "
         "assert not heavy, heavy; sys.exit(rc)"

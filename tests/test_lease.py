@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_eagle3 import options, plugin
+from pytest_eagle3.plugin import options
+from pytest_eagle3.plugin import hooks as plugin
 from pytest_eagle3.engine import lease
 from pytest_eagle3.engine.config import EngineConfig
 from pytest_eagle3.errors import Eagle3ConfigError
@@ -264,7 +265,7 @@ def test_a_crashed_workers_lease_is_reclaimed(tmp_path: Path) -> None:
 CONCURRENT_TEST = """
 import json, os, time
 import pytest
-from pytest_eagle3 import options
+from pytest_eagle3.plugin import options
 from pytest_eagle3.engine import lease
 
 SETTINGS = options.Settings(tp=2, device="cuda", gpu=options.GpuProbe(4, "simulated 4 GPUs"))

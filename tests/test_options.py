@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_eagle3 import options
-from pytest_eagle3.options import (
+from pytest_eagle3.plugin import options
+from pytest_eagle3.plugin.options import (
     MSG_BAD_SGLANG_ARG,
     MSG_BAD_TIMEOUT,
     MSG_BAD_TP,
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.usefixtures("clean_eagle3_env")
 # An inner test that dumps the resolved settings.
 DUMP_SETTINGS = """
 import json
-from pytest_eagle3.options import get_settings
+from pytest_eagle3.plugin.options import get_settings
 
 def test_dump(pytestconfig):
     s = get_settings(pytestconfig)
@@ -83,8 +83,8 @@ def test_help_works_on_a_broken_install(pytester: pytest.Pytester) -> None:
 
 def test_plugin_modules_do_not_import_heavy_packages() -> None:
     code = (
-        "import sys, pytest_eagle3.plugin, pytest_eagle3.options, pytest_eagle3.session, "
-        "pytest_eagle3.compare\n"
+        "import sys, pytest_eagle3.plugin.hooks, pytest_eagle3.plugin.options, pytest_eagle3.plugin.session, "
+        "pytest_eagle3.verdicts.compare\n"
         "heavy = [m for m in ('torch', 'transformers', 'sglang') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )

@@ -13,14 +13,14 @@ import re
 
 import pytest
 
-from pytest_eagle3 import plan
+from pytest_eagle3.plugin import plan
 # Imported here, before any pytester snapshot: pytester drops modules first
 # imported during a test from sys.modules, and a later import would load a copy
 # that a monkeypatch of the first does not reach.
 from pytest_eagle3.engine import install
-from pytest_eagle3.suite import cases
-from pytest_eagle3.options import MSG_PLAN_GPUS_ALONE, default_cache_dir
-from pytest_eagle3.spec import TargetSpec
+from pytest_eagle3.capture import declare
+from pytest_eagle3.plugin.options import MSG_PLAN_GPUS_ALONE, default_cache_dir
+from pytest_eagle3.target.spec import TargetSpec
 
 pytestmark = pytest.mark.usefixtures("clean_eagle3_env")
 
@@ -38,16 +38,21 @@ ENGINE_LINE = re.compile(r"^engine \d+: (tp\d+-cuda-[0-9a-f]{10}) \(TP (\d)\) fo
 
 
 def expected_engines() -> set[tuple[int, tuple[int, ...] | None]]:
-    """``(tp, ids)`` of every engine the suite starts at --tp 8, from its own cases."""
-    config = TargetSpec.preset("tiny-dsv3").config
-    L, H = config["num_hidden_layers"], config["hidden_size"]
-    version = install.probe(CACHE).version
+    """``(tp, ids)`` of every capture engine the suite starts at --tp 8 on cuda
+    with no server args beyond the capture ones, from the suite's declarations
+    (id-list cases, path variants)."""
+    from pytest_eagle3.engine.variants import VARIANTS
+    from pytest_eagle3.plugin.options import GpuProbe, Settings
+
+    facts = TargetSpec.preset("tiny-dsv3").facts
+    sglang = install.probe(CACHE)
+    settings = Settings(tp=8, device="cuda", gpu=GpuProbe(8, "test"), plan=True)
     out: set[tuple[int, tuple[int, ...] | None]] = set()
-    for name in cases.case_names():
-        case = cases.resolve(name, L, H, version)
+    for need in declare.case_needs() + declare.variant_needs(VARIANTS):
         for tp in (1, 2, 4, 8):
-            if cases.skip_reason(name, tp) is None:
-                out.add((tp, tuple(case.ids) if case.ids is not None else None))
+            ctx = declare.NeedContext(settings, tp, sglang, facts)
+            if declare.collect_reason(need, ctx) is None and not declare.resolve(need, ctx).extra_args:
+                out.add((tp, declare.resolve(need, ctx).ids))
     return out
 
 
@@ -182,54 +187,44 @@ def test_unmapped_tests_are_decided_at_run_time(pytester: pytest.Pytester) -> No
     ])
 
 
-HOOKED = """
+DECLARED = """
 import pytest
-from pytest_eagle3.plan import EngineRequest
+from pytest_eagle3.capture.declare import case_needs
 
-def eagle3_plan_engine(item, context):
-    mode = item.callspec.params["mode"]
-    if mode == "chunked":
-        return EngineRequest([0, context.num_layers // 2], {"chunked_prefill_size": 16 * context.tp})
-    if mode == "skip":
-        return f"needs something this run lacks (tp {context.tp})"
-    if mode == "bad-arg":
-        return EngineRequest(None, {"no_such_flag": 1})
-    if mode == "broken":
-        raise RuntimeError("hook bug")
-    return None  # the eagle3_case mapping
-
-@pytest.mark.parametrize("eagle3_case", ["kimi-embedding-first"])
-@pytest.mark.parametrize("mode", ["chunked", "skip", "bad-arg", "broken", "default"])
-def test_variant(mode, eagle3_case, eagle3_capture):
+@pytest.mark.tp(1, 2, 4)
+@pytest.mark.eagle3_engines(*case_needs(["kimi-embedding-first", "vllm-first-id-1"]))
+def test_declared(eagle3_engine_request, eagle3_capture):
     pass
 """
 
 
 @needs_sglang
-def test_a_module_hook_maps_tests_with_more_parameters(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_hooked=HOOKED)
+def test_declared_engines_are_generated_only_where_they_run(pytester: pytest.Pytester) -> None:
+    """The declaration decides collection and the plan: the wide case at TP 1 and
+    2, the other list at TP 1 only, TP 4 left out at --tp 2, one line per reason."""
+    pytester.makepyfile(test_declared=DECLARED)
     result = pytester.runpytest_subprocess("--eagle3-plan", "--device", "cpu", "--tp", "2",
                                            f"--eagle3-cache={CACHE}")
     assert result.ret == 0, result.stdout.str() + result.stderr.str()
     result.stdout.fnmatch_lines([
-        "nothing was started: 2 engine(s) for 2 selected test(s); 1 skipped; 2 decided at run time; "
+        "collected 3 items",
+        "nothing was started: 3 engine(s) for 3 selected test(s); 0 skipped; 0 decided at run time; "
         "0 without an engine",
-        "engine 1: tp2-cpu-* (TP 2) for 1 test(s)",
-        "  chosen: tp=2 device=cpu chunked_prefill_size=32 * return_aux_hidden_state_layer_ids=[[]0, ?[]] *",
-        "*--chunked-prefill-size 32 *",
-        "    test_hooked.py::test_variant[[]chunked-kimi-embedding-first[]]",
-        "engine 2: tp2-cpu-* (TP 2) for 1 test(s)",
+        "engine 1: tp1-cpu-* (TP 1) for 1 test(s)",
         "  chosen: * return_aux_hidden_state_layer_ids=[[]0, 3, 5[]] *",
-        "    test_hooked.py::test_variant[[]default-kimi-embedding-first[]]",
-        "skipped, no engine starts for them (1):",
-        "  needs something this run lacks (tp 2):",
-        "    test_hooked.py::test_variant[[]skip-kimi-embedding-first[]]",
-        "engine determined at run time:",
-        "  test_hooked.py::test_variant[[]bad-arg-kimi-embedding-first[]]: Eagle3ConfigError: test argument "
-        "no_such_flag: the installed sglang * has no --no-such-flag server argument *",
-        "  test_hooked.py::test_variant[[]broken-kimi-embedding-first[]]: "
-        + plan.RUNTIME_HOOK_FAILED.format(error="RuntimeError: hook bug"),
+        "    test_declared.py::test_declared[[]tp1-kimi-embedding-first[]]",
+        "engine 2: tp1-cpu-* (TP 1) for 1 test(s)",
+        "    test_declared.py::test_declared[[]tp1-vllm-first-id-1[]]",
+        "engine 3: tp2-cpu-* (TP 2) for 1 test(s)",
+        "    test_declared.py::test_declared[[]tp2-kimi-embedding-first[]]",
+        "*eagle3 left out*",
+        "1 left out: " + declare.TP1_ONLY.format(wide="kimi-embedding-first"),
+        "2 left out: " + declare.TP_ABOVE.format(needed=4, tp=2),
     ])
+    verbose = pytester.runpytest_subprocess("--eagle3-plan", "--device", "cpu", "--tp", "2", "-v",
+                                            f"--eagle3-cache={CACHE}")
+    verbose.stdout.fnmatch_lines(["2 left out: *", "    *test_declared[[]tp4-kimi-embedding-first[]]",
+                                  "    *test_declared[[]tp4-vllm-first-id-1[]]"])
 
 
 def test_without_sglang_every_engine_is_decided_at_run_time(pytester: pytest.Pytester,

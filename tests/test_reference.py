@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_eagle3 import reference, snapshots
-from pytest_eagle3.checkpoint import ensure_checkpoint
-from pytest_eagle3.reference import ReferenceFailed, ensure_reference
-from pytest_eagle3.spec import TargetSpec, load_prompts
+from pytest_eagle3.target import reference
+from pytest_eagle3.verdicts import snapshots
+from pytest_eagle3.target.checkpoint import ensure_checkpoint
+from pytest_eagle3.target.reference import ReferenceFailed, ensure_reference
+from pytest_eagle3.target.spec import TargetSpec, load_prompts
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -26,7 +27,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """tiny-dsv3 checkpoint (same session cache as test_checkpoint.py) and its reference."""
     spec = TargetSpec.preset("tiny-dsv3")
     ckpt = ensure_checkpoint(spec, tmp_path_factory.getbasetemp() / "eagle3-cache")
-    prompts = load_prompts(vocab_size=spec.vocab_size)
+    prompts = load_prompts(vocab_size=spec.facts.vocab_size)
     start = time.perf_counter()
     refs = ensure_reference(ckpt, prompts)
     return {"spec": spec, "ckpt": ckpt, "prompts": prompts, "refs": refs,
@@ -51,7 +52,7 @@ def test_reference_shapes(tiny: dict, record_property) -> None:
     assert len(refs) == len(prompts)
     for ids, ref in zip(prompts, refs):
         assert ref.dtype == torch.float32
-        assert tuple(ref.shape) == (spec.num_layers + 2, len(ids), spec.hidden_size)
+        assert tuple(ref.shape) == (spec.facts.num_layers + 2, len(ids), spec.facts.hidden_size)
         assert torch.isfinite(ref).all()
 
 
@@ -63,7 +64,7 @@ def test_hs0_is_the_embedding(tiny: dict) -> None:
 
 def test_hs_l_is_final_norm_of_final_prenorm(tiny: dict) -> None:
     spec = tiny["spec"]
-    L, eps = spec.num_layers, spec.config["rms_norm_eps"]
+    L, eps = spec.facts.num_layers, spec.config["rms_norm_eps"]
     weight = _weights(tiny["ckpt"])["model.norm.weight"]
     for ref in tiny["refs"]:
         pre = ref[snapshots.prenorm_index(L)]
@@ -73,7 +74,7 @@ def test_hs_l_is_final_norm_of_final_prenorm(tiny: dict) -> None:
 
 def test_snapshots_are_pairwise_separable(tiny: dict, record_property) -> None:
     spec = tiny["spec"]
-    L = spec.num_layers
+    L = spec.facts.num_layers
     worst = (float("inf"), "")
     for ids, ref in zip(tiny["prompts"], tiny["refs"]):
         for i, j in itertools.permutations(range(L + 2), 2):
@@ -87,7 +88,7 @@ def test_snapshots_are_pairwise_separable(tiny: dict, record_property) -> None:
 
 def test_reference_matches_the_builders_own_forward(tiny: dict) -> None:
     """An independent fp32 MLA/MoE/yarn implementation agrees with transformers."""
-    from pytest_eagle3.checkpoint.init import Dims, forward_hidden_states
+    from pytest_eagle3.target.checkpoint.init import Dims, forward_hidden_states
 
     sd = _weights(tiny["ckpt"])
     dims = Dims.from_config(tiny["spec"].config)

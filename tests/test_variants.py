@@ -1,4 +1,4 @@
-"""The path matrix (``pytest_eagle3.variants``), ``--eagle3-list-variants`` and the
+"""The path matrix (``pytest_eagle3.engine.variants``), ``--eagle3-list-variants`` and the
 ``reduced-dsv3`` preset."""
 
 from __future__ import annotations
@@ -7,9 +7,10 @@ import importlib.util
 
 import pytest
 
-from pytest_eagle3 import variants as V
+from pytest_eagle3.target.checkpoint.cache import cache_key
+from pytest_eagle3.engine import variants as V
 from pytest_eagle3.engine.install import SGLangInstall
-from pytest_eagle3.options import default_cache_dir
+from pytest_eagle3.plugin.options import default_cache_dir
 
 #: Every flag the variants use, as SGLang 0.5.23 spells them (a fake install).
 FLAGS_0523 = frozenset({
@@ -232,8 +233,8 @@ def test_list_variants_without_sglang(pytester: pytest.Pytester, clean_eagle3_en
 
 
 def test_reduced_dsv3_has_production_widths() -> None:
-    from pytest_eagle3.checkpoint.init import Dims
-    from pytest_eagle3.spec import TargetSpec, list_presets, resolve_target
+    from pytest_eagle3.target.checkpoint.init import Dims
+    from pytest_eagle3.target.spec import TargetSpec, list_presets, resolve_target
 
     assert "reduced-dsv3" in list_presets()
     spec = resolve_target("reduced-dsv3")
@@ -247,12 +248,12 @@ def test_reduced_dsv3_has_production_widths() -> None:
     }
     assert {k: cfg[k] for k in production} == production
     assert cfg["torch_dtype"] == "bfloat16" and cfg["rope_scaling"]["type"] == "yarn"
-    assert spec.num_layers == 4 and cfg["moe_intermediate_size"] >= 128
-    assert all(spec.num_attention_heads % tp == 0 for tp in (1, 2, 4, 8))
+    assert spec.facts.num_layers == 4 and cfg["moe_intermediate_size"] >= 128
+    assert all(spec.facts.num_attention_heads % tp == 0 for tp in (1, 2, 4, 8))
     assert spec.init.pinned_experts >= cfg["num_experts_per_tok"]
     # The prompts fixture (ids < 2048, stratified over 8 shards) covers every vocab shard.
     assert cfg["vocab_size"] == 2048
     # The checkpoint builder accepts the layout (no torch needed for this check).
     dims = Dims.from_config(cfg)
     assert [dims.is_moe(i) for i in range(dims.layers)] == [False, True, True, True]
-    assert spec.cache_key() != resolve_target("tiny-dsv3").cache_key()  # type: ignore[union-attr]
+    assert cache_key(spec) != cache_key(resolve_target("tiny-dsv3"))  # type: ignore[union-attr]

@@ -16,7 +16,7 @@ from pytest_eagle3.contracts.contract import Contract, Entry
 from pytest_eagle3.contracts.draft import DraftInfo, contract_for_draft, load_draft, read_safetensors_header
 from pytest_eagle3.contracts.stacks import STACKS, get_translator, translate
 from pytest_eagle3.errors import Eagle3ContractError
-from pytest_eagle3.snapshots import FINAL_PRENORM
+from pytest_eagle3.verdicts.snapshots import FINAL_PRENORM
 
 __all__ = [
     "Contract",

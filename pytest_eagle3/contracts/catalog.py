@@ -102,7 +102,7 @@ class ContractFixture:
 
 def contracts_dir() -> Path:
     """``fixtures/contracts`` (``pytest_eagle3/data/contracts`` in a wheel)."""
-    from pytest_eagle3.spec import fixtures_dir
+    from pytest_eagle3.target.spec import fixtures_dir
 
     return fixtures_dir() / "contracts"
 

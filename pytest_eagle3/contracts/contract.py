@@ -3,9 +3,9 @@
 A :class:`Contract` is the ordered list of residual-stream snapshots the draft's
 ``fc`` projection was trained on, concatenated ``[tokens, K * hidden]``.  Each
 entry is an index into transformers' ``output_hidden_states`` tuple ``hs`` of the
-target (:mod:`pytest_eagle3.snapshots`): ``0`` is the embedding, ``k`` is the
+target (:mod:`pytest_eagle3.verdicts.snapshots`): ``0`` is the embedding, ``k`` is the
 output of layer ``k-1`` (= input of layer ``k``), ``L`` is the final-norm output,
-and :data:`~pytest_eagle3.snapshots.FINAL_PRENORM` names the output of the last
+and :data:`~pytest_eagle3.verdicts.snapshots.FINAL_PRENORM` names the output of the last
 layer before the final norm (stored as ``L+1``).
 
 Human one-line form (``str(contract)``, :meth:`Contract.parse`)::
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Union
 
 from pytest_eagle3.errors import Eagle3ContractError
-from pytest_eagle3.snapshots import FINAL_PRENORM, full_label, prenorm_index
+from pytest_eagle3.verdicts.snapshots import FINAL_PRENORM, full_label, prenorm_index
 
 #: One contract entry: an ``hs`` index, or :data:`FINAL_PRENORM`.
 Entry = Union[int, str]

@@ -11,7 +11,7 @@ path, function, commit or PR).  :func:`translate` dispatches by name through
 :data:`STACKS`.
 
 The same list of ids means different snapshots on different stacks, e.g. on an
-8-layer target (``hs`` indices, :mod:`pytest_eagle3.snapshots`):
+8-layer target (``hs`` indices, :mod:`pytest_eagle3.verdicts.snapshots`):
 
 =====================  =================================  ======================
 stack                  id ``v`` means                      ``[1, 4, 6]`` gives
@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 
 from pytest_eagle3.contracts.contract import Contract, Entry
 from pytest_eagle3.errors import Eagle3ContractError
-from pytest_eagle3.snapshots import FINAL_PRENORM
+from pytest_eagle3.verdicts.snapshots import FINAL_PRENORM
 
 #: ``translator(ids, *, num_layers, hidden_size, dtype=None, source="", **options) -> Contract``
 Translator = Callable[..., Contract]
@@ -319,7 +319,7 @@ def specforge_sglang(
     (at ``a6b6b023``); the server runtime sends them as SGLang's
     ``eagle_aux_hidden_state_layer_ids`` (``patches/sglang/v0.5.14/spec-capture.patch``).
     So the training data holds exactly what that SGLang version captures, in layer
-    order: :func:`pytest_eagle3.conventions.predict` with the SGLang version used
+    order: :func:`pytest_eagle3.verdicts.conventions.predict` with the SGLang version used
     *at data generation*.
 
     ``None``: the current runtime sends SpecForge's default ``[1, L//2-1, L-4]``
@@ -331,7 +331,7 @@ def specforge_sglang(
         Eagle3ContractError: ids that SGLang cannot capture on ``L`` layers (data
             generation would have failed at the first forward), duplicates.
     """
-    from pytest_eagle3.conventions import predict
+    from pytest_eagle3.verdicts.conventions import predict
 
     stack = "specforge-sglang"
     _check_layers(num_layers, hidden_size)

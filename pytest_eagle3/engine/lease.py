@@ -3,11 +3,11 @@ xdist) runs its engines on a block of ``--tp`` GPUs no other process uses.
 
 Blocks.  The visible GPUs are the entries of ``CUDA_VISIBLE_DEVICES`` when it
 lists any (physical ids, UUIDs or MIG ids, as written), else ``0 .. count-1``
-with ``count`` from :func:`pytest_eagle3.options.detect_gpus`.  They are cut
+with ``count`` from :func:`pytest_eagle3.plugin.options.detect_gpus`.  They are cut
 into consecutive blocks of ``tp``: 8 GPUs at ``--tp 2`` give ``0,1 | 2,3 | 4,5
 | 6,7``; ``--tp 8`` gives one block; GPUs left over (6 GPUs at ``--tp 4``) are
 not used.  ``--tp`` above the visible count is refused earlier, as a usage error
-(:func:`pytest_eagle3.options.validate_settings`); :func:`gpu_blocks` refuses it
+(:func:`pytest_eagle3.plugin.options.validate_settings`); :func:`gpu_blocks` refuses it
 too (:class:`~pytest_eagle3.errors.Eagle3ConfigError`) for callers outside pytest.
 
 Locks.  One exclusive :class:`filelock.FileLock` per GPU, ``gpu-<id>.lock`` in
@@ -69,7 +69,7 @@ from pytest_eagle3.errors import Eagle3ConfigError, Eagle3EngineError
 if TYPE_CHECKING:
     import pytest
 
-    from pytest_eagle3.options import Settings
+    from pytest_eagle3.plugin.options import Settings
 
 ENV_LOCK_DIR = "PYTEST_EAGLE3_GPU_LOCKS"
 #: xdist's own override of ``-n auto``; when set, it wins over :func:`auto_num_workers`.
@@ -147,7 +147,7 @@ def visible_gpu_ids(count: int, env: Mapping[str, str] | None = None) -> tuple[s
     """Ids of the ``count`` visible GPUs: ``CUDA_VISIBLE_DEVICES`` entries when it
     lists at least ``count`` (the first ``count``), else ``"0" .. str(count - 1)``.
 
-    ``count`` is what the GPU probe saw (:attr:`pytest_eagle3.options.GpuProbe.count`),
+    ``count`` is what the GPU probe saw (:attr:`pytest_eagle3.plugin.options.GpuProbe.count`),
     which is already capped by ``CUDA_VISIBLE_DEVICES``.
     """
     env = os.environ if env is None else env

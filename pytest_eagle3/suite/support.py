@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from pytest_eagle3.options import Settings
+from pytest_eagle3.plugin.options import Settings
 
 #: Relative L2 tolerance for a slot to count as the expected snapshot.  CPU runs
 #: in float32 (measured 6e-6 on sglang 0.5.23); CUDA kernels differ more (TF32,

@@ -4,45 +4,39 @@ embedding for tokens from every TP rank's vocab shard.
 SGLang's ``VocabParallelEmbedding`` gives each TP rank a contiguous shard of the
 (padded) vocabulary; rows of tokens outside a rank's shard are zero until the
 all-reduce.  A missing all-reduce leaves exact-zero rows for about (n-1)/n of the
-tokens (DESIGN.md).
+tokens (DESIGN.md).  Left out at collection when the installed SGLang's id rule
+cannot capture the embedding.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from pytest_eagle3.compare import check_embedding_complete, fail_if_bad, vocab_shard
-from pytest_eagle3.conventions import predict
-from pytest_eagle3.suite import cases
+from pytest_eagle3.capture import cases
+from pytest_eagle3.capture.declare import case_needs
 from pytest_eagle3.suite.support import tolerance
+from pytest_eagle3.verdicts.compare import check_embedding_complete, fail_if_bad, vocab_shard
 
-NO_EMBEDDING_ID = (
-    "{sglang} cannot capture the embedding with {rule}: no id list yields hs[0]"
-)
 SHARDS_UNCOVERED = (
     "the suite prompts miss vocab shard(s) {missing} at TP {tp}: an incomplete "
     "all-reduce on those ranks would go unseen (fix fixtures/prompts.json)"
 )
 
 
+@pytest.mark.gpu
 @pytest.mark.tp(1, 2, 4, 8)
-@pytest.mark.parametrize("eagle3_case", [cases.WIDE_CASE])
-def test_embedding_rows_complete_on_every_shard(eagle3_case, eagle3_capture, eagle3_reference, eagle3_model_config,
-                                                 eagle3_sglang, eagle3_tp, eagle3_settings, record_property):
+@pytest.mark.eagle3_engines(*case_needs([cases.WIDE_CASE], needs_embedding=True))
+def test_embedding_rows_complete_on_every_shard(eagle3_engine_request, eagle3_capture, eagle3_reference,
+                                                 eagle3_model_config, eagle3_tp, eagle3_settings, record_property):
+    req = eagle3_engine_request
     facts = eagle3_model_config
-    case = cases.resolve(eagle3_case, facts.num_layers, facts.hidden_size, eagle3_sglang.version)
-    ids = list(case.ids)
-    prediction = predict(ids, facts.num_layers, eagle3_sglang.version)
-    if 0 not in prediction.snapshots:
-        pytest.skip(NO_EMBEDDING_ID.format(sglang=eagle3_sglang.describe(), rule=prediction.rule))
-    slot = prediction.snapshots.index(0)
-
+    slot = req.predicted.index(0)
     covered = {vocab_shard(t, facts.vocab_size, eagle3_tp) for p in eagle3_capture.prompts for t in p}
     missing = sorted(set(range(eagle3_tp)) - covered)
     if missing:
         pytest.fail(SHARDS_UNCOVERED.format(missing=missing, tp=eagle3_tp), pytrace=False)
 
-    captures = eagle3_capture(ids)
+    captures = eagle3_capture.run(req)
     H = facts.hidden_size
     worst = 0.0
     for cap, ref in zip(captures, eagle3_reference):

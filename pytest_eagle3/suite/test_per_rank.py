@@ -16,39 +16,39 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_eagle3.compare import fail_if_bad
-from pytest_eagle3.conventions import predict
-from pytest_eagle3.rankcheck import check_rank_embeddings, check_rank_slots, check_ranks_agree
-from pytest_eagle3.suite import cases
+from pytest_eagle3.capture import cases
+from pytest_eagle3.capture.declare import case_needs
 from pytest_eagle3.suite.support import tolerance
+from pytest_eagle3.verdicts.compare import fail_if_bad
+from pytest_eagle3.verdicts.rankcheck import check_rank_embeddings, check_rank_slots, check_ranks_agree
+
+WIDE = case_needs([cases.WIDE_CASE])
+WIDE_EMBEDDING = case_needs([cases.WIDE_CASE], needs_embedding=True)
 
 
 @pytest.fixture
-def rank_captures(eagle3_capture, eagle3_model_config, eagle3_sglang, eagle3_case):
-    """``(prediction, captures, records)`` of the wide case, with the recorder on."""
-    facts = eagle3_model_config
-    case = cases.resolve(eagle3_case, facts.num_layers, facts.hidden_size, eagle3_sglang.version)
-    ids = list(case.ids)
-    prediction = predict(ids, facts.num_layers, eagle3_sglang.version)
-    captures, records = eagle3_capture.with_ranks(ids)
-    return prediction, captures, records
+def rank_captures(eagle3_capture, eagle3_engine_request):
+    """``(request, captures, records)`` of the wide case, with the recorder on."""
+    req = eagle3_engine_request
+    captures, records = eagle3_capture.with_ranks(req.ids)
+    return req, captures, records
 
 
+@pytest.mark.gpu
 @pytest.mark.tp(2, 4, 8)
-@pytest.mark.parametrize("eagle3_case", [cases.WIDE_CASE])
+@pytest.mark.eagle3_engines(*WIDE_EMBEDDING)
 def test_every_rank_embedding_complete(rank_captures, eagle3_reference, eagle3_model_config, eagle3_settings):
-    prediction, _, records = rank_captures
-    if 0 not in prediction.snapshots:
-        pytest.skip("this SGLang's id rule captures no embedding slot")
+    req, _, records = rank_captures
     facts = eagle3_model_config
-    report = check_rank_embeddings(records, eagle3_reference, slot=prediction.snapshots.index(0),
+    report = check_rank_embeddings(records, eagle3_reference, slot=req.predicted.index(0),
                                    hidden_size=facts.hidden_size, vocab_size=facts.vocab_size,
                                    tol=tolerance(eagle3_settings))
     fail_if_bad(report)
 
 
+@pytest.mark.gpu
 @pytest.mark.tp(2, 4, 8)
-@pytest.mark.parametrize("eagle3_case", [cases.WIDE_CASE])
+@pytest.mark.eagle3_engines(*WIDE)
 def test_ranks_hold_identical_captures(rank_captures, eagle3_model_config, eagle3_settings):
     _, captures, records = rank_captures
     report = check_ranks_agree(records, hidden_size=eagle3_model_config.hidden_size,
@@ -56,12 +56,13 @@ def test_ranks_hold_identical_captures(rank_captures, eagle3_model_config, eagle
     fail_if_bad(report)
 
 
+@pytest.mark.gpu
 @pytest.mark.tp(2, 4, 8)
-@pytest.mark.parametrize("eagle3_case", [cases.WIDE_CASE])
+@pytest.mark.eagle3_engines(*WIDE)
 def test_every_rank_fully_reduced(rank_captures, eagle3_reference, eagle3_model_config, eagle3_settings):
-    prediction, _, records = rank_captures
+    req, _, records = rank_captures
     facts = eagle3_model_config
-    report = check_rank_slots(records, eagle3_reference, expected=list(prediction.snapshots),
+    report = check_rank_slots(records, eagle3_reference, expected=list(req.predicted),
                               num_layers=facts.num_layers, hidden_size=facts.hidden_size,
                               tol=tolerance(eagle3_settings))
     fail_if_bad(report)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from pytest_eagle3.errors import Eagle3ConfigError
 
 if TYPE_CHECKING:
-    from pytest_eagle3.spec import TargetSpec
+    from pytest_eagle3.target.spec import TargetSpec
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_VERSION = 1
@@ -41,9 +41,19 @@ UNWRITABLE_MSG = (
 LOCK_TIMEOUT_S = 1800.0
 
 
+def cache_key(spec: TargetSpec) -> str:
+    """Hex sha256 of the spec's canonical JSON (:attr:`TargetSpec.canonical_json`,
+    everything that determines the checkpoint bytes) plus
+    :data:`~pytest_eagle3.target.checkpoint.builder.BUILDER_VERSION`."""
+    from pytest_eagle3.target.checkpoint.builder import BUILDER_VERSION
+
+    material = f"{spec.canonical_json}|builder_version={BUILDER_VERSION}"
+    return hashlib.sha256(material.encode("ascii")).hexdigest()
+
+
 def entry_dir(spec: TargetSpec, cache_root: Path) -> Path:
     """``cache_root/checkpoints/<name>-<key[:16]>`` (may not exist yet)."""
-    return Path(cache_root) / "checkpoints" / f"{spec.name}-{spec.cache_key()[:16]}"
+    return Path(cache_root) / "checkpoints" / f"{spec.name}-{cache_key(spec)[:16]}"
 
 
 def _sha256(path: Path) -> str:
@@ -124,7 +134,7 @@ def ensure_checkpoint(spec: TargetSpec, cache_root: Path, *, rebuild: bool = Fal
     """The directory of ``spec``'s checkpoint in ``cache_root``, building it if needed.
 
     Args:
-        spec: the target spec; its :meth:`~TargetSpec.cache_key` names the entry.
+        spec: the target spec; its :func:`cache_key` names the entry.
         cache_root: the cache root (e.g. ``~/.cache/pytest-eagle3``); created if missing.
         rebuild: build again even if a valid entry exists. Under pytest-xdist pass
             it from one process only, or every worker rebuilds in turn.
@@ -139,9 +149,9 @@ def ensure_checkpoint(spec: TargetSpec, cache_root: Path, *, rebuild: bool = Fal
     """
     from filelock import FileLock, Timeout
 
-    from pytest_eagle3.checkpoint.builder import build_checkpoint
+    from pytest_eagle3.target.checkpoint.builder import build_checkpoint
 
-    key = spec.cache_key()
+    key = cache_key(spec)
     final = entry_dir(spec, cache_root)
     parent = final.parent
     if not rebuild and check_entry(final, key) is None:

@@ -1,7 +1,7 @@
 """Invert SGLang's aux layer-id rule: which ids make SGLang capture given snapshots.
 
-:func:`pytest_eagle3.conventions.predict` maps a draft config's ids to the
-snapshots SGLang captures (``hs`` indices, :mod:`pytest_eagle3.snapshots`);
+:func:`pytest_eagle3.verdicts.conventions.predict` maps a draft config's ids to the
+snapshots SGLang captures (``hs`` indices, :mod:`pytest_eagle3.verdicts.snapshots`);
 :func:`ids_for` searches the few id lists that can map back to a wanted list
 and keeps those that ``predict`` confirms, so a suggestion is right by
 construction for the version asked about.  :func:`plan_fix` turns that into a
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from pytest_eagle3.contracts.contract import Contract, entry_text
-from pytest_eagle3.conventions import ALWAYS_PLUS_ONE, FIRST_ID_RULE_SINCE, predict, rule_for
-from pytest_eagle3.snapshots import describe
+from pytest_eagle3.verdicts.conventions import ALWAYS_PLUS_ONE, FIRST_ID_RULE_SINCE, predict, rule_for
+from pytest_eagle3.verdicts.snapshots import describe
 
 #: A version under the old rule and one under the new rule, to test portability.
 OLD_RULE_VERSION = "0.5.12"

@@ -36,7 +36,7 @@ from pytest_eagle3.errors import Eagle3ConfigError
 if TYPE_CHECKING:
     import torch
 
-    from pytest_eagle3.spec import InitParams, TargetSpec
+    from pytest_eagle3.target.spec import InitParams, TargetSpec
 
 #: ``{what}``: the unsupported config feature.
 UNSUPPORTED_MSG = (
@@ -359,7 +359,7 @@ def _moe(sd: dict[str, torch.Tensor], p: str, dims: Dims, h: torch.Tensor) -> to
 def forward_hidden_states(sd: dict[str, torch.Tensor], dims: Dims, tokens: torch.Tensor) -> list[torch.Tensor]:
     """Residual-stream snapshots of ``tokens`` ``[B, T]``: ``[hs[0..L], final_prenorm]``.
 
-    Same indexing as :mod:`pytest_eagle3.snapshots`; each entry ``[B, T, H]`` fp32.
+    Same indexing as :mod:`pytest_eagle3.verdicts.snapshots`; each entry ``[B, T, H]`` fp32.
     An independent fp32 implementation, used for calibration and as a cross-check
     of transformers in the project's tests.
     """

@@ -9,7 +9,7 @@ Importing this package does not import torch.
 
 from __future__ import annotations
 
-from pytest_eagle3.checkpoint.builder import BUILDER_VERSION, build_checkpoint
-from pytest_eagle3.checkpoint.cache import check_entry, ensure_checkpoint, entry_dir
+from pytest_eagle3.target.checkpoint.builder import BUILDER_VERSION, build_checkpoint
+from pytest_eagle3.target.checkpoint.cache import cache_key, check_entry, ensure_checkpoint, entry_dir
 
-__all__ = ["BUILDER_VERSION", "build_checkpoint", "check_entry", "ensure_checkpoint", "entry_dir"]
+__all__ = ["BUILDER_VERSION", "build_checkpoint", "cache_key", "check_entry", "ensure_checkpoint", "entry_dir"]

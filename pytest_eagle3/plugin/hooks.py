@@ -1,8 +1,8 @@
 """pytest entry point (``pytest11: eagle3``): hooks only.
 
-Options and settings live in :mod:`pytest_eagle3.options`, run state and log
-attachment in :mod:`pytest_eagle3.session`, fixtures in
-:mod:`pytest_eagle3.fixtures` (imported in ``pytest_configure``).  An
+Options and settings live in :mod:`pytest_eagle3.plugin.options`, run state and log
+attachment in :mod:`pytest_eagle3.plugin.session`, fixtures in
+:mod:`pytest_eagle3.plugin.fixtures` (imported in ``pytest_configure``).  An
 :class:`~pytest_eagle3.errors.Eagle3Error` raised while a test is set up or run
 becomes a failure/error showing its one-line message, without a traceback.  A bad
 target or a ``--tp`` that does not divide its heads is one usage error after
@@ -22,18 +22,26 @@ from typing import NoReturn
 
 import pytest
 
-from pytest_eagle3 import options, session
+from pytest_eagle3.plugin import options
+from pytest_eagle3.plugin import session
+from pytest_eagle3.plugin import session as eagle3_session
+from pytest_eagle3.capture import declare
 from pytest_eagle3.engine import lease
 from pytest_eagle3.errors import Eagle3Error
 
-FIXTURES_MODULE = "pytest_eagle3.fixtures"
+FIXTURES_MODULE = "pytest_eagle3.plugin.fixtures"
 
 MARKERS = (
-    "gpu: needs CUDA; selected with -m gpu, skipped on --device cpu",
+    "gpu: the GPU integration suite (pytest-eagle3): `pytest -m gpu --tp 8` runs it on CUDA; with --device cpu "
+    "the same tests run on the CPU tier",
     "tp(*sizes): needs that many tensor-parallel ranks; tp(4) runs at TP 4, tp(1, 2, 4) "
     "runs at each size (parameter eagle3_tp); sizes above --tp are skipped",
     "slow: starts an engine of its own or a TP 8 engine on cpu (minutes); skipped unless --eagle3-slow",
+    "eagle3_engines(*needs): the engines a pytest-eagle3 test needs (pytest_eagle3.capture.declare.EngineNeed); "
+    "the test is generated only for the TP sizes and needs this run can execute",
 )
+#: Internal mark of a declared test for which nothing applies in this run (dropped after collection).
+LEFT_OUT_MARK = "eagle3_left_out"
 
 HEADER_SGLANG = "eagle3: sglang {version} at {location}"
 HEADER_NO_SGLANG = "eagle3: sglang not importable (install pytest-eagle3[cpu] or your SGLang fork)"
@@ -43,6 +51,10 @@ HEADER_CACHE = "eagle3: cache {cache}{rebuild}, startup timeout {timeout:g} s"
 HEADER_SGLANG_ARGS = "eagle3: sglang args {args}"
 HEADER_GPU_BLOCKS = "eagle3: gpu blocks of {tp}: {blocks} (one leased per pytest process; locks in {lock_dir})"
 
+MSG_GPU_NONE = (
+    "-m gpu selects the GPU suite, but no GPU is visible ({how}); run it on the CPU tier "
+    "with --device cpu, or on a machine with GPUs"
+)
 #: Fixture whose use makes a test an eagle3 test for the collection-time checks.
 TARGET_FIXTURE = "eagle3_target"
 #: A target error whose value did not come from the command line names where it did.
@@ -60,7 +72,7 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
     # collection, as --markers/--fixtures do (pytest's own cmdline_main hooks).
     if not getattr(config.option, "eagle3_list_variants", False):
         return None
-    from pytest_eagle3.variants import list_variants
+    from pytest_eagle3.engine.variants import list_variants
 
     return list_variants(options.resolve_settings(config, validate=False))
 
@@ -69,12 +81,13 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
+    config.addinivalue_line("markers", f"{LEFT_OUT_MARK}: internal to pytest-eagle3")
     # `pytest --help` / `--version` must work whatever the machine looks like.
     validate = not (getattr(config.option, "help", False) or getattr(config.option, "version", False))
     config.stash[options.SETTINGS_KEY] = settings = options.resolve_settings(config, validate=validate)
     session.get_session(config)
     if settings.plan:
-        from pytest_eagle3 import plan
+        from pytest_eagle3.plugin import plan
 
         plan.switch_off_xdist(config)
     elif not hasattr(config, "workerinput"):
@@ -134,48 +147,99 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
     settings = options.get_settings(session.config)
     if not settings.plan:
         return None
-    from pytest_eagle3 import plan
+    from pytest_eagle3.plugin import plan
 
     plan.write_plan(session, settings)
     return True
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    marker = metafunc.definition.get_closest_marker("tp")
-    if marker is None:
+    # Only this plugin's own tests (they use an eagle3_* fixture): another
+    # project's ``tp`` marker keeps that project's meaning.
+    if not session.uses_eagle3(metafunc.fixturenames):
         return
+    marker = metafunc.definition.get_closest_marker("tp")
     nodeid = metafunc.definition.nodeid
-    sizes = session.tp_marker_values(marker, nodeid)
-    if len(sizes) < 2:
+    sizes = session.tp_marker_values(marker, nodeid) if marker is not None else None
+    engines = metafunc.definition.get_closest_marker(declare.MARKER)
+    run = session.get_session(metafunc.config)
+    if engines is not None:
+        _generate_declared(metafunc, run, sizes, list(engines.args))
+        return
+    if sizes is None or len(sizes) < 2:
         return
     if session.TP_ARGNAME not in metafunc.fixturenames:
         pytest.fail(
             session.MSG_TP_PARAM_UNUSED.format(nodeid=nodeid, args=", ".join(map(str, sizes))),
             pytrace=False,
         )
-    metafunc.parametrize(session.TP_ARGNAME, sizes, ids=[f"tp{s}" for s in sizes])
+    settings = options.get_settings(metafunc.config)
+    kept = [s for s in sizes if s <= settings.tp]
+    for s in sizes:
+        if s > settings.tp:
+            run.leave_out(f"{nodeid}[tp{s}]", declare.TP_ABOVE.format(needed=s, tp=settings.tp))
+    metafunc.parametrize(session.TP_ARGNAME, kept, ids=[f"tp{s}" for s in kept])
+
+
+def _generate_declared(metafunc: pytest.Metafunc, run: session.Eagle3Session, sizes: tuple[int, ...] | None,
+                       needs: list[declare.EngineNeed]) -> None:
+    """Generate ``(eagle3_tp, eagle3_need)`` for the pairs this run can execute
+    (:func:`pytest_eagle3.capture.declare.collect_reason`); record the rest."""
+    settings = options.get_settings(metafunc.config)
+    nodeid = metafunc.definition.nodeid
+    install, facts = run.collect_context()
+    pairs, ids = [], []
+    for tp in sizes or (settings.tp,):
+        for need in needs:
+            reason = declare.collect_reason(need, declare.NeedContext(settings, tp, install, facts))
+            test_id = f"tp{tp}-{need.name}" if sizes else need.name
+            if reason:
+                run.leave_out(f"{nodeid}[{test_id}]", reason)
+                continue
+            pairs.append((tp, need) if sizes else (need,))
+            ids.append(test_id)
+    argnames = [session.TP_ARGNAME, declare.NEED_ARGNAME] if sizes else [declare.NEED_ARGNAME]
+    if not pairs:
+        # Nothing applies: an empty parametrization makes pytest report one
+        # skip; instead the test is left out and summarised like the rest.
+        metafunc.parametrize(argnames, [pytest.param(*([None] * len(argnames)),
+                                                     marks=getattr(pytest.mark, LEFT_OUT_MARK))], ids=["none"])
+        return
+    metafunc.parametrize(argnames, pairs, ids=ids)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Skip markers (not pytest.skip in a hook) so reports point at the test.
+    # Only this plugin's own items: skips, markers and order of every other
+    # project's tests stay exactly as that project wrote them.
     settings = options.get_settings(config)
-    for item in items:
-        if settings.device != "cuda" and item.get_closest_marker("gpu") is not None:
-            item.add_marker(pytest.mark.skip(reason=session.MSG_SKIP_GPU.format(device=settings.device)))
-            continue
+    own = [i for i, item in enumerate(items) if session.uses_eagle3(getattr(item, "fixturenames", ()))]
+    if not own:
+        return
+    kept = []
+    for i in own:
+        item = items[i]
+        if item.get_closest_marker(LEFT_OUT_MARK) is not None:
+            continue  # nothing applies; summarised as left out (pytest_generate_tests)
         params = getattr(getattr(item, "callspec", None), "params", {})
         if item.get_closest_marker("tp") is not None or session.TP_ARGNAME in params:
             needed = session.item_tp(item)
             if needed > settings.tp:
                 item.add_marker(pytest.mark.skip(reason=session.MSG_SKIP_TP.format(needed=needed, tp=settings.tp)))
-                continue
-            if settings.device == "cpu" and needed == 8:
-                # TP 8 on CPU: ~100 s per engine start and ~15 GB (DESIGN.md).
-                item.add_marker(pytest.mark.slow)
         if not settings.slow and item.get_closest_marker("slow") is not None:
             item.add_marker(pytest.mark.skip(reason=session.MSG_SKIP_SLOW))
+        kept.append(item)
     # Tests sharing an engine run back to back, so each engine starts once.
-    items.sort(key=session.engine_group)
+    # The sorted own items fill the places own items had; others do not move.
+    kept.sort(key=session.engine_group)
+    own_places = set(own)
+    sorted_own = iter(kept)
+    merged = []
+    for j, item in enumerate(items):
+        if j not in own_places:
+            merged.append(item)
+        elif (nxt := next(sorted_own, None)) is not None:
+            merged.append(nxt)
+    items[:] = merged
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -189,8 +253,25 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     # as each test's setup error.
     if hasattr(session.config, "workerinput"):
         return
-    if any(TARGET_FIXTURE in getattr(item, "fixturenames", ()) for item in session.items):
-        check_target(options.get_settings(session.config))
+    own = [item for item in session.items if eagle3_session.uses_eagle3(getattr(item, "fixturenames", ()))]
+    settings = options.get_settings(session.config)
+    if own:
+        check_gpu_selection(session.config, settings)
+    if any(TARGET_FIXTURE in getattr(item, "fixturenames", ()) for item in own):
+        check_target(settings)
+
+
+def check_gpu_selection(config: pytest.Config, settings: options.Settings) -> None:
+    """``-m gpu`` selects the GPU suite: on a machine where no GPU is visible and
+    ``--device`` was not given, stop with one line instead of running it on cpu
+    unasked (``--device cpu`` runs the same tests on the CPU tier).
+
+    Raises:
+        pytest.UsageError: :data:`MSG_GPU_NONE`.
+    """
+    markexpr = getattr(config.option, "markexpr", "") or ""
+    if re.search(r"\bgpu\b", markexpr) and settings.device == "cpu" and settings.source("device") == "default":
+        raise pytest.UsageError(MSG_GPU_NONE.format(how=settings.gpu.how))
 
 
 def check_target(settings: options.Settings) -> None:
@@ -201,13 +282,13 @@ def check_target(settings: options.Settings) -> None:
             ``config.json``, bad spec, ``--tp`` not dividing the heads, or an
             unwritable default cache.
     """
-    from pytest_eagle3.spec import resolve_target
+    from pytest_eagle3.target.spec import resolve_target
 
     try:
         target = resolve_target(settings.target)
     except Eagle3Error as exc:
         raise pytest.UsageError(_with_target_source(str(exc), settings)) from None
-    problem = options.check_tp_divides(settings.tp, target.num_attention_heads)
+    problem = options.check_tp_divides(settings.tp, target.facts.num_attention_heads)
     if problem:
         raise pytest.UsageError(problem)
     options.check_cache(settings)

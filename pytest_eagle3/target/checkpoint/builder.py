@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pytest_eagle3.spec import TargetSpec
+    from pytest_eagle3.target.spec import TargetSpec
 
 #: Bump whenever the bytes :func:`build_checkpoint` writes for a given spec change;
-#: it is part of :meth:`TargetSpec.cache_key`, so old cache entries are not reused.
+#: it is part of :func:`~pytest_eagle3.target.checkpoint.cache.cache_key`, so old cache entries are not reused.
 BUILDER_VERSION = "1"
 
 #: Files every built checkpoint contains (the manifest of the cache lists them).
@@ -36,7 +36,7 @@ def build_checkpoint(spec: TargetSpec, out_dir: Path) -> None:
     """Write ``spec``'s checkpoint into ``out_dir`` (created if missing).
 
     Writes ``config.json`` (``spec.config``), ``model.safetensors`` (float32
-    weights, see :mod:`pytest_eagle3.checkpoint.init`) and ``build_info.json``.
+    weights, see :mod:`pytest_eagle3.target.checkpoint.init`) and ``build_info.json``.
     The same spec gives the same bytes on every run (seeded generator, rounded
     calibration scales, sorted JSON, safetensors' deterministic layout).
 
@@ -46,7 +46,7 @@ def build_checkpoint(spec: TargetSpec, out_dir: Path) -> None:
     """
     from safetensors.torch import save_file
 
-    from pytest_eagle3.checkpoint.init import make_weights
+    from pytest_eagle3.target.checkpoint.init import make_weights
 
     weights, scales = make_weights(spec)
     out_dir = Path(out_dir)
@@ -61,7 +61,6 @@ def build_checkpoint(spec: TargetSpec, out_dir: Path) -> None:
     )
     info = {
         "builder_version": BUILDER_VERSION,
-        "cache_key": spec.cache_key(),
         "spec": spec.key_material(),
         "description": spec.description,
         "branch_scales": [asdict(s) for s in scales],

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TextIO
 
 if TYPE_CHECKING:
     from pytest_eagle3.engine.install import SGLangInstall
-    from pytest_eagle3.options import Settings
+    from pytest_eagle3.plugin.options import Settings
 
 
 class _TpSize:

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from pytest_eagle3.snapshots import describe, label
+from pytest_eagle3.verdicts.snapshots import describe, label
 
 #: A slot whose best match is farther than this (and than ``2 * tol``) "matches no snapshot".
 NO_MATCH_TOL = 0.05
@@ -239,7 +239,7 @@ def compare_slots(
     Args:
         captured: ``[tokens, K*H]`` (tensor or nested list); slot ``s`` is columns
             ``s*H:(s+1)*H``.
-        reference: ``[L+2, tokens, H]`` snapshots in :mod:`pytest_eagle3.snapshots`
+        reference: ``[L+2, tokens, H]`` snapshots in :mod:`pytest_eagle3.verdicts.snapshots`
             indexing (``0..L`` = ``hs``, ``L+1`` = ``final_prenorm``).
         expected: the snapshot index each slot must hold (``K`` entries).
         tol: a slot passes when its rel.err to the expected snapshot is ``<= tol``.

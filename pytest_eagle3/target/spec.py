@@ -3,7 +3,7 @@
 A *target* is either
 
 * a :class:`TargetSpec`: a preset from ``fixtures/targets/<name>.json`` (or any
-  spec file with the same fields) from which :mod:`pytest_eagle3.checkpoint`
+  spec file with the same fields) from which :mod:`pytest_eagle3.target.checkpoint`
   builds a checkpoint with known, deterministic weights; or
 * a :class:`LocalTarget`: a user's checkpoint directory used as-is.
 
@@ -21,9 +21,9 @@ Nothing here imports torch; the spec is plain data.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Union
 
@@ -46,7 +46,7 @@ BAD_PROMPTS_MSG = "prompts file {path} is invalid: {error}"
 
 #: Keys of a spec file.
 _SPEC_KEYS = frozenset({"name", "description", "seed", "init", "config"})
-#: Config fields every target must have (read by :class:`TargetSpec` properties).
+#: Config fields every target must have (read by :class:`TargetFacts`).
 _REQUIRED_CONFIG = ("num_hidden_layers", "hidden_size", "vocab_size", "num_attention_heads")
 
 
@@ -136,12 +136,47 @@ class InitParams:
 
 
 @dataclass(frozen=True)
+class TargetFacts:
+    """The facts of a target the rest of the package reads: one shape for a
+    preset and for a user's checkpoint, built once from its ``config.json``.
+
+    Attributes:
+        num_layers: ``num_hidden_layers`` (``L``).
+        hidden_size: ``hidden_size`` (``H``).
+        vocab_size: ``vocab_size``.
+        num_attention_heads: TP sizes must divide it.
+        first_k_dense_replace: layers before it are dense (DeepSeek-V3; 0 if absent).
+        torch_dtype: the config's ``torch_dtype`` (``"float32"`` if absent).
+    """
+
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    num_attention_heads: int
+    first_k_dense_replace: int = 0
+    torch_dtype: str = "float32"
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> TargetFacts:
+        """Read a Hugging Face ``config.json`` dict (the required integer keys
+        are checked by :class:`TargetSpec` / :class:`LocalTarget` first)."""
+        return cls(
+            num_layers=int(config["num_hidden_layers"]),
+            hidden_size=int(config["hidden_size"]),
+            vocab_size=int(config["vocab_size"]),
+            num_attention_heads=int(config["num_attention_heads"]),
+            first_k_dense_replace=int(config.get("first_k_dense_replace") or 0),
+            torch_dtype=str(config.get("torch_dtype") or config.get("dtype") or "float32"),
+        )
+
+
+@dataclass(frozen=True)
 class TargetSpec:
     """A target whose checkpoint pytest-eagle3 builds itself.
 
     Attributes:
         name: preset name, used in cache directory names (``tiny-dsv3``).
-        description: free text for people; not part of :meth:`cache_key`.
+        description: free text for people; not part of the cache key.
         config: the Hugging Face ``config.json`` content (do not mutate).
         init: weight init parameters.
         seed: seed of the ``torch.Generator`` that draws every weight.
@@ -156,7 +191,7 @@ class TargetSpec:
     source: Path | None = field(default=None, compare=False)
 
     def __hash__(self) -> int:
-        return hash(self.cache_key())
+        return hash(self.canonical_json)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: Path | None = None) -> TargetSpec:
@@ -226,7 +261,8 @@ class TargetSpec:
         return cls.from_file(path)
 
     def key_material(self) -> dict[str, Any]:
-        """Everything that determines the checkpoint bytes (without the builder version)."""
+        """Everything in the spec that determines the checkpoint bytes; the cache
+        adds its builder version (:func:`pytest_eagle3.target.checkpoint.cache.cache_key`)."""
         return {
             "name": self.name,
             "seed": self.seed,
@@ -234,33 +270,15 @@ class TargetSpec:
             "config": self.config,
         }
 
-    def cache_key(self) -> str:
-        """Hex sha256 of the canonical JSON of :meth:`key_material` plus ``BUILDER_VERSION``."""
-        from pytest_eagle3.checkpoint.builder import BUILDER_VERSION
+    @cached_property
+    def canonical_json(self) -> str:
+        """Canonical JSON of :meth:`key_material` (computed once)."""
+        return json.dumps(self.key_material(), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
-        material = dict(self.key_material(), builder_version=BUILDER_VERSION)
-        blob = json.dumps(material, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-        return hashlib.sha256(blob.encode("ascii")).hexdigest()
-
-    @property
-    def num_layers(self) -> int:
-        """``num_hidden_layers`` (L)."""
-        return int(self.config["num_hidden_layers"])
-
-    @property
-    def hidden_size(self) -> int:
-        """``hidden_size`` (H)."""
-        return int(self.config["hidden_size"])
-
-    @property
-    def vocab_size(self) -> int:
-        """``vocab_size``."""
-        return int(self.config["vocab_size"])
-
-    @property
-    def num_attention_heads(self) -> int:
-        """``num_attention_heads``; TP degrees must divide it."""
-        return int(self.config["num_attention_heads"])
+    @cached_property
+    def facts(self) -> TargetFacts:
+        """The :class:`TargetFacts` of :attr:`config` (computed once)."""
+        return TargetFacts.from_config(self.config)
 
 
 @dataclass(frozen=True)
@@ -307,25 +325,10 @@ class LocalTarget:
         """Where the checkpoint is: :attr:`path` itself."""
         return self.path
 
-    @property
-    def num_layers(self) -> int:
-        """``num_hidden_layers`` (L)."""
-        return int(self.config["num_hidden_layers"])
-
-    @property
-    def hidden_size(self) -> int:
-        """``hidden_size`` (H)."""
-        return int(self.config["hidden_size"])
-
-    @property
-    def vocab_size(self) -> int:
-        """``vocab_size``."""
-        return int(self.config["vocab_size"])
-
-    @property
-    def num_attention_heads(self) -> int:
-        """``num_attention_heads``."""
-        return int(self.config["num_attention_heads"])
+    @cached_property
+    def facts(self) -> TargetFacts:
+        """The :class:`TargetFacts` of its ``config.json`` (computed once)."""
+        return TargetFacts.from_config(self.config)
 
 
 Target = Union[TargetSpec, LocalTarget]

@@ -2,7 +2,7 @@
 
 After collection (and ``-m``/``-k`` deselection), every selected test is mapped
 to the engine it would use, through the same path the fixtures take:
-:func:`pytest_eagle3.capture.capture_server_args` for the test's id list, then
+:func:`pytest_eagle3.capture.api.capture_server_args` for the test's id list, then
 :func:`pytest_eagle3.engine.config.build_engine_config` with the installed
 SGLang's flags (:func:`pytest_eagle3.engine.install.probe`, cached), the run's
 ``--sglang-arg`` values and the model path the default ``eagle3_checkpoint``
@@ -10,24 +10,18 @@ fixture resolves (a preset's cache entry on this machine; a ``conftest.py``
 that overrides the fixture is not seen).  Then pytest exits without running a
 test, like ``--collect-only``; xdist is switched off (``-n`` is reported, not used).
 
-How a test maps to an engine: the suite's tests are parametrized by
-``eagle3_case`` (a contract fixture name, see :mod:`pytest_eagle3.suite.cases`,
-or the module's ``USER_DRAFT`` for ``--eagle3-draft``) and run at
-:func:`pytest_eagle3.session.item_tp`.  The case's ids give the capture
-arguments.  A case that the suite's own rule (:func:`~pytest_eagle3.suite.cases.skip_reason`)
-runs only at TP 1 is listed as skipped at larger TP, as is a test with a skip
-marker (``gpu`` on cpu, ``tp`` above ``--tp``).  A test that uses an engine
-fixture but has no ``eagle3_case`` parameter, or whose engine cannot be composed
-here, is listed under "engine determined at run time" with the reason.  A
-listed engine may still not start if every test using it skips inside its body
-(e.g. an id list the installed SGLang's rule predicts to fail).
-
-Tests whose engine depends on more than ``eagle3_case`` (server-arg variants,
-...) can say which engine they use: their module defines
-``eagle3_plan_engine(item, context)`` (:data:`PLAN_HOOK`), called with a
-:class:`PlanContext` and returning an :class:`EngineRequest` (ids and extra
-server args, as the test passes them to ``eagle3_capture``), a skip reason
-(``str``), or ``None`` for the ``eagle3_case`` mapping above.
+How a test maps to an engine: a packaged test declares its engines once
+(``@pytest.mark.eagle3_engines(...)``, :mod:`pytest_eagle3.capture.declare`)
+and is generated with an ``eagle3_need`` parameter; the plan resolves that need
+with :func:`~pytest_eagle3.capture.declare.resolve` and builds its engine with
+:func:`~pytest_eagle3.capture.api.engine_config`, exactly what the
+``eagle3_engine_request`` and ``eagle3_capture`` fixtures do at run time.  A
+test with an ``eagle3_case`` parameter instead (a hand-written test, like the
+project's own) is planned as that contract fixture's id list.  What the run
+leaves out at collection is not in the plan; a test with a skip marker is
+listed as skipped; a test that uses an engine fixture without a declaration,
+or whose engine cannot be composed here, is listed under "engine determined at
+run time" with the reason.
 
 GPUs (``--device cuda``): each pytest process leases one block of ``--tp`` GPUs
 for its session (:mod:`pytest_eagle3.engine.lease`); an engine gets
@@ -35,7 +29,7 @@ for its session (:mod:`pytest_eagle3.engine.lease`); an engine gets
 port from the block's window.  Which block a test gets depends on the xdist
 worker that runs it, so the plan names the blocks and the window of each.
 On a machine without GPUs, ``--device cuda --eagle3-plan`` pretends
-``--eagle3-plan-gpus`` GPUs (default 8, see :mod:`pytest_eagle3.options`).
+``--eagle3-plan-gpus`` GPUs (default 8, see :mod:`pytest_eagle3.plugin.options`).
 
 Nothing here imports torch or sglang.
 """
@@ -50,19 +44,17 @@ from typing import TYPE_CHECKING, Sequence
 
 import pytest
 
-from pytest_eagle3 import session as eagle3_session
+from pytest_eagle3.plugin import session as eagle3_session
 from pytest_eagle3.errors import Eagle3Error
-from pytest_eagle3.options import Settings
+from pytest_eagle3.plugin.options import Settings
 
 if TYPE_CHECKING:
     from pytest_eagle3.engine.config import EngineConfig
     from pytest_eagle3.engine.install import SGLangInstall
+    from pytest_eagle3.target.spec import TargetFacts
 
 #: ``config.option.numprocesses`` as xdist resolved it, before plan mode switched xdist off.
 XDIST_WORKERS_KEY = pytest.StashKey["int | None"]()
-
-#: Module-level function of a test module that maps its tests to engines (see the module docstring).
-PLAN_HOOK = "eagle3_plan_engine"
 
 #: Fixtures whose use means a test starts an engine.
 ENGINE_FIXTURES = ("eagle3_capture", "eagle3_engine_pool")
@@ -92,39 +84,11 @@ MSG_ENGINE_NCCL = "  nccl_port: from the block's window ({windows})"
 MSG_NO_ENGINE_SECTION = "skipped, no engine starts for them ({count}):"
 MSG_RUNTIME_SECTION = "engine determined at run time:"
 MSG_NO_SGLANG = "SGLang: {error}"
-RUNTIME_NO_CASE = "uses {fixture} but has no eagle3_case parameter"
+RUNTIME_NO_CASE = "uses {fixture} but declares no engine (no eagle3_engines marker, no eagle3_case parameter)"
 RUNTIME_UNKNOWN_CASE = "eagle3_case {case!r} is not a contract fixture"
-RUNTIME_HOOK_FAILED = PLAN_HOOK + " raised {error}"
 PORT_PLACEHOLDER = "<free port>"
 NCCL_PLACEHOLDER = "<port from the block window>"
 BLOCK_PLACEHOLDER = "<the worker block>"
-
-
-@dataclass(frozen=True)
-class PlanContext:
-    """What a :data:`PLAN_HOOK` gets besides the item.
-
-    Attributes:
-        settings: the run's settings.
-        install: the installed SGLang (flags, version).
-        tp: the test's TP size (:func:`pytest_eagle3.session.item_tp`).
-        num_layers, hidden_size, first_k_dense_replace: the target's config.
-    """
-
-    settings: Settings
-    install: "SGLangInstall"
-    tp: int
-    num_layers: int
-    hidden_size: int
-    first_k_dense_replace: int
-
-
-@dataclass(frozen=True)
-class EngineRequest:
-    """The engine a test asks for: ``eagle3_capture(ids, extra_args=extra_args)``."""
-
-    ids: "Sequence[int] | None"
-    extra_args: "dict[str, object]" = field(default_factory=dict)
 
 
 @dataclass
@@ -179,37 +143,17 @@ def static_skip(item: pytest.Item) -> str | None:
     return None
 
 
-def _target_facts(settings: Settings) -> tuple[str, int, int, int]:
-    """``(model path, num_layers, hidden_size, first_k_dense_replace)`` of the run's
-    target, from JSON only."""
-    from pytest_eagle3.spec import LocalTarget, resolve_target
+def _target(settings: Settings) -> "tuple[str, TargetFacts]":
+    """``(model path, facts)`` of the run's target, from JSON only (the path the
+    default ``eagle3_checkpoint`` fixture resolves)."""
+    from pytest_eagle3.target.spec import LocalTarget, resolve_target
 
     target = resolve_target(settings.target)
     if isinstance(target, LocalTarget):
-        path, config = str(target.path), target.config
-    else:
-        from pytest_eagle3.checkpoint.cache import entry_dir
+        return str(target.path), target.facts
+    from pytest_eagle3.target.checkpoint.cache import entry_dir
 
-        path, config = str(entry_dir(target, settings.cache_dir)), target.config
-    return (path, int(config["num_hidden_layers"]), int(config["hidden_size"]),
-            int(config.get("first_k_dense_replace", 0)))
-
-
-def _case_ids(item: pytest.Item, case: str, settings: Settings, num_layers: int, hidden: int,
-              install: "SGLangInstall") -> list[int] | None:
-    """The ids the test's engine captures (``None``: SGLang's default list)."""
-    from pytest_eagle3.suite import cases
-
-    user_draft = getattr(getattr(item, "module", None), "USER_DRAFT", None)
-    if user_draft is not None and case == user_draft:
-        from pytest_eagle3.contracts.draft import load_draft
-
-        if settings.draft is None:
-            return None
-        draft = load_draft(settings.draft)
-        return list(draft.ids) if draft.ids is not None and draft.sglang_reads_ids else None
-    fixture = cases.resolve(case, num_layers, hidden, install.version)
-    return list(fixture.ids) if fixture.ids is not None else None
+    return str(entry_dir(target, settings.cache_dir)), target.facts
 
 
 def build_plan(items: Sequence[pytest.Item], settings: Settings, *,
@@ -219,13 +163,15 @@ def build_plan(items: Sequence[pytest.Item], settings: Settings, *,
     ``install`` defaults to the cached probe of the installed SGLang; a missing or
     broken SGLang is reported in the plan, not raised.
     """
-    from pytest_eagle3.suite import cases
+    from pytest_eagle3.capture import cases
+    from pytest_eagle3.capture.api import engine_config
+    from pytest_eagle3.capture.declare import EngineNeed, NeedContext, resolve
 
     plan = Plan(settings, workers=workers)
     problem: str | None = None
+    facts = None
     try:
-        model_path, num_layers, hidden, first_dense = _target_facts(settings)
-        plan.model_path = model_path
+        plan.model_path, facts = _target(settings)
     except Eagle3Error as exc:
         problem = f"target {settings.target}: {exc}"
     if install is None and problem is None:
@@ -251,68 +197,31 @@ def build_plan(items: Sequence[pytest.Item], settings: Settings, *,
         if engine_fixture is None:
             plan.free.append(nodeid)
             continue
-        hook = getattr(getattr(item, "module", None), PLAN_HOOK, None)
-        if hook is not None and problem is None and install is not None:
-            tp = eagle3_session.item_tp(item)
-            context = PlanContext(settings, install, tp, num_layers, hidden, first_dense)
-            try:
-                request = hook(item, context)
-            except Exception as exc:  # noqa: BLE001 - a broken hook must not hide the rest of the plan
-                plan.runtime.append((nodeid, RUNTIME_HOOK_FAILED.format(error=f"{type(exc).__name__}: {exc}")))
-                continue
-            if isinstance(request, str):
-                plan.skipped.append((nodeid, request))
-                continue
-            if isinstance(request, EngineRequest):
-                try:
-                    config = engine_config(install, settings, model_path=model_path, tp=tp, ids=request.ids,
-                                           extra_args=request.extra_args)
-                except Eagle3Error as exc:
-                    plan.runtime.append((nodeid, f"{type(exc).__name__}: {exc}"))
-                    continue
-                plan.engine_for(config).tests.append(nodeid)
-                continue
         params = getattr(getattr(item, "callspec", None), "params", {})
-        case = params.get(eagle3_session.CASE_ARGNAME)
-        if case is None:
-            plan.runtime.append((nodeid, RUNTIME_NO_CASE.format(fixture=engine_fixture)))
-            continue
-        case = str(getattr(case, "name", case))
-        tp = eagle3_session.item_tp(item)
-        user_draft = getattr(getattr(item, "module", None), "USER_DRAFT", None)
-        if case != user_draft and case not in cases.case_files():
-            plan.runtime.append((nodeid, RUNTIME_UNKNOWN_CASE.format(case=case)))
-            continue
-        skip = None if case == user_draft else cases.skip_reason(case, tp)
-        if skip:
-            plan.skipped.append((nodeid, skip))
-            continue
-        if problem is not None or install is None:
+        need = params.get(eagle3_session.NEED_ARGNAME)
+        if need is None:
+            case = params.get(eagle3_session.CASE_ARGNAME)
+            if case is None:
+                plan.runtime.append((nodeid, RUNTIME_NO_CASE.format(fixture=engine_fixture)))
+                continue
+            case = str(getattr(case, "name", case))
+            if case not in cases.case_files():
+                plan.runtime.append((nodeid, RUNTIME_UNKNOWN_CASE.format(case=case)))
+                continue
+            need = EngineNeed(case, case, every_tp=True)
+        if problem is not None or install is None or facts is None:
             plan.runtime.append((nodeid, problem or "SGLang not probed"))
             continue
+        tp = eagle3_session.item_tp(item)
         try:
-            ids = _case_ids(item, case, settings, num_layers, hidden, install)
-            config = engine_config(install, settings, model_path=model_path, tp=tp, ids=ids)
+            request = resolve(need, NeedContext(settings, tp, install, facts))
+            config = engine_config(install, settings, model_path=str(plan.model_path), tp=tp, ids=request.ids,
+                                   extra_args=request.extra_args)
         except Eagle3Error as exc:
             plan.runtime.append((nodeid, f"{type(exc).__name__}: {exc}"))
             continue
         plan.engine_for(config).tests.append(nodeid)
     return plan
-
-
-def engine_config(install: "SGLangInstall", settings: Settings, *, model_path: str, tp: int,
-                  ids: Sequence[int] | None, extra_args: "dict[str, object] | None" = None) -> "EngineConfig":
-    """The :class:`EngineConfig` :class:`pytest_eagle3.fixtures.CaptureRunner` builds for
-    ``ids`` and ``extra_args``."""
-    from pytest_eagle3.capture import capture_server_args
-    from pytest_eagle3.engine.config import build_engine_config
-
-    args = capture_server_args(install, list(ids) if ids is not None else None)
-    args.update(extra_args or {})
-    return build_engine_config(
-        install, model_path=model_path, tp=tp, device=settings.device,
-        test_args=args, user_args=settings.sglang_args,
-    )
 
 
 # --- rendering ---

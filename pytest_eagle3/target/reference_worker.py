@@ -1,8 +1,8 @@
-"""Subprocess entry point of the transformers reference (see :mod:`pytest_eagle3.reference`).
+"""Subprocess entry point of the transformers reference (see :mod:`pytest_eagle3.target.reference`).
 
 Usage::
 
-    python -m pytest_eagle3.reference_worker --checkpoint DIR --prompts PROMPTS.json \\
+    python -m pytest_eagle3.target.reference_worker --checkpoint DIR --prompts PROMPTS.json \\
         --dtype float32 --out OUT.safetensors
 
 Loads ``DIR`` with ``AutoModelForCausalLM.from_pretrained`` (offline, eager
@@ -10,7 +10,7 @@ attention), runs each prompt alone (batch 1, no padding, no KV cache) with
 ``output_hidden_states=True``, and writes one float32 tensor per prompt,
 ``prompt_<i>`` = ``[L+2, tokens, hidden]``: ``hs[0..L]`` then ``final_prenorm``
 (the input of the final norm, captured by a forward pre-hook), the layout of
-:mod:`pytest_eagle3.snapshots`. Rotary ``inv_freq`` buffers are kept in float32
+:mod:`pytest_eagle3.verdicts.snapshots`. Rotary ``inv_freq`` buffers are kept in float32
 whatever ``--dtype`` is (DESIGN.md pitfall).
 
 Exit status 0 on success; on failure a traceback on stderr and status 1.
@@ -32,7 +32,7 @@ SMALL_MODEL_BYTES = 256 * 1024 * 1024
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m pytest_eagle3.reference_worker")
+    ap = argparse.ArgumentParser(prog="python -m pytest_eagle3.target.reference_worker")
     ap.add_argument("--checkpoint", required=True, type=Path)
     ap.add_argument("--prompts", required=True, type=Path, help='JSON: {"prompts": [[ids], ...]}')
     ap.add_argument("--dtype", default="float32", choices=DTYPES)

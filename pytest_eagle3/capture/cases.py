@@ -9,7 +9,8 @@ engine per list.
 Engine starts dominate the suite's wall time, so only :data:`WIDE_CASE` (the
 embedding-first layout, which also exercises the embedding all-reduce) runs at
 every TP size up to ``--tp``; the other lists run at TP 1, because which layers
-an id list selects does not depend on TP.
+an id list selects does not depend on TP (the policy is in
+:mod:`pytest_eagle3.capture.declare`).
 """
 
 from __future__ import annotations
@@ -23,10 +24,6 @@ from pytest_eagle3.contracts.catalog import ContractFixture, contracts_dir, load
 #: Runs at every TP size: slot 0 is the embedding on sglang >= 0.5.13.
 WIDE_CASE = "kimi-embedding-first"
 
-TP1_ONLY = (
-    "id-list case {case!r} runs at TP 1 only: which layers a list selects does not "
-    "depend on TP (the {wide!r} case covers every TP size)"
-)
 
 
 @lru_cache(maxsize=None)
@@ -46,10 +43,3 @@ def resolve(name: str, num_layers: int, hidden_size: int, sglang_version: str) -
     """The fixture ``name`` for an ``L``-layer target."""
     return load_contract_fixture(case_files()[name], num_layers, hidden_size=hidden_size,
                                  sglang_version=sglang_version)
-
-
-def skip_reason(name: str, tp: int) -> str | None:
-    """Why case ``name`` does not run at ``tp`` (None: it runs)."""
-    if tp > 1 and name != WIDE_CASE:
-        return TP1_ONLY.format(case=name, wide=WIDE_CASE)
-    return None

@@ -52,9 +52,9 @@ from pytest_eagle3.contracts.draft import (
     load_draft,
 )
 from pytest_eagle3.contracts.stacks import STACKS, stack_options
-from pytest_eagle3.conventions import Prediction, predict
+from pytest_eagle3.verdicts.conventions import Prediction, predict
 from pytest_eagle3.errors import Eagle3ConfigError, Eagle3ContractError
-from pytest_eagle3.idfix import Fix, plan_fix
+from pytest_eagle3.cli.idfix import Fix, plan_fix
 
 MATCH, MISMATCH, FAILS, INVALID = "match", "mismatch", "fails", "invalid"
 EXIT_CODES = {MATCH: 0, MISMATCH: 1, FAILS: 1, INVALID: 1}

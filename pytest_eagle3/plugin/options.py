@@ -106,7 +106,7 @@ class Settings:
         stack: the training stack that produced ``draft`` (``--eagle3-stack``).
         slow: run tests marked ``slow`` (``--eagle3-slow``); they are skipped otherwise.
         plan: ``--eagle3-plan``: print the engines the selected tests would start,
-            start nothing, run no test (:mod:`pytest_eagle3.plan`).
+            start nothing, run no test (:mod:`pytest_eagle3.plugin.plan`).
     """
 
     tp: int = 1

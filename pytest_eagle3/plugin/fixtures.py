@@ -22,20 +22,21 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 import pytest
 
-from pytest_eagle3 import session as eagle3_session
+from pytest_eagle3.plugin import session as eagle3_session
 from pytest_eagle3.errors import Eagle3ConfigError
-from pytest_eagle3.options import Settings, check_tp_divides, get_settings
+from pytest_eagle3.plugin.options import Settings, check_tp_divides, get_settings
 
 if TYPE_CHECKING:
     import torch
 
-    from pytest_eagle3.capture import Captures
+    from pytest_eagle3.capture.api import Captures
+    from pytest_eagle3.capture.declare import EngineNeed, EngineRequest
     from pytest_eagle3.engine.config import EngineConfig
     from pytest_eagle3.engine.install import SGLangInstall
     from pytest_eagle3.engine.lease import GpuLeaser
     from pytest_eagle3.engine.pool import EnginePool
     from pytest_eagle3.engine.recordings import Record
-    from pytest_eagle3.spec import LocalTarget, TargetSpec
+    from pytest_eagle3.target.spec import LocalTarget, TargetFacts, TargetSpec
 
 logger = logging.getLogger("pytest_eagle3")
 
@@ -61,7 +62,7 @@ def progress_writer(config: pytest.Config):
 
 @pytest.fixture(scope="session")
 def eagle3_settings(pytestconfig: pytest.Config) -> Settings:
-    """The run's resolved :class:`~pytest_eagle3.options.Settings`."""
+    """The run's resolved :class:`~pytest_eagle3.plugin.options.Settings`."""
     return get_settings(pytestconfig)
 
 
@@ -72,7 +73,7 @@ def eagle3_target(eagle3_settings: Settings) -> "TargetSpec | LocalTarget":
     Raises:
         Eagle3ConfigError: unknown preset, or a directory without config.json.
     """
-    from pytest_eagle3.spec import resolve_target
+    from pytest_eagle3.target.spec import resolve_target
 
     return resolve_target(eagle3_settings.target)
 
@@ -81,38 +82,28 @@ def eagle3_target(eagle3_settings: Settings) -> "TargetSpec | LocalTarget":
 def eagle3_checkpoint(eagle3_target: "TargetSpec | LocalTarget", eagle3_settings: Settings, pytestconfig: pytest.Config) -> Path:
     """Checkpoint directory: built once per machine into the cache for a preset,
     the user's directory as it is for a path."""
-    from pytest_eagle3.spec import LocalTarget
+    from pytest_eagle3.target.spec import LocalTarget
 
     if isinstance(eagle3_target, LocalTarget):
         return eagle3_target.path
-    from pytest_eagle3.checkpoint import ensure_checkpoint
+    from pytest_eagle3.target.checkpoint import ensure_checkpoint
 
     progress_writer(pytestconfig)(f"checkpoint {eagle3_target.name}: cache {eagle3_settings.cache_dir}")
     return ensure_checkpoint(eagle3_target, eagle3_settings.cache_dir, rebuild=eagle3_settings.rebuild)
 
 
-@dataclass(frozen=True)
-class ModelFacts:
-    """The few config facts the suite needs. ``num_layers`` is ``L``."""
-
-    num_layers: int
-    hidden_size: int
-    vocab_size: int
-    num_attention_heads: int
-    first_k_dense_replace: int
-
-
 @pytest.fixture(scope="session")
-def eagle3_model_config(eagle3_checkpoint: Path, eagle3_settings: Settings) -> ModelFacts:
-    """Facts from the checkpoint's ``config.json``; checks ``--tp`` divides the heads."""
-    cfg = json.loads((eagle3_checkpoint / "config.json").read_text())
-    facts = ModelFacts(
-        num_layers=int(cfg["num_hidden_layers"]),
-        hidden_size=int(cfg["hidden_size"]),
-        vocab_size=int(cfg["vocab_size"]),
-        num_attention_heads=int(cfg["num_attention_heads"]),
-        first_k_dense_replace=int(cfg.get("first_k_dense_replace", 0)),
-    )
+def eagle3_model_config(eagle3_checkpoint: Path, eagle3_settings: Settings) -> "TargetFacts":
+    """The target's :class:`~pytest_eagle3.target.spec.TargetFacts`, from the
+    checkpoint's ``config.json`` (so an overridden ``eagle3_checkpoint`` is read
+    as it is); checks ``--tp`` divides the heads.
+
+    Raises:
+        Eagle3ConfigError: ``--tp`` does not divide ``num_attention_heads``.
+    """
+    from pytest_eagle3.target.spec import TargetFacts
+
+    facts = TargetFacts.from_config(json.loads((eagle3_checkpoint / "config.json").read_text()))
     problem = check_tp_divides(eagle3_settings.tp, facts.num_attention_heads)
     if problem:
         raise Eagle3ConfigError(problem)
@@ -120,9 +111,9 @@ def eagle3_model_config(eagle3_checkpoint: Path, eagle3_settings: Settings) -> M
 
 
 @pytest.fixture(scope="session")
-def eagle3_prompts(eagle3_model_config: ModelFacts) -> list[list[int]]:
+def eagle3_prompts(eagle3_model_config: "TargetFacts") -> list[list[int]]:
     """Token-id prompts (``fixtures/prompts.json``), ids spread over every vocab shard."""
-    from pytest_eagle3.spec import load_prompts
+    from pytest_eagle3.target.spec import load_prompts
 
     return load_prompts(vocab_size=eagle3_model_config.vocab_size)
 
@@ -131,7 +122,7 @@ def eagle3_prompts(eagle3_model_config: ModelFacts) -> list[list[int]]:
 def eagle3_reference(eagle3_checkpoint: Path, eagle3_prompts: list[list[int]], pytestconfig: pytest.Config) -> "list[torch.Tensor]":
     """transformers' hidden states per prompt, ``[L+2, tokens, hidden]`` float32
     (``snapshots.py`` indexing), cached next to the checkpoint."""
-    from pytest_eagle3.reference import ensure_reference
+    from pytest_eagle3.target.reference import ensure_reference
 
     progress_writer(pytestconfig)("reference hidden states (transformers)")
     return ensure_reference(eagle3_checkpoint, eagle3_prompts)
@@ -177,7 +168,7 @@ def eagle3_engine_pool(eagle3_settings: Settings, pytestconfig: pytest.Config, t
     run = eagle3_session.get_session(pytestconfig)
 
     def on_start(config: "EngineConfig", server: Any) -> None:
-        run.record_engine(config.describe(), server.startup_seconds or 0.0, server.log_path)
+        run.record_engine(f"{config.name} ({config.describe()})", server.startup_seconds or 0.0, server.log_path)
 
     pool = EnginePool(
         log_dir=tmp_path_factory.mktemp("sglang-logs"),
@@ -217,15 +208,18 @@ class CaptureRunner:
         self.last_config: "EngineConfig | None" = None
 
     def engine_config(self, layer_ids: Sequence[int] | None, extra_args: Mapping[str, Any] | None = None) -> "EngineConfig":
-        from pytest_eagle3.capture import capture_server_args
-        from pytest_eagle3.engine.config import build_engine_config
+        """The engine for ``layer_ids`` and ``extra_args`` (the one ``--eagle3-plan`` prints)."""
+        from pytest_eagle3.capture.api import engine_config
 
-        args = capture_server_args(self.install, layer_ids)
-        args.update(extra_args or {})
-        return build_engine_config(
-            self.install, model_path=str(self.checkpoint), tp=self.tp, device=self.settings.device,
-            test_args=args, user_args=self.settings.sglang_args,
-        )
+        return engine_config(self.install, self.settings, model_path=str(self.checkpoint), tp=self.tp,
+                             ids=layer_ids, extra_args=extra_args)
+
+    def run(self, request: "EngineRequest") -> "list[Captures]":
+        """Captures of the suite prompts for a declared :class:`EngineRequest`
+        (its ids, server args and request shape); the last of ``request.repeat`` sends."""
+        runs = [self(request.ids, decode_steps=request.decode_steps, extra_args=request.extra_args,
+                     batch=request.batch) for _ in range(max(1, request.repeat))]
+        return runs[-1]
 
     def __call__(self, layer_ids: Sequence[int] | None, *, prompts: Sequence[Sequence[int]] | None = None,
                  decode_steps: int = 0, extra_args: Mapping[str, Any] | None = None,
@@ -240,7 +234,7 @@ class CaptureRunner:
             Eagle3CaptureUnsupported: this SGLang cannot return captures without a draft.
             Eagle3EngineError: the engine failed to start or answer (with its log tail).
         """
-        from pytest_eagle3.capture import capture
+        from pytest_eagle3.capture.api import capture
 
         server = self._server(layer_ids, extra_args)
         return capture(server, self.prompts if prompts is None else prompts, decode_steps=decode_steps,
@@ -263,7 +257,7 @@ class CaptureRunner:
         Raises:
             Eagle3Error: a rank recorded nothing (the SGLang plugin is not loaded).
         """
-        from pytest_eagle3.capture import capture
+        from pytest_eagle3.capture.api import capture
         from pytest_eagle3.engine.recordings import Recorder
 
         server = self._server(layer_ids, extra_args)
@@ -278,8 +272,37 @@ class CaptureRunner:
 @pytest.fixture
 def eagle3_capture(request: pytest.FixtureRequest, eagle3_engine_pool: "EnginePool", eagle3_sglang: "SGLangInstall",
                    eagle3_checkpoint: Path, eagle3_settings: Settings, eagle3_tp: int,
-                   eagle3_prompts: list[list[int]], eagle3_model_config: ModelFacts) -> CaptureRunner:
+                   eagle3_prompts: list[list[int]], eagle3_model_config: "TargetFacts") -> CaptureRunner:
     """A :class:`CaptureRunner` for this test's TP size."""
     return CaptureRunner(request=request, pool=eagle3_engine_pool, install=eagle3_sglang,
                          checkpoint=eagle3_checkpoint, settings=eagle3_settings, tp=eagle3_tp,
                          prompts=eagle3_prompts)
+
+
+@pytest.fixture
+def eagle3_need(request: pytest.FixtureRequest) -> "EngineNeed":
+    """The :class:`~pytest_eagle3.capture.declare.EngineNeed` this test was
+    generated for (``@pytest.mark.eagle3_engines(...)``).
+
+    Raises:
+        Eagle3ConfigError: the test requests it without declaring its engines.
+    """
+    raise Eagle3ConfigError(
+        f"{request.node.nodeid} uses eagle3_need but declares no engines: add "
+        "@pytest.mark.eagle3_engines(*needs) (pytest_eagle3.capture.declare)"
+    )
+
+
+@pytest.fixture
+def eagle3_engine_request(eagle3_need: "EngineNeed", eagle3_tp: int, eagle3_settings: Settings,
+                          eagle3_sglang: "SGLangInstall", eagle3_model_config: "TargetFacts",
+                          record_property: Any) -> "EngineRequest":
+    """The declared need resolved for this target and SGLang
+    (:func:`pytest_eagle3.capture.declare.resolve`, as ``--eagle3-plan`` does)."""
+    from pytest_eagle3.capture.declare import NeedContext, resolve
+
+    request = resolve(eagle3_need, NeedContext(eagle3_settings, eagle3_tp, eagle3_sglang, eagle3_model_config))
+    record_property("eagle3_ids", list(request.ids) if request.ids is not None else None)
+    if request.note:
+        record_property("eagle3_note", request.note)
+    return request

@@ -19,7 +19,7 @@ import sys
 from typing import Sequence
 
 from pytest_eagle3.errors import Eagle3Error
-from pytest_eagle3.inspect_cli import add_inspect_parser, cmd_inspect
+from pytest_eagle3.cli.inspect import add_inspect_parser, cmd_inspect
 
 
 def _ids(value: str) -> list[int]:
@@ -44,10 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from pytest_eagle3.capture import Eagle3CaptureUnsupported, select_method
-    from pytest_eagle3.conventions import predict, rule_for
+    from pytest_eagle3.capture.api import Eagle3CaptureUnsupported, select_method
+    from pytest_eagle3.verdicts.conventions import predict, rule_for
     from pytest_eagle3.engine.install import probe
-    from pytest_eagle3.snapshots import full_label
+    from pytest_eagle3.verdicts.snapshots import full_label
 
     install = probe(args.cache)
     print(install.describe())

@@ -1,11 +1,11 @@
 """The transformers reference: ground-truth residual-stream snapshots, cached.
 
 :func:`ensure_reference` returns, per prompt, a float32 tensor
-``[L+2, tokens, hidden]`` indexed as in :mod:`pytest_eagle3.snapshots`:
+``[L+2, tokens, hidden]`` indexed as in :mod:`pytest_eagle3.verdicts.snapshots`:
 ``0..L`` = transformers ``output_hidden_states`` ``hs[0..L]`` (``hs[L]`` is
 after the final norm), ``L+1`` = ``final_prenorm``.
 
-transformers runs in a subprocess (:mod:`pytest_eagle3.reference_worker`,
+transformers runs in a subprocess (:mod:`pytest_eagle3.target.reference_worker`,
 like SGLang's ``HFRunner``) with ``HF_HUB_OFFLINE=1``, so the test process
 never imports transformers and a crash there cannot take pytest down. Results
 are cached as safetensors, keyed by the checkpoint's identity, the prompts,
@@ -160,7 +160,7 @@ def _run_worker(
     prompts_file = out.with_name(out.name + ".prompts.json")
     prompts_file.write_text(json.dumps({"prompts": prompts}), encoding="ascii")
     cmd = [
-        sys.executable, "-m", "pytest_eagle3.reference_worker",
+        sys.executable, "-m", "pytest_eagle3.target.reference_worker",
         "--checkpoint", str(checkpoint_dir), "--prompts", str(prompts_file),
         "--dtype", dtype, "--out", str(out),
     ]

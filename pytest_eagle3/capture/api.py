@@ -20,7 +20,7 @@ returns only its uncached rows (:func:`pytest_eagle3.engine.config.base_server_a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from pytest_eagle3.engine.install import SGLangInstall
 from pytest_eagle3.errors import Eagle3Error
@@ -28,7 +28,9 @@ from pytest_eagle3.errors import Eagle3Error
 if TYPE_CHECKING:
     import torch
 
+    from pytest_eagle3.engine.config import EngineConfig
     from pytest_eagle3.engine.server import SGLangServer
+    from pytest_eagle3.plugin.options import Settings
 
 CAPTURE_ONLY = "capture-only"
 EAGLE3_DRAFT = "eagle3-draft"
@@ -72,7 +74,7 @@ def capture_server_args(
     """Server arguments that make SGLang capture ``layer_ids`` (``None``: its default list).
 
     The ids are passed exactly as a draft config would declare them; SGLang's
-    own rule maps them to layers (see :mod:`pytest_eagle3.conventions`).
+    own rule maps them to layers (see :mod:`pytest_eagle3.verdicts.conventions`).
     """
     method = select_method(install, draft_path=draft_path)
     if method == CAPTURE_ONLY:
@@ -88,6 +90,22 @@ def capture_server_args(
         "speculative_algorithm": "EAGLE3",
         "speculative_draft_model_path": draft_path,
     }
+
+
+def engine_config(install: SGLangInstall, settings: "Settings", *, model_path: str, tp: int,
+                  ids: Sequence[int] | None, extra_args: Mapping[str, Any] | None = None) -> "EngineConfig":
+    """The engine that captures ``ids`` with ``extra_args``: the one the
+    ``eagle3_capture`` fixture starts and ``--eagle3-plan`` prints.
+
+    Raises:
+        Eagle3CaptureUnsupported: this SGLang cannot return captures this way.
+    """
+    from pytest_eagle3.engine.config import build_engine_config
+
+    args = capture_server_args(install, list(ids) if ids is not None else None)
+    args.update(extra_args or {})
+    return build_engine_config(install, model_path=model_path, tp=tp, device=settings.device,
+                               test_args=args, user_args=settings.sglang_args)
 
 
 @dataclass

@@ -1,9 +1,9 @@
-"""``pytest-eagle3 inspect``: the argument parser and command around :mod:`pytest_eagle3.preflight`.
+"""``pytest-eagle3 inspect``: the argument parser and command around :mod:`pytest_eagle3.cli.preflight`.
 
 Resolves the target's layer count (``--target`` preset or checkpoint dir, or
 ``--layers``) and the SGLang version (``--sglang-version``, else the installed
 one read from package metadata, which is all the id rule needs: no ``--help``
-probe, no SGLang import), then prints the :class:`~pytest_eagle3.preflight.Inspection`.
+probe, no SGLang import), then prints the :class:`~pytest_eagle3.cli.preflight.Inspection`.
 """
 
 from __future__ import annotations
@@ -112,13 +112,13 @@ def add_inspect_parser(sub: Any) -> argparse.ArgumentParser:
 def _layers(args: argparse.Namespace) -> tuple[int, str, int | None]:
     """``(L, description, target hidden size or None)``."""
     if args.target is not None:
-        from pytest_eagle3.spec import resolve_target
+        from pytest_eagle3.target.spec import resolve_target
 
         t = resolve_target(args.target)
-        if args.layers is not None and args.layers != t.num_layers:
+        if args.layers is not None and args.layers != t.facts.num_layers:
             raise Eagle3ConfigError(LAYERS_DIFFER_MSG.format(layers=args.layers, target=args.target,
-                                                             target_layers=t.num_layers))
-        return t.num_layers, f"{t.name}, {t.num_layers} layers, hidden {t.hidden_size}", t.hidden_size
+                                                             target_layers=t.facts.num_layers))
+        return t.facts.num_layers, f"{t.name}, {t.facts.num_layers} layers, hidden {t.facts.hidden_size}", t.facts.hidden_size
     if args.layers is None:
         raise Eagle3ConfigError(NEEDS_LAYERS_MSG)
     return args.layers, f"{args.layers} layers (--layers)", None
@@ -139,7 +139,7 @@ def _sglang(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from pytest_eagle3.preflight import inspect_draft, unreadable_dict
+    from pytest_eagle3.cli.preflight import inspect_draft, unreadable_dict
 
     L, target, hidden = _layers(args)
     version, source = _sglang(args)

@@ -16,8 +16,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable
 
 import pytest
+
+if TYPE_CHECKING:
+    from pytest_eagle3.engine.install import SGLangInstall
+    from pytest_eagle3.target.spec import TargetFacts
 
 #: Lines of an engine log attached to a failing test.
 LOG_TAIL_LINES = 200
@@ -26,7 +31,6 @@ LOG_TAIL_BYTES = 256 * 1024
 #: Name a directly parametrized TP value is given (``tp(1, 2)`` marker).
 TP_ARGNAME = "eagle3_tp"
 
-MSG_SKIP_GPU = "needs --device cuda; this run is --device {device}"
 MSG_SKIP_SLOW = "slow: starts an SGLang engine of its own (minutes on CPU); run with --eagle3-slow"
 MSG_SKIP_TP = "needs --tp {needed}; this run has --tp {tp}"
 MSG_BAD_TP_MARKER = "{nodeid}: tp marker takes TP sizes from {choices}, got {args}"
@@ -39,6 +43,8 @@ LOG_MISSING = "(log {path} is missing: {reason})"
 #: Section body for a log that has not changed since it was shown for an earlier failure.
 LOG_SHOWN_BEFORE = "(unchanged since its tail was shown for {nodeid})"
 SUMMARY_TITLE = "eagle3 engines"
+LEFT_OUT_TITLE = "eagle3 left out (not generated: this run cannot execute them; -v lists them)"
+LEFT_OUT_LINE = "{count} left out: {reason}"
 SUMMARY_LINE = "{description}: ready in {seconds:.1f} s"
 
 ENGINE_LOGS_KEY = pytest.StashKey[list[tuple[str, Path]]]()
@@ -54,7 +60,7 @@ class EngineRecord:
     nodeid: str | None = None
 
 
-@dataclass
+@dataclass(eq=False)  # identity hash: pytest keeps registered plugins in sets and dicts
 class Eagle3Session:
     """Run-level registry; registered as a plugin named ``eagle3-session``."""
 
@@ -63,6 +69,43 @@ class Eagle3Session:
     started_at: float = field(default_factory=time.monotonic)
     #: log path -> ((size, mtime_ns), nodeid) of the last failure its tail was shown for.
     shown_logs: dict[Path, tuple[tuple[int, int], str]] = field(default_factory=dict)
+    #: reason -> test ids left out at collection (this run cannot execute them).
+    left_out: dict[str, list[str]] = field(default_factory=dict)
+    _context: "tuple[Any, Any] | None" = field(default=None, repr=False)
+
+    def leave_out(self, test_id: str, reason: str) -> None:
+        """Record a test not generated in this run, and why (terminal summary)."""
+        self.left_out.setdefault(reason, []).append(test_id)
+
+    def collect_context(self) -> "tuple[SGLangInstall | None, TargetFacts | None]":
+        """The installed SGLang (cached ``--help`` probe) and the target's facts
+        (its ``config.json``), read once per run for collection; ``None`` for
+        what cannot be read (the tests then report that error themselves)."""
+        if self._context is None:
+            from pytest_eagle3.errors import Eagle3Error
+            from pytest_eagle3.plugin.options import get_settings
+
+            settings = get_settings(self.config)
+            install = facts = None
+            try:
+                from pytest_eagle3.target.spec import resolve_target
+
+                facts = resolve_target(settings.target).facts
+            except Eagle3Error:
+                pass
+            from pytest_eagle3.plugin.options import check_tp_divides
+
+            # A bad target or --tp is reported once, after collection, before
+            # anything (the probe's flag cache included) is written.
+            if facts is not None and not check_tp_divides(settings.tp, facts.num_attention_heads):
+                try:
+                    from pytest_eagle3.engine.install import probe
+
+                    install = probe(settings.cache_dir)
+                except Eagle3Error:
+                    pass
+            self._context = (install, facts)
+        return self._context
 
     def record_engine(
         self,
@@ -79,14 +122,27 @@ class Eagle3Session:
     def summary_lines(self) -> list[str]:
         return [SUMMARY_LINE.format(description=e.description, seconds=e.start_seconds) for e in self.engines]
 
+    def left_out_lines(self, verbose: bool = False) -> list[str]:
+        """One line per reason (``N left out: reason``), each test id under it when ``verbose``."""
+        lines = []
+        for reason, ids in self.left_out.items():
+            lines.append(LEFT_OUT_LINE.format(count=len(ids), reason=reason))
+            if verbose:
+                lines += [f"    {test_id}" for test_id in ids]
+        return lines
+
     @pytest.hookimpl(trylast=True)
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         lines = self.summary_lines()
-        if not lines:
-            return
-        terminalreporter.section(SUMMARY_TITLE, sep="-")
-        for line in lines:
-            terminalreporter.line(line)
+        if lines:
+            terminalreporter.section(SUMMARY_TITLE, sep="-")
+            for line in lines:
+                terminalreporter.line(line)
+        left = self.left_out_lines(verbose=self.config.get_verbosity() > 0)
+        if left:
+            terminalreporter.section(LEFT_OUT_TITLE, sep="-")
+            for line in left:
+                terminalreporter.line(line)
 
 
 SESSION_KEY = pytest.StashKey[Eagle3Session]()
@@ -172,7 +228,7 @@ def tp_marker_values(marker: pytest.Mark, nodeid: str) -> tuple[int, ...]:
     Raises:
         pytest.fail.Exception: a value outside 1, 2, 4, 8 (or no value).
     """
-    from pytest_eagle3.options import TP_CHOICES
+    from pytest_eagle3.plugin.options import TP_CHOICES
 
     values = marker.args
     ok = bool(values) and all(isinstance(v, int) and not isinstance(v, bool) and v in TP_CHOICES for v in values)
@@ -185,15 +241,26 @@ def tp_marker_values(marker: pytest.Mark, nodeid: str) -> tuple[int, ...]:
 
 #: Parameter naming the capture case; tests with equal (tp, case) share an engine.
 CASE_ARGNAME = "eagle3_case"
+#: Parameter holding a declared :class:`~pytest_eagle3.capture.declare.EngineNeed`.
+NEED_ARGNAME = "eagle3_need"
+
+
+def uses_eagle3(fixturenames: Iterable[str]) -> bool:
+    """Whether a test is this plugin's: it uses one of its ``eagle3_*`` fixtures.
+
+    Everything the plugin does to items (generating TP sizes, skips, ordering)
+    is limited to these, so another project's tests keep their outcomes.
+    """
+    return any(name.startswith("eagle3_") for name in fixturenames)
 
 
 def engine_group(item: pytest.Item) -> tuple[int, int, str]:
     """Sort key grouping tests that use the same engine: engine-free tests first,
-    then by TP size, then by capture case name."""
+    then by TP size, then by engine need (or capture case) name."""
     params = getattr(getattr(item, "callspec", None), "params", {})
-    if TP_ARGNAME not in params and CASE_ARGNAME not in params and item.get_closest_marker("tp") is None:
+    if not ({TP_ARGNAME, CASE_ARGNAME, NEED_ARGNAME} & set(params)) and item.get_closest_marker("tp") is None:
         return (0, 0, "")
-    case = params.get(CASE_ARGNAME)
+    case = params.get(NEED_ARGNAME, params.get(CASE_ARGNAME))
     return (1, item_tp(item), str(getattr(case, "name", case or "")))
 
 
@@ -206,6 +273,6 @@ def item_tp(item: pytest.Item) -> int:
     marker = item.get_closest_marker("tp")
     if marker is not None:
         return max(tp_marker_values(marker, item.nodeid))
-    from pytest_eagle3.options import get_settings
+    from pytest_eagle3.plugin.options import get_settings
 
     return get_settings(item.config).tp

@@ -1,0 +1,291 @@
+"""One declaration of the engine a packaged test needs.
+
+A packaged test says which engine it needs with the ``eagle3_engines`` marker::
+
+    @pytest.mark.tp(1, 2, 4, 8)
+    @pytest.mark.eagle3_engines(*case_needs())
+    def test_capture_order(eagle3_need, eagle3_engine_request, eagle3_capture, ...):
+        captures = eagle3_capture.run(eagle3_engine_request)
+
+Everything else reads that one declaration:
+
+* collection (:mod:`pytest_eagle3.plugin.hooks`) generates the test only for the
+  ``(TP size, need)`` pairs this run can execute (:func:`collect_reason`) and
+  summarises what it left out, one line per reason;
+* the ``eagle3_engine_request`` fixture turns the need into an
+  :class:`EngineRequest` (:func:`resolve`) that ``eagle3_capture`` starts or
+  reuses an engine for;
+* ``--eagle3-plan`` (:mod:`pytest_eagle3.plugin.plan`) calls the same
+  :func:`resolve` and :func:`pytest_eagle3.capture.api.engine_config`, so the
+  plan and the run agree engine for engine.
+
+Policy lives here, not in test bodies: which id lists run at which TP size
+(:data:`TP1_ONLY`), which ids a draft config makes SGLang read, which contract
+mismatch is a known incompatibility of the installed SGLang (an XFAIL), which
+variants need an engine of their own (``slow`` on CPU).
+
+Nothing here imports torch or sglang.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Sequence
+
+from pytest_eagle3.capture import cases
+from pytest_eagle3.errors import Eagle3ConfigError
+
+if TYPE_CHECKING:
+    from pytest_eagle3.engine.install import SGLangInstall
+    from pytest_eagle3.engine.variants import Variant
+    from pytest_eagle3.plugin.options import Settings
+    from pytest_eagle3.target.spec import TargetFacts
+
+#: Marker carrying a test's :class:`EngineNeed` declarations.
+MARKER = "eagle3_engines"
+#: Parameter name of the need a generated test runs with.
+NEED_ARGNAME = "eagle3_need"
+#: GPU architecture ``--eagle3-plan`` assumes where it cannot see one (H100/H200 runners).
+PLAN_GPU_ARCH = "sm90"
+#: Need name of the user's own draft (``--eagle3-draft``).
+USER_DRAFT = "your-draft"
+
+# Reasons a (TP, need) pair is left out at collection (one summary line each).
+TP1_ONLY = (
+    "id-list cases other than {wide!r} run at TP 1 only: which layers a list selects does "
+    "not depend on TP"
+)
+TP_ABOVE = "needs --tp {needed}; this run has --tp {tp}"
+SLOW = "needs an SGLang engine of its own (minutes on cpu); run with --eagle3-slow"
+SLOW_TP8 = "TP 8 on cpu (about 100 s and 15 GB per engine); run with --eagle3-slow"
+OWN_ENGINE_TP1_ON_CPU = (
+    "path variants with an engine of their own run at TP 1 only on cpu (engine starts dominate the run)"
+)
+COLLAPSES = (
+    "ids {ids} on {L} layers make {sglang} capture layers {layers}, which fails at the "
+    "first forward (pytest-eagle3 inspect reports this before any engine starts)"
+)
+NO_CONTRACT = "{case}: no contract on a {L}-layer target: {error}"
+NO_EMBEDDING_ID = "{sglang} cannot capture the embedding with {rule}: no id list yields hs[0]"
+NO_USER_DRAFT = "your own draft: pass --eagle3-draft PATH --eagle3-stack NAME"
+IDS_IGNORED = "SGLang reads no ids from this draft config ({key}); it uses its default list"
+
+
+@dataclass(frozen=True)
+class EngineNeed:
+    """What engine a test needs, before the target and SGLang are known.
+
+    Attributes:
+        name: id part of the generated test and the engine group the tests that
+            share an engine are sorted by (``kimi-embedding-first``, ``variant-decode``).
+        case: the contract fixture (``fixtures/contracts/<case>.json``) whose ids
+            the engine captures; :data:`USER_DRAFT` for ``--eagle3-draft``.
+        variant: a path variant (:mod:`pytest_eagle3.engine.variants`); its
+            server args, request shape and ids override the case's.
+        every_tp: run at every TP size of the test's ``tp`` marker; otherwise
+            only at TP 1 (:data:`TP1_ONLY`).
+        needs_embedding: the test reads the embedding slot; left out when the
+            installed SGLang's rule cannot capture it.
+        needs_contract: the test compares with the case's training contract;
+            left out when the contract is invalid on this target.
+    """
+
+    name: str
+    case: str
+    variant: "Variant | None" = field(default=None, compare=False)
+    every_tp: bool = False
+    needs_embedding: bool = False
+    needs_contract: bool = False
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def own_engine(self) -> bool:
+        """A variant with server args or ids of its own needs an engine nobody else uses."""
+        v = self.variant
+        return v is not None and (bool(v.server_args) or v.ids is not None)
+
+
+@dataclass(frozen=True)
+class NeedContext:
+    """What deciding a need takes: the run, the installed SGLang, the target.
+
+    ``install`` and ``facts`` are ``None`` when they could not be read (SGLang
+    missing, bad target); needs that depend on them are then kept at collection
+    and fail at run time with that error.
+    """
+
+    settings: "Settings"
+    tp: int
+    install: "SGLangInstall | None" = None
+    facts: "TargetFacts | None" = None
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """The engine and requests a test runs: ``eagle3_capture.run(request)``.
+
+    Attributes:
+        ids: aux layer ids as a draft config declares them (``None``: SGLang's default).
+        extra_args: server arguments beyond the capture ones (a variant's).
+        decode_steps: decode rows wanted per prompt.
+        batch: send all prompts in one request.
+        repeat: send each prompt this many times (radix-cache hits).
+        expected: snapshot indices (``hs`` of the reference) each slot should hold.
+        predicted: what the installed SGLang's id rule says it captures.
+        xfail_reason: a known incompatibility of the installed SGLang: the
+            contract differs from the prediction (``None``: none).
+        note: a fact for the report (``record_property``), e.g. ignored ids.
+        contract: the training contract ``expected`` comes from, as text
+            (``None``: the case has none on this target; ``expected`` is then
+            the prediction).
+    """
+
+    ids: "tuple[int, ...] | None"
+    extra_args: "dict[str, Any]" = field(default_factory=dict)
+    decode_steps: int = 0
+    batch: bool = False
+    repeat: int = 1
+    expected: tuple[int, ...] = ()
+    predicted: tuple[int, ...] = ()
+    xfail_reason: str | None = None
+    note: str | None = None
+    contract: str | None = None
+
+
+def case_needs(names: Sequence[str] | None = None, *, every_tp: Sequence[str] = (cases.WIDE_CASE,),
+               needs_embedding: bool = False, needs_contract: bool = False) -> list[EngineNeed]:
+    """A need per contract fixture (all of them by default), read at collection."""
+    return [EngineNeed(name, name, every_tp=name in every_tp, needs_embedding=needs_embedding,
+                       needs_contract=needs_contract)
+            for name in (cases.case_names() if names is None else names)]
+
+
+def user_draft_need() -> EngineNeed:
+    """The need of ``--eagle3-draft``: every TP size, no XFAIL."""
+    return EngineNeed(USER_DRAFT, USER_DRAFT, every_tp=True)
+
+
+def variant_needs(variants: "Sequence[Variant]") -> list[EngineNeed]:
+    """A need per path variant; plain-engine variants share the wide case's engine."""
+    out = []
+    for v in variants:
+        own = bool(v.server_args) or v.ids is not None
+        out.append(EngineNeed(f"variant-{v.name}" if own else v.name, cases.WIDE_CASE, variant=v,
+                              every_tp=True))
+    return out
+
+
+def collect_reason(need: EngineNeed, ctx: NeedContext) -> str | None:
+    """Why ``need`` is not generated at ``ctx.tp`` in this run (``None``: it is).
+
+    Decided from the run's settings, the target's ``config.json`` and the
+    installed SGLang's flags and version only: nothing starts.
+    """
+    s = ctx.settings
+    if need.case == USER_DRAFT and s.draft is None:
+        return NO_USER_DRAFT
+    if ctx.tp > s.tp:
+        return TP_ABOVE.format(needed=ctx.tp, tp=s.tp)
+    if ctx.tp > 1 and not need.every_tp:
+        return TP1_ONLY.format(wide=cases.WIDE_CASE)
+    if s.device == "cpu" and ctx.tp == 8 and not s.slow:
+        return SLOW_TP8
+    v = need.variant
+    if v is not None:
+        if ctx.install is not None:
+            from pytest_eagle3.engine.variants import detect_gpu_arch
+
+            arch = detect_gpu_arch() if s.device == "cuda" else None
+            if arch is None and s.device == "cuda" and s.plan:
+                arch = PLAN_GPU_ARCH  # --eagle3-plan on a machine without GPUs
+            reason = v.requirements(ctx.install, s.device, ctx.tp, arch)
+            if reason:
+                return reason
+        if s.device == "cpu" and need.own_engine:
+            if ctx.tp > 1 and v.needs.min_tp <= 1:
+                return OWN_ENGINE_TP1_ON_CPU
+            if not s.slow:
+                return SLOW
+    if need.case == USER_DRAFT or ctx.install is None or ctx.facts is None:
+        return None
+    try:
+        request = resolve(need, ctx)
+    except Eagle3ConfigError:
+        return None  # reported by the test itself at run time
+    from pytest_eagle3.verdicts.conventions import predict
+
+    L = ctx.facts.num_layers
+    prediction = predict(list(request.ids) if request.ids is not None else None, L, ctx.install.version)
+    if prediction.fails_at_first_forward:
+        return COLLAPSES.format(ids=list(request.ids) if request.ids is not None else "(none: SGLang's default)", L=L,
+                                sglang=f"sglang {ctx.install.version}", layers=list(prediction.layers_to_capture))
+    if need.needs_contract and request.contract is None:
+        return request.note
+    if need.needs_embedding and 0 not in prediction.snapshots:
+        return NO_EMBEDDING_ID.format(sglang=ctx.install.describe(), rule=prediction.rule)
+    return None
+
+
+def resolve(need: EngineNeed, ctx: NeedContext) -> EngineRequest:
+    """The :class:`EngineRequest` of ``need`` for this target and SGLang.
+
+    Raises:
+        Eagle3ConfigError: the case has no contract on this target, or the
+            user's draft cannot be read (one line).
+        ValueError: ``ctx.install`` or ``ctx.facts`` is missing (caller bug).
+    """
+    if ctx.install is None or ctx.facts is None:
+        raise ValueError("resolve() needs the installed SGLang and the target facts")
+    from pytest_eagle3.verdicts.conventions import predict
+
+    L, H, version = ctx.facts.num_layers, ctx.facts.hidden_size, ctx.install.version
+    v = need.variant
+    if need.case == USER_DRAFT:
+        return _user_draft_request(ctx)
+    case = cases.resolve(need.case, L, H, version)
+    if v is not None:
+        ids = tuple(v.ids(L, ctx.facts.first_k_dense_replace)) if v.ids is not None else _ids(case.ids)
+        predicted = tuple(predict(list(ids) if ids is not None else None, L, version).snapshots)
+        req = dict(v.request)
+        return EngineRequest(ids, v.args_for(ctx.install, ctx.tp), decode_steps=int(req.get("decode_steps", 0)),
+                             batch=bool(req.get("batch")), repeat=int(req.get("repeat", 1)),
+                             expected=predicted, predicted=predicted)
+    ids = _ids(case.ids)
+    predicted = tuple(predict(list(ids) if ids is not None else None, L, version).snapshots)
+    if case.contract is None:
+        # The capture-order test checks SGLang's own rule, which needs no contract.
+        return EngineRequest(ids, expected=predicted, predicted=predicted,
+                             note=NO_CONTRACT.format(case=need.case, L=L, error=case.error))
+    expected = tuple(case.contract.to_snapshot_indices(L))
+    xfail = None
+    if expected != predicted:
+        xfail = (f"{need.case}: known incompatibility of {ctx.install.describe()}: contract {case.contract}; "
+                 f"its rule captures {['hs[%d]' % i for i in predicted]}")
+    return EngineRequest(ids, expected=expected, predicted=predicted, xfail_reason=xfail, contract=str(case.contract))
+
+
+def _ids(ids: Sequence[int] | None) -> tuple[int, ...] | None:
+    return tuple(ids) if ids is not None else None
+
+
+def _user_draft_request(ctx: NeedContext) -> EngineRequest:
+    """``--eagle3-draft``: the ids SGLang reads from the draft config, the
+    contract its training stack declares; a mismatch fails (no XFAIL)."""
+    from pytest_eagle3.contracts.draft import contract_for_draft, load_draft
+    from pytest_eagle3.verdicts.conventions import predict
+
+    s = ctx.settings
+    assert ctx.facts is not None and ctx.install is not None
+    if s.draft is None or s.stack is None:
+        raise Eagle3ConfigError("--eagle3-draft PATH needs --eagle3-stack NAME")
+    L, H = ctx.facts.num_layers, ctx.facts.hidden_size
+    draft = load_draft(s.draft)
+    contract = contract_for_draft(s.draft, s.stack, num_layers=L, target_hidden_size=H,
+                                  sglang_version=ctx.install.version if s.stack == "specforge-sglang" else None)
+    ids = tuple(draft.ids) if draft.ids is not None and draft.sglang_reads_ids else None
+    note = IDS_IGNORED.format(key=draft.ids_key) if draft.ids is not None and not draft.sglang_reads_ids else None
+    predicted = tuple(predict(list(ids) if ids is not None else None, L, ctx.install.version).snapshots)
+    return EngineRequest(ids, expected=tuple(contract.to_snapshot_indices(L)), predicted=predicted, note=note,
+                         contract=str(contract))
