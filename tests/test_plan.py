@@ -44,7 +44,7 @@ def expected_engines() -> set[tuple[int, tuple[int, ...] | None]]:
     from pytest_eagle3.engine.variants import VARIANTS
     from pytest_eagle3.plugin.options import GpuProbe, Settings
 
-    facts = TargetSpec.preset("tiny-dsv3").facts
+    facts = TargetSpec.preset("gpu-dsv3").facts
     sglang = install.probe(CACHE)
     settings = Settings(tp=8, device="cuda", gpu=GpuProbe(8, "test"), plan=True)
     out: set[tuple[int, tuple[int, ...] | None]] = set()
@@ -89,7 +89,8 @@ def test_gpu_run_of_the_packaged_suite_is_planned_on_cpu(pytester: pytest.Pytest
     result.stdout.fnmatch_lines([
         "*= eagle3 plan =*",
         "nothing was started: * engine(s) for * selected test(s); * skipped; * decided at run time; 0 without an engine",
-        "run: device cuda, --tp 8, target tiny-dsv3, sglang *",
+        "run: device cuda, --tp 8, target gpu-dsv3, sglang *",
+        "cuda recipe: dtype bfloat16, attention sglang default (fa3 on sm90), cuda graphs on",
         "GPUs: 8 (--eagle3-plan: pretending 8 GPUs (*)); blocks of 8: 0,1,2,3,4,5,6,7; *",
     ])
     assert "starting SGLang" not in out and "ready in" not in out
@@ -240,7 +241,7 @@ def test_without_sglang_every_engine_is_decided_at_run_time(pytester: pytest.Pyt
     assert result.ret == 0
     result.stdout.fnmatch_lines([
         "nothing was started: 0 engine(s) for 0 selected test(s); 1 skipped; 3 decided at run time; *",
-        "run: device cuda, --tp 2, target tiny-dsv3, SGLang: SGLang is not installed in this environment (test)",
+        "run: device cuda, --tp 2, target gpu-dsv3, SGLang: SGLang is not installed in this environment (test)",
         "  test_inner.py::test_mapped[[]kimi-embedding-first[]]: SGLang: SGLang is not installed *",
         "  test_inner.py::test_unknown_case[[]no-such-case[]]: "
         + plan.RUNTIME_UNKNOWN_CASE.format(case="no-such-case"),

@@ -103,3 +103,39 @@ def test_partial_sum_fit() -> None:
     assert partial_sum_fraction(snap * 3 / 4, snap, 4)[0] == 0.75
     assert partial_sum_fraction(snap, snap, 4) is None  # complete, not partial
     assert partial_sum_fraction(torch.randn(5, H), snap, 4) is None
+
+
+def test_forwards_are_attributed_to_their_requests(record_dir: Path) -> None:
+    """Through the real hook and reader: a health check's 1-token prefill recorded
+    before the test's prompts, and a batch of two prompts in one forward, give
+    exactly the test's prompts, each with its own rows, in the test's order."""
+    from pytest_eagle3.engine.recordings import prefill_records
+
+    def forward(ids: list[int], rids: list[str], lens: list[int]) -> None:
+        result, model, input_ids, pos, batch = _forward(ids)
+        batch.rids, batch.extend_seq_lens_cpu = rids, lens
+        recorder_hook._after_forward(result, model, input_ids, pos, batch)
+
+    with Recorder(record_dir).recording():
+        forward([7], ["HEALTH_CHECK"], [1])
+        forward([1, 2, 3, 4, 5], ["t-1", "t-0"], [2, 3])
+    from pytest_eagle3.engine.recordings import _load
+
+    recs = {1: [_load(1, p) for p in sorted((record_dir / "rank1").glob("*.safetensors"))]}
+    assert [r.rids for r in recs[1]] == [("HEALTH_CHECK",), ("t-1", "t-0")]
+    mine = prefill_records(recs, ["t-0", "t-1"])[1]
+    assert [r.input_ids.tolist() for r in mine] == [[3, 4, 5], [1, 2]]
+    assert [r.rids for r in mine] == [("t-0",), ("t-1",)]
+    with pytest.raises(Eagle3Error, match="rank 1 recorded no prefill rows of request t-9"):
+        prefill_records(recs, ["t-0", "t-9"])
+
+
+def test_fewer_records_than_prompts_is_a_failure() -> None:
+    from pytest_eagle3.engine.recordings import Record
+    from pytest_eagle3.verdicts.rankcheck import check_rank_slots
+
+    ref = torch.randn(4, 3, H)
+    rec = Record(0, 1, "EXTEND", ref[1].clone(), torch.tensor([1, 2, 3]), None, None)
+    report = check_rank_slots({0: [rec]}, [ref, ref], expected=[1], num_layers=2, hidden_size=H)
+    assert not report.ok
+    assert "rank 0 recorded 1 prefill forwards of the test's requests for 2 prompts" in report.message()

@@ -19,6 +19,7 @@ returns only its uncached rows (:func:`pytest_eagle3.engine.config.base_server_a
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -29,8 +30,10 @@ if TYPE_CHECKING:
     import torch
 
     from pytest_eagle3.engine.config import EngineConfig
+    from pytest_eagle3.engine.cuda.recipe import CudaRecipe
     from pytest_eagle3.engine.server import SGLangServer
     from pytest_eagle3.plugin.options import Settings
+    from pytest_eagle3.target.spec import TargetFacts
 
 CAPTURE_ONLY = "capture-only"
 EAGLE3_DRAFT = "eagle3-draft"
@@ -93,9 +96,12 @@ def capture_server_args(
 
 
 def engine_config(install: SGLangInstall, settings: "Settings", *, model_path: str, tp: int,
-                  ids: Sequence[int] | None, extra_args: Mapping[str, Any] | None = None) -> "EngineConfig":
+                  ids: Sequence[int] | None, extra_args: Mapping[str, Any] | None = None,
+                  facts: "TargetFacts | None" = None) -> "EngineConfig":
     """The engine that captures ``ids`` with ``extra_args``: the one the
-    ``eagle3_capture`` fixture starts and ``--eagle3-plan`` prints.
+    ``eagle3_capture`` fixture starts and ``--eagle3-plan`` prints.  On cuda the
+    device defaults come from :func:`cuda_recipe_for` (``facts``: the target's
+    MLA widths and dtype).
 
     Raises:
         Eagle3CaptureUnsupported: this SGLang cannot return captures this way.
@@ -104,8 +110,23 @@ def engine_config(install: SGLangInstall, settings: "Settings", *, model_path: s
 
     args = capture_server_args(install, list(ids) if ids is not None else None)
     args.update(extra_args or {})
+    cuda = cuda_recipe_for(install, settings, facts) if settings.device == "cuda" else None
     return build_engine_config(install, model_path=model_path, tp=tp, device=settings.device,
-                               test_args=args, user_args=settings.sglang_args)
+                               test_args=args, user_args=settings.sglang_args, cuda=cuda)
+
+
+def cuda_recipe_for(install: SGLangInstall, settings: "Settings", facts: "TargetFacts | None") -> "CudaRecipe":
+    """The CUDA recipe for the run's GPU (``nvidia-smi``; ``--eagle3-plan`` on a
+    machine without one assumes :data:`~pytest_eagle3.capture.declare.PLAN_GPU_ARCH`)."""
+    from pytest_eagle3.capture.declare import PLAN_GPU_ARCH
+    from pytest_eagle3.engine.cuda.recipe import cuda_recipe
+    from pytest_eagle3.engine.variants import detect_gpu_arch
+
+    arch = detect_gpu_arch() or (PLAN_GPU_ARCH if settings.plan else None)
+    return cuda_recipe(install, arch=arch,
+                       kv_lora_rank=facts.kv_lora_rank if facts else None,
+                       qk_rope_head_dim=facts.qk_rope_head_dim if facts else None,
+                       torch_dtype=facts.torch_dtype if facts else "bfloat16")
 
 
 @dataclass
@@ -118,12 +139,15 @@ class Captures:
         decode: ``[n, K*H]`` float32, row ``j`` = captures at position ``T + j``
             (whose input token is ``output_ids[j]``).
         output_ids: generated token ids.
+        rid: the request id the test sent (SGLang's ``rid``), so per-rank
+            records can be attributed to it; ``None`` when not known.
     """
 
     prompt: list[int]
     prefill: "torch.Tensor"
     decode: "torch.Tensor"
     output_ids: list[int]
+    rid: str | None = None
 
     @property
     def width(self) -> int:
@@ -147,7 +171,9 @@ def parse_response(response: dict[str, Any], prompt: Sequence[int], index: int =
         prefill = prefill.unsqueeze(0)
     rows = [torch.tensor(row, dtype=torch.float32).reshape(-1) for row in states[1:]]
     decode = torch.stack(rows) if rows else prefill.new_zeros((0, prefill.shape[-1]))
-    return Captures(list(prompt), prefill, decode, list(response.get("output_ids") or []))
+    rid = meta.get("id")
+    return Captures(list(prompt), prefill, decode, list(response.get("output_ids") or []),
+                    str(rid) if rid is not None else None)
 
 
 def capture(
@@ -159,6 +185,10 @@ def capture(
 ) -> list[Captures]:
     """Run greedy generation on ``prompts`` and return each request's captures.
 
+    Each request carries a request id (``rid``, ``eagle3-<random>-<i>``) that
+    the per-rank recorder stores with every forward, so forwards the test did
+    not send (a health check, another client) are never compared.
+
     Args:
         server: a started server configured with :func:`capture_server_args`.
         prompts: token-id prompts.
@@ -166,14 +196,19 @@ def capture(
         batch: send all prompts in one batched request instead of one by one.
     """
     sampling = {"max_new_tokens": 1 + decode_steps, "temperature": 0.0, "ignore_eos": True}
+    tag = f"eagle3-{uuid.uuid4().hex[:12]}"
+    rids = [f"{tag}-{i}" for i in range(len(prompts))]
     if batch:
         payload = {"input_ids": [list(p) for p in prompts], "sampling_params": sampling,
-                   "return_hidden_states": True}
+                   "return_hidden_states": True, "rid": rids}
         responses = server.generate(payload)
-        return [parse_response(r, p, i) for i, (r, p) in enumerate(zip(responses, prompts))]
-    out = []
-    for i, prompt in enumerate(prompts):
-        payload = {"input_ids": list(prompt), "sampling_params": sampling,
-                   "return_hidden_states": True}
-        out.append(parse_response(server.generate(payload), prompt, i))
+        out = [parse_response(r, p, i) for i, (r, p) in enumerate(zip(responses, prompts))]
+    else:
+        out = []
+        for i, prompt in enumerate(prompts):
+            payload = {"input_ids": list(prompt), "sampling_params": sampling,
+                       "return_hidden_states": True, "rid": rids[i]}
+            out.append(parse_response(server.generate(payload), prompt, i))
+    for captures, rid in zip(out, rids):
+        captures.rid = captures.rid or rid
     return out

@@ -76,8 +76,7 @@ class EngineNeed:
     """What engine a test needs, before the target and SGLang are known.
 
     Attributes:
-        name: id part of the generated test and the engine group the tests that
-            share an engine are sorted by (``kimi-embedding-first``, ``variant-decode``).
+        name: id part of the generated test (``kimi-embedding-first``, ``decode``).
         case: the contract fixture (``fixtures/contracts/<case>.json``) whose ids
             the engine captures; :data:`USER_DRAFT` for ``--eagle3-draft``.
         variant: a path variant (:mod:`pytest_eagle3.engine.variants`); its
@@ -88,17 +87,24 @@ class EngineNeed:
             installed SGLang's rule cannot capture it.
         needs_contract: the test compares with the case's training contract;
             left out when the contract is invalid on this target.
+        group: the engine group tests are sorted by, so tests sharing an
+            engine run back to back (default: ``name``).
     """
 
     name: str
     case: str
     variant: "Variant | None" = field(default=None, compare=False)
+    group: str = ""
     every_tp: bool = False
     needs_embedding: bool = False
     needs_contract: bool = False
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def engine_group(self) -> str:
+        return self.group or self.name
 
     @property
     def own_engine(self) -> bool:
@@ -172,8 +178,8 @@ def variant_needs(variants: "Sequence[Variant]") -> list[EngineNeed]:
     out = []
     for v in variants:
         own = bool(v.server_args) or v.ids is not None
-        out.append(EngineNeed(f"variant-{v.name}" if own else v.name, cases.WIDE_CASE, variant=v,
-                              every_tp=True))
+        out.append(EngineNeed(v.name, cases.WIDE_CASE, variant=v, every_tp=True,
+                              group=f"variant-{v.name}" if own else cases.WIDE_CASE))
     return out
 
 

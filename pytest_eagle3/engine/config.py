@@ -10,9 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from pytest_eagle3.engine.cpu import recipe
+from pytest_eagle3.engine.cuda.recipe import CudaRecipe
 from pytest_eagle3.engine.install import SGLangInstall
 from pytest_eagle3.engine.sglang_hooks import HOOKS_ENV
 from pytest_eagle3.errors import Eagle3ConfigError
@@ -103,6 +105,59 @@ def base_server_args(model_path: str, tp: int) -> dict[str, Any]:
     }
 
 
+def has_draft(args: Mapping[str, Any]) -> bool:
+    """Whether server ``args`` load a speculative draft checkpoint (EAGLE/EAGLE-3).
+
+    Capture-only engines (``--speculative-algorithm EAGLE3`` with
+    ``--enable-return-aux-hidden-states`` and no draft) are not: they never run
+    a draft model and keep the plain CPU recipe.
+    """
+    return bool(args.get("speculative_draft_model_path"))
+
+
+def speculative_server_args(
+    install: SGLangInstall,
+    draft_path: str | Path,
+    *,
+    steps: int = 3,
+    topk: int = 1,
+    num_draft_tokens: int | None = None,
+    algorithm: str = "EAGLE3",
+) -> dict[str, Any]:
+    """Server arguments that run EAGLE-3 speculative decoding with the draft at ``draft_path``.
+
+    SGLang reads the draft's ``config.json`` itself, including
+    ``eagle_config.eagle_aux_hidden_state_layer_ids``: exactly what users ship.
+    ``num_draft_tokens`` defaults to ``steps + 1`` (a chain when ``topk == 1``).
+    On ``--device cpu`` :func:`build_engine_config` switches attention to
+    ``intel_amx`` for such an engine (EAGLE refuses ``torch_native``).
+
+    Raises:
+        Eagle3ConfigError: the installed SGLang lacks one of the flags, or the
+            sizes are out of range.
+    """
+    if steps < 1 or topk < 1:
+        raise Eagle3ConfigError(f"speculative steps and topk must be >= 1, got steps={steps}, topk={topk}")
+    if num_draft_tokens is None:
+        num_draft_tokens = steps + 1 if topk == 1 else steps * topk + 1
+    if num_draft_tokens < 2:
+        raise Eagle3ConfigError(f"speculative num_draft_tokens must be >= 2, got {num_draft_tokens}")
+    args: dict[str, Any] = {
+        "speculative_algorithm": algorithm,
+        "speculative_draft_model_path": str(draft_path),
+        "speculative_num_steps": int(steps),
+        "speculative_eagle_topk": int(topk),
+        "speculative_num_draft_tokens": int(num_draft_tokens),
+    }
+    missing = [name for name in args if not install.has_arg(name)]
+    if missing:
+        raise Eagle3ConfigError(
+            f"{install.describe()} cannot run {algorithm} speculative decoding: no "
+            + ", ".join("--" + m.replace("_", "-") for m in missing)
+        )
+    return args
+
+
 def build_engine_config(
     install: SGLangInstall,
     *,
@@ -111,22 +166,25 @@ def build_engine_config(
     device: str,
     test_args: Mapping[str, Any] | None = None,
     user_args: Iterable[tuple[str, Any]] = (),
+    cuda: "CudaRecipe | None" = None,
 ) -> EngineConfig:
     """Compose an engine: base args, then device defaults, the test's args, the user's.
 
     Later layers win.  Every name is checked against the installed SGLang's flags.
+    On cpu an engine that loads a draft (:func:`has_draft`) gets the
+    speculative recipe: ``intel_amx`` attention and the hook that keeps it
+    (:func:`pytest_eagle3.engine.cpu.recipe.cpu_server_args`); a test or user
+    ``attention_backend`` still wins.
+
+    On cuda, ``cuda`` (:func:`pytest_eagle3.engine.cuda.recipe.cuda_recipe`)
+    gives the device defaults: bf16, the attention backend the kernels accept,
+    CUDA graphs on, a small KV pool.
 
     Raises:
         Eagle3ConfigError: an argument the installed SGLang does not accept.
     """
-    args: dict[str, Any] = base_server_args(model_path, tp)
-    env: dict[str, str] = {}
     chosen: list[str] = []
-    if device == "cpu":
-        args.update(recipe.cpu_server_args())
-        env.update(recipe.cpu_env(tp))
-    # The per-rank recorder, idle until a test enables it (engine/recorder_hook.py).
-    env[HOOKS_ENV] = ",".join(x for x in (env.get(HOOKS_ENV), "record") if x)
+    layers: dict[str, Any] = {}
     for origin, layer in (("test argument", dict(test_args or {})), ("--sglang-arg", dict(user_args))):
         for name, value in layer.items():
             name = name.replace("-", "_")
@@ -135,8 +193,21 @@ def build_engine_config(
                     UNKNOWN_ARG.format(origin=origin, name=name, sglang=install.describe(),
                                        flag=name.replace("_", "-"))
                 )
-            args[name] = value
+            layers[name] = value
             chosen.append(name)
+    args: dict[str, Any] = base_server_args(model_path, tp)
+    env: dict[str, str] = {}
+    if device == "cpu":
+        speculative = has_draft(layers)
+        args.update(recipe.cpu_server_args(speculative=speculative))
+        env.update(recipe.cpu_env(tp, amx_attention=speculative
+                                  and layers.get("attention_backend", recipe.SPECULATIVE_ATTENTION)
+                                  == recipe.SPECULATIVE_ATTENTION))
+    elif device == "cuda" and cuda is not None:
+        args.update(cuda.args)
+    # The per-rank recorder, idle until a test enables it (engine/recorder_hook.py).
+    env[HOOKS_ENV] = ",".join(x for x in (env.get(HOOKS_ENV), "record") if x)
+    args.update(layers)
     for name in list(args):
         if not install.has_arg(name):
             # A default this fork does not know (e.g. skip_server_warmup on old versions).

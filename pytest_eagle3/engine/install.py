@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_eagle3.engine.reaper import die_with_parent
 from pytest_eagle3.errors import Eagle3SGLangMissing
 
 NOT_INSTALLED = (
@@ -130,7 +131,7 @@ def probe(cache_dir: Path | None = None, *, python: str | None = None, timeout: 
     try:
         proc = subprocess.run(
             [python, "-m", "sglang.launch_server", "--help"],
-            capture_output=True, text=True, timeout=timeout, env=env,
+            capture_output=True, text=True, timeout=timeout, env=env, preexec_fn=die_with_parent,
         )
     except subprocess.TimeoutExpired:
         raise Eagle3SGLangMissing(

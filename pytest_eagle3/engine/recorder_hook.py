@@ -16,7 +16,10 @@ per-rank check fires through the real path (:data:`FAULTS`).
 Files: ``rank<r>/<seq:06d>-<mode>.safetensors`` with tensors ``aux``
 ``[tokens, K*H]`` (the worker's dtype), ``input_ids`` ``[tokens]`` int64,
 ``positions`` ``[tokens]`` int64, and metadata ``shard`` = this rank's
-``"start,end"`` slice of the original vocabulary.
+``"start,end"`` slice of the original vocabulary, ``rids`` = the JSON list of
+the batch's request ids (``ForwardBatch.rids``) and ``lens`` = each request's
+rows in ``aux`` (``extend_seq_lens_cpu``; one per request in decode), so the
+test process attributes every row to its request.
 """
 
 from __future__ import annotations
@@ -117,8 +120,13 @@ def _after_forward(result: Any, model: Any, input_ids: Any = None, positions: An
     tensors = {"aux": copy, "input_ids": ids}
     if positions is not None:
         tensors["positions"] = positions.detach().to("cpu").to(torch.int64).contiguous()
+    rids = list(getattr(forward_batch, "rids", None) or [])
+    lens = getattr(forward_batch, "extend_seq_lens_cpu", None) if mode.startswith("EXTEND") else None
+    if rids and lens is None:
+        lens = [copy.shape[0] // len(rids)] * len(rids)
     meta = {"mode": mode, "rank": str(rank), "tp": str(tp),
-            "shard": "" if shard is None else f"{shard[0]},{shard[1]}"}
+            "shard": "" if shard is None else f"{shard[0]},{shard[1]}",
+            "rids": json.dumps([str(r) for r in rids]), "lens": json.dumps([int(n) for n in (lens or [])])}
     tmp = out / f".{_seq:06d}.{os.getpid()}.tmp"
     save_file(tensors, str(tmp), metadata=meta)
     os.replace(tmp, out / f"{_seq:06d}-{mode}.safetensors")

@@ -12,7 +12,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from pytest_eagle3.engine.recorder_hook import ENABLED_FILE, FAULT_FILE, FAULTS
 from pytest_eagle3.errors import Eagle3Error
@@ -24,6 +24,10 @@ MISSING_RANKS = (
     "per-rank recorder: ranks {missing} wrote nothing within {timeout:.0f} s (ranks with "
     "records: {present}); is the pytest-eagle3 SGLang plugin loaded in the workers "
     "(entry point group sglang.srt.plugins)? See the engine log"
+)
+NO_PREFILL = (
+    "per-rank recorder: rank {rank} recorded no prefill rows of request {rid} ({n} forwards recorded, "
+    "request ids seen: {seen})"
 )
 UNEVEN = (
     "per-rank recorder: ranks recorded different numbers of forwards after {timeout:.0f} s: {counts}"
@@ -39,6 +43,9 @@ class Record:
         mode name (``EXTEND``, ``DECODE``, ...).  aux: ``[tokens, K*H]`` float32.
         input_ids: ``[tokens]`` int64.  positions: ``[tokens]`` int64 or None.
         shard: this rank's ``(start, end)`` of the original vocabulary, or None.
+        rids: the request ids of the forward's batch (``()``: not recorded, an
+            SGLang without ``ForwardBatch.rids``).
+        lens: rows of ``aux`` per request, in ``rids`` order.
     """
 
     rank: int
@@ -48,6 +55,59 @@ class Record:
     input_ids: "torch.Tensor"
     positions: "torch.Tensor | None"
     shard: tuple[int, int] | None
+    rids: tuple[str, ...] = ()
+    lens: tuple[int, ...] = ()
+
+    def for_request(self, rid: str) -> "Record | None":
+        """This forward's rows of request ``rid`` as a record of their own (None:
+        ``rid`` is not in this forward)."""
+        if rid not in self.rids or len(self.lens) != len(self.rids):
+            return None
+        i = self.rids.index(rid)
+        start = sum(self.lens[:i])
+        rows = slice(start, start + self.lens[i])
+        pos = self.positions[rows] if self.positions is not None else None
+        return Record(self.rank, self.seq, self.mode, self.aux[rows], self.input_ids[rows], pos, self.shard,
+                      (rid,), (self.lens[i],))
+
+
+def prefill_records(records: Mapping[int, Sequence[Record]], rids: Sequence[str | None]
+                    ) -> dict[int, list[Record]]:
+    """Per rank, the prefill (``EXTEND``) rows of each request in ``rids``, in
+    ``rids`` order: forwards of other requests (a health check's one-token
+    generation, another client) are dropped, and a batch is split per request.
+
+    Records without request ids (an SGLang whose ``ForwardBatch`` has no
+    ``rids``) are kept in forward order, prefill forwards only.
+
+    Raises:
+        Eagle3Error: a rank recorded no prefill rows for one of ``rids``
+            (:data:`NO_PREFILL`), naming the request and what the rank recorded.
+    """
+    out: dict[int, list[Record]] = {}
+    for rank, recs in records.items():
+        prefill = [r for r in recs if r.mode.startswith("EXTEND") or r.mode == "MIXED"]
+        if not any(r.rids for r in prefill) or any(rid is None for rid in rids):
+            out[rank] = list(prefill)
+            continue
+        mine = []
+        for rid in rids:
+            parts = [part for r in prefill if (part := r.for_request(str(rid))) is not None]
+            if not parts:
+                seen = sorted({x for r in recs for x in r.rids})
+                raise Eagle3Error(NO_PREFILL.format(rank=rank, rid=rid, n=len(recs), seen=seen[:6]))
+            if len(parts) == 1:
+                mine.append(parts[0])
+                continue
+            import torch  # chunked prefill: the request's rows over several forwards
+
+            pos = [p.positions for p in parts]
+            mine.append(Record(rank, parts[0].seq, parts[0].mode, torch.cat([p.aux for p in parts]),
+                               torch.cat([p.input_ids for p in parts]),
+                               torch.cat(pos) if all(x is not None for x in pos) else None, parts[0].shard,
+                               (str(rid),), (sum(p.lens[0] for p in parts),)))
+        out[rank] = mine
+    return out
 
 
 class Recorder:
@@ -125,4 +185,6 @@ def _load(rank: int, path: Path) -> Record:
         start, end = meta["shard"].split(",")
         shard = (int(start), int(end))
     seq = int(path.name.split("-", 1)[0])
-    return Record(rank, seq, meta.get("mode", "UNKNOWN"), aux, ids, pos, shard)
+    rids = tuple(json.loads(meta.get("rids") or "[]"))
+    lens = tuple(int(n) for n in json.loads(meta.get("lens") or "[]"))
+    return Record(rank, seq, meta.get("mode", "UNKNOWN"), aux, ids, pos, shard, rids, lens)

@@ -182,6 +182,9 @@ class SGLangServer:
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
+        from pytest_eagle3.engine.reaper import spawn
+
+        self._reaper = spawn(self.proc.pid)
         try:
             self._wait_ready(t0, progress)
         except BaseException:
@@ -233,7 +236,16 @@ class SGLangServer:
         # Workers re-parented after a crash of the server are still in its
         # session (start_new_session=True makes the server the group leader).
         kill_group(self.proc.pid)
-        return self.proc.wait()
+        code = self.proc.wait()
+        reaper = getattr(self, "_reaper", None)
+        if reaper is not None:
+            try:
+                reaper.wait(timeout=5)  # it exits once the group is empty
+            except subprocess.TimeoutExpired:
+                reaper.kill()
+                reaper.wait()
+            self._reaper = None
+        return code
 
     def __enter__(self) -> "SGLangServer":
         return self.start()
@@ -292,8 +304,10 @@ class SGLangServer:
 def _die_with_parent() -> None:
     """In the child before exec: ask Linux for SIGTERM when the test process dies.
 
-    Covers a test process killed with SIGKILL (no teardown runs); SGLang's own
-    SIGTERM handler then takes its workers down.  No-op where prctl is missing.
+    Covers the server's first process when the test process is killed with
+    SIGKILL (no teardown runs); the rest of its process group is taken down by
+    the watchdog (:mod:`pytest_eagle3.engine.reaper`).  Also used for the
+    reference worker and the ``--help`` probe.  No-op where prctl is missing.
     """
     try:
         import ctypes

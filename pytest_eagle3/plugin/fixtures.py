@@ -197,8 +197,10 @@ class CaptureRunner:
     """
 
     def __init__(self, *, request: pytest.FixtureRequest, pool: "EnginePool", install: "SGLangInstall",
-                 checkpoint: Path, settings: Settings, tp: int, prompts: list[list[int]]) -> None:
+                 checkpoint: Path, settings: Settings, tp: int, prompts: list[list[int]],
+                 facts: "TargetFacts | None" = None) -> None:
         self.request = request
+        self.facts = facts
         self.pool = pool
         self.install = install
         self.checkpoint = checkpoint
@@ -212,7 +214,7 @@ class CaptureRunner:
         from pytest_eagle3.capture.api import engine_config
 
         return engine_config(self.install, self.settings, model_path=str(self.checkpoint), tp=self.tp,
-                             ids=layer_ids, extra_args=extra_args)
+                             ids=layer_ids, extra_args=extra_args, facts=self.facts)
 
     def run(self, request: "EngineRequest") -> "list[Captures]":
         """Captures of the suite prompts for a declared :class:`EngineRequest`
@@ -249,7 +251,9 @@ class CaptureRunner:
     def with_ranks(self, layer_ids: Sequence[int] | None, *, prompts: Sequence[Sequence[int]] | None = None,
                    decode_steps: int = 0, extra_args: Mapping[str, Any] | None = None,
                    fault: Mapping[str, Any] | None = None) -> "tuple[list[Captures], dict[int, list[Record]]]":
-        """Like calling the runner, plus what every TP rank captured in each forward.
+        """Like calling the runner, plus what every TP rank captured: per rank, the
+        prefill rows of each prompt's request, in prompt order
+        (:func:`pytest_eagle3.engine.recordings.prefill_records`).
 
         ``fault`` (self-tests only) makes one rank's recorder store a wrong copy:
         see :data:`pytest_eagle3.engine.recorder_hook.FAULTS`.
@@ -258,7 +262,7 @@ class CaptureRunner:
             Eagle3Error: a rank recorded nothing (the SGLang plugin is not loaded).
         """
         from pytest_eagle3.capture.api import capture
-        from pytest_eagle3.engine.recordings import Recorder
+        from pytest_eagle3.engine.recordings import Recorder, prefill_records
 
         server = self._server(layer_ids, extra_args)
         assert self.last_config is not None
@@ -266,7 +270,9 @@ class CaptureRunner:
         with recorder.recording(fault=fault):
             captures = capture(server, self.prompts if prompts is None else prompts, decode_steps=decode_steps)
             records = recorder.read(self.tp)
-        return captures, records
+        # Only the test's own requests, one prefill record per prompt in order
+        # (a readiness probe's or another client's forward never shifts them).
+        return captures, prefill_records(records, [c.rid for c in captures])
 
 
 @pytest.fixture
@@ -276,7 +282,7 @@ def eagle3_capture(request: pytest.FixtureRequest, eagle3_engine_pool: "EnginePo
     """A :class:`CaptureRunner` for this test's TP size."""
     return CaptureRunner(request=request, pool=eagle3_engine_pool, install=eagle3_sglang,
                          checkpoint=eagle3_checkpoint, settings=eagle3_settings, tp=eagle3_tp,
-                         prompts=eagle3_prompts)
+                         prompts=eagle3_prompts, facts=eagle3_model_config)
 
 
 @pytest.fixture

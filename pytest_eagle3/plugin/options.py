@@ -30,7 +30,7 @@ import pytest
 TP_CHOICES: tuple[int, ...] = (1, 2, 4, 8)
 DEVICE_CHOICES: tuple[str, ...] = ("cpu", "cuda")
 #: Target preset used when none is given, per device (presets live in ``spec.py``).
-DEFAULT_TARGETS: Mapping[str, str] = MappingProxyType({"cpu": "tiny-dsv3", "cuda": "tiny-dsv3"})
+DEFAULT_TARGETS: Mapping[str, str] = MappingProxyType({"cpu": "tiny-dsv3", "cuda": "gpu-dsv3"})
 DEFAULT_STARTUP_TIMEOUT = 600.0
 
 ENV_TARGET = "PYTEST_EAGLE3_TARGET"

@@ -66,6 +66,7 @@ MSG_SUMMARY = (
 )
 MSG_RUN = "run: device {device}, --tp {tp}, target {target}, {sglang}"
 MSG_MODEL = "model path: {path}"
+MSG_CUDA_RECIPE = "cuda recipe: {recipe}"
 MSG_CPU = "GPUs: none (--device cpu: no lease; each pytest process runs one engine at a time)"
 MSG_GPUS = (
     "GPUs: {count} ({how}); blocks of {tp}: {blocks}; each pytest process (xdist worker) leases "
@@ -116,6 +117,7 @@ class Plan:
     install: "SGLangInstall | None" = None
     #: ``-n`` as given (resolved by xdist), ``None`` without xdist.
     workers: int | None = None
+    facts: "TargetFacts | None" = None
 
     def engine_for(self, config: "EngineConfig") -> PlannedEngine:
         for planned in self.engines:
@@ -172,6 +174,7 @@ def build_plan(items: Sequence[pytest.Item], settings: Settings, *,
     facts = None
     try:
         plan.model_path, facts = _target(settings)
+        plan.facts = facts
     except Eagle3Error as exc:
         problem = f"target {settings.target}: {exc}"
     if install is None and problem is None:
@@ -216,7 +219,7 @@ def build_plan(items: Sequence[pytest.Item], settings: Settings, *,
         try:
             request = resolve(need, NeedContext(settings, tp, install, facts))
             config = engine_config(install, settings, model_path=str(plan.model_path), tp=tp, ids=request.ids,
-                                   extra_args=request.extra_args)
+                                   extra_args=request.extra_args, facts=facts)
         except Eagle3Error as exc:
             plan.runtime.append((nodeid, f"{type(exc).__name__}: {exc}"))
             continue
@@ -257,6 +260,10 @@ def render(plan: Plan) -> list[str]:
     ]
     if plan.model_path:
         lines.append(MSG_MODEL.format(path=plan.model_path))
+    if s.device == "cuda" and plan.install is not None:
+        from pytest_eagle3.capture.api import cuda_recipe_for
+
+        lines.append(MSG_CUDA_RECIPE.format(recipe=cuda_recipe_for(plan.install, s, plan.facts).describe()))
     blocks: list[lease.GpuBlock] = []
     if s.device == "cuda":
         try:

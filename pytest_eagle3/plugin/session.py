@@ -260,7 +260,10 @@ def engine_group(item: pytest.Item) -> tuple[int, int, str]:
     params = getattr(getattr(item, "callspec", None), "params", {})
     if not ({TP_ARGNAME, CASE_ARGNAME, NEED_ARGNAME} & set(params)) and item.get_closest_marker("tp") is None:
         return (0, 0, "")
-    case = params.get(NEED_ARGNAME, params.get(CASE_ARGNAME))
+    need = params.get(NEED_ARGNAME)
+    if need is not None:
+        return (1, item_tp(item), str(need.engine_group))
+    case = params.get(CASE_ARGNAME)
     return (1, item_tp(item), str(getattr(case, "name", case or "")))
 
 

@@ -153,6 +153,13 @@ def worker_env() -> dict[str, str]:
     return env
 
 
+def die_with_parent() -> None:
+    """SIGKILL the worker when pytest dies (see :func:`pytest_eagle3.engine.reaper.die_with_parent`)."""
+    from pytest_eagle3.engine.reaper import die_with_parent as _die
+
+    _die()
+
+
 def _run_worker(
     checkpoint_dir: Path, prompts: list[list[int]], dtype: str, out: Path, log: Path,
     timeout_s: float,
@@ -170,7 +177,7 @@ def _run_worker(
             log_f.flush()
             proc = subprocess.run(
                 cmd, stdout=log_f, stderr=subprocess.STDOUT, env=worker_env(),
-                timeout=timeout_s, check=False,
+                timeout=timeout_s, check=False, preexec_fn=die_with_parent,
             )
     except subprocess.TimeoutExpired:
         raise ReferenceFailed(

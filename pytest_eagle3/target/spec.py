@@ -44,6 +44,8 @@ BAD_SPEC_MSG = "target spec {path} is invalid: {error}; fix the file or use a pr
 #: ``{path}``, ``{error}``.
 BAD_PROMPTS_MSG = "prompts file {path} is invalid: {error}"
 
+#: Where a checkpoint's weights can be drawn (``init.build_device``).
+BUILD_DEVICES = ("cpu", "cuda")
 #: Keys of a spec file.
 _SPEC_KEYS = frozenset({"name", "description", "seed", "init", "config"})
 #: Config fields every target must have (read by :class:`TargetFacts`).
@@ -96,6 +98,10 @@ class InitParams:
         calibration_tokens: tokens per calibration sequence.
         scale_mantissa_bits: branch scales are rounded to this many mantissa
             bits so float noise in the calibration forward cannot change bytes.
+        build_device: ``"cpu"`` or ``"cuda"``: where the weights are drawn and
+            calibrated.  GPU-tier presets (billions of parameters) are built on
+            a GPU in seconds; the device is part of the cache key because the
+            two generators draw different numbers.
     """
 
     embedding_std: float = 1.0
@@ -107,6 +113,7 @@ class InitParams:
     calibration_sequences: int = 4
     calibration_tokens: int = 32
     scale_mantissa_bits: int = 8
+    build_device: str = "cpu"
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> InitParams:
@@ -122,7 +129,10 @@ class InitParams:
         values: dict[str, Any] = {}
         for key, value in data.items():
             default = getattr(cls, key)
-            if isinstance(default, int) and not isinstance(default, bool):
+            if isinstance(default, str):
+                if value not in BUILD_DEVICES:
+                    raise ValueError(f"init.{key} must be one of {BUILD_DEVICES}, got {value!r}")
+            elif isinstance(default, int) and not isinstance(default, bool):
                 if not isinstance(value, int) or isinstance(value, bool):
                     raise ValueError(f"init.{key} must be an integer, got {value!r}")
             elif not isinstance(value, (int, float)) or isinstance(value, bool):
@@ -147,6 +157,8 @@ class TargetFacts:
         num_attention_heads: TP sizes must divide it.
         first_k_dense_replace: layers before it are dense (DeepSeek-V3; 0 if absent).
         torch_dtype: the config's ``torch_dtype`` (``"float32"`` if absent).
+        kv_lora_rank, qk_rope_head_dim: MLA latent and rope widths (``None``
+            without MLA); CUDA attention kernels check them.
     """
 
     num_layers: int
@@ -155,6 +167,8 @@ class TargetFacts:
     num_attention_heads: int
     first_k_dense_replace: int = 0
     torch_dtype: str = "float32"
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> TargetFacts:
@@ -167,7 +181,13 @@ class TargetFacts:
             num_attention_heads=int(config["num_attention_heads"]),
             first_k_dense_replace=int(config.get("first_k_dense_replace") or 0),
             torch_dtype=str(config.get("torch_dtype") or config.get("dtype") or "float32"),
+            kv_lora_rank=_opt_int(config.get("kv_lora_rank")),
+            qk_rope_head_dim=_opt_int(config.get("qk_rope_head_dim")),
         )
+
+
+def _opt_int(value: Any) -> int | None:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,10 @@ AGREE_OK = "ranks agree: {tp} ranks hold identical captures in {n} forwards ({ho
 AGREE_BAD = "ranks disagree: {bad} of {total} (rank, forward) captures differ from rank 0 ({how})"
 AGREE_LINE = "rank {rank}, forward {fwd} ({mode}), slot {slot}: max |diff| {diff} (rel.err {err})"
 COUNT_BAD = "ranks recorded different forwards: {counts}"
+FEWER_RECORDS = (
+    "rank {rank} recorded {n} prefill forwards of the test's requests for {m} prompts: "
+    "{missing} prompt(s) unchecked"
+)
 RANK_PREFIX = "rank {rank}: {message}"
 PARTIAL_SUM = (
     "slot {slot} on rank {rank} holds {fraction:.3g} x {label} (fit rel.err {err}): a partial "
@@ -101,7 +105,7 @@ def check_rank_embeddings(records: Mapping[int, Sequence["Record"]], references:
     token, forward ``i`` against ``references[i]`` (``[L+2, tokens, H]``)."""
     tp = len(records)
     cols = slice(slot * hidden_size, (slot + 1) * hidden_size)
-    lines: list[str] = []
+    lines: list[str] = _count_lines(records, references)
     for rank in sorted(records):
         for rec, ref in zip(records[rank], references):
             report = check_embedding_complete(rec.aux[:, cols], ref[0], rec.input_ids.tolist(),
@@ -113,6 +117,14 @@ def check_rank_embeddings(records: Mapping[int, Sequence["Record"]], references:
     if lines:
         return RankReport(False, lines)
     return RankReport(True, [ALL_RANKS_OK.format(tp=tp, message="embedding rows complete on every vocab shard")])
+
+
+def _count_lines(records: Mapping[int, Sequence["Record"]], references: Sequence["torch.Tensor"]) -> list[str]:
+    """A line per rank whose records do not pair one to one with the references:
+    a zip would silently check fewer prompts."""
+    return [FEWER_RECORDS.format(rank=rank, n=len(recs), m=len(references),
+                                 missing=abs(len(references) - len(recs)))
+            for rank, recs in sorted(records.items()) if len(recs) != len(references)]
 
 
 def partial_sum_fraction(captured: "torch.Tensor", snapshot: "torch.Tensor", tp: int) -> tuple[float, float] | None:
@@ -136,7 +148,7 @@ def check_rank_slots(records: Mapping[int, Sequence["Record"]], references: Sequ
                      *, expected: Sequence[int], num_layers: int, hidden_size: int, tol: float = 1e-3) -> RankReport:
     """Every rank's slots hold the expected snapshots; partial sums are named."""
     tp = len(records)
-    lines: list[str] = []
+    lines: list[str] = _count_lines(records, references)
     for rank in sorted(records):
         for rec, ref in zip(records[rank], references):
             report = compare_slots(rec.aux, ref, expected=list(expected), num_layers=num_layers,

@@ -9,11 +9,16 @@ embedding, the logits processor, the speculative worker).  Sources are in
 from __future__ import annotations
 
 import logging
+import os
 
 logger = logging.getLogger("pytest_eagle3.cpu")
 
 #: Names of the fixes this module installs (``variants.py`` checks for the ones a path needs).
-FIXES = ("torch_native_mla_dispatch", "torch_native_dp_padding")
+FIXES = ("torch_native_mla_dispatch", "torch_native_dp_padding", "amx_attention_platform")
+
+#: Set (to ``1``) by :func:`pytest_eagle3.engine.cpu.recipe.cpu_env` for engines
+#: that run the ``intel_amx`` attention backend (EAGLE/EAGLE-3 speculative decoding).
+AMX_ATTENTION_ENV = "PYTEST_EAGLE3_CPU_AMX_ATTENTION"
 
 _installed = False
 
@@ -26,6 +31,36 @@ def install() -> None:
     _installed = True
     _route_torch_native_mla()
     _torch_native_dp_padding()
+    if os.environ.get(AMX_ATTENTION_ENV, "") not in ("", "0"):
+        _amx_attention_platform()
+
+
+def _amx_attention_platform() -> None:
+    """Let ``--attention-backend intel_amx`` stand on a CPU without AMX.
+
+    EAGLE/EAGLE-3 refuse ``torch_native`` (``srt/speculative/draft_utils.py``:
+    no multi-step draft backend for it), and SGLang's server-argument
+    resolution replaces ``intel_amx`` by ``torch_native`` when the platform
+    fact ``has_amx`` is False (``srt/arg_groups/overrides.py``,
+    ``_attention_backend_platform_fallbacks``).  This sets that one fact
+    through SGLang's own override (``runtime_context.override_platform``),
+    process-wide.  Its only other reader is the gpt-oss model override.
+
+    The per-layer AMX switches read ``utils.common.cpu_has_amx_support()``
+    directly (linear, MoE, top-k, norms, rope, embedding, KV store), not the
+    platform fact, and stay False: the stand-in ``sgl_kernel`` registers no
+    ``convert_weight_packed`` and this CPU has no AMX tiles.  So only the
+    attention backend changes; its kernels are the stand-in's plain-torch
+    ``decode_attention_cpu``/``extend_attention_cpu``.
+    """
+    try:
+        from sglang.srt.runtime_context import override_platform
+    except ImportError:  # no platform facts: the fallback reads something else
+        logger.warning("pytest-eagle3: no sglang runtime_context.override_platform; "
+                       "intel_amx attention may fall back to torch_native")
+        return
+    override_platform(has_amx=True).install()
+    logger.info("pytest-eagle3: platform fact has_amx forced on for the intel_amx attention backend")
 
 
 def _route_torch_native_mla() -> None:

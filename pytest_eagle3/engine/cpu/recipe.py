@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from pytest_eagle3.engine.cpu.patches import AMX_ATTENTION_ENV
 from pytest_eagle3.engine.sglang_hooks import HOOKS_ENV
 
 #: Directory holding the stand-in ``sgl_kernel`` package.
@@ -34,15 +35,27 @@ def omp_binding(tp: int, cores: int | None = None) -> str:
     return "|".join(str(rank % cores) for rank in range(tp))
 
 
-def cpu_env(tp: int, *, pythonpath: str | None = None) -> dict[str, str]:
+#: Attention backend of the CPU tier without speculative decoding.
+PLAIN_ATTENTION = "torch_native"
+#: Attention backend for EAGLE/EAGLE-3 on CPU: they refuse ``torch_native``
+#: (no multi-step draft backend), ``intel_amx`` has one.  Its kernels come from
+#: the stand-in ``sgl_kernel`` (plain torch) and the platform fact ``has_amx``
+#: is forced on for attention only (:func:`pytest_eagle3.engine.cpu.patches._amx_attention_platform`).
+SPECULATIVE_ATTENTION = "intel_amx"
+
+
+def cpu_env(tp: int, *, pythonpath: str | None = None, amx_attention: bool = False) -> dict[str, str]:
     """Environment for an SGLang server on CPU with ``tp`` ranks.
 
     The stand-in ``sgl_kernel`` goes first on ``PYTHONPATH`` (before any
     existing entries) so every TP worker imports it instead of the CUDA-only one.
+    ``amx_attention``: the engine runs the ``intel_amx`` attention backend
+    (speculative decoding); the CPU hooks then keep SGLang from replacing it
+    by ``torch_native``.
     """
     existing = os.environ.get("PYTHONPATH", "") if pythonpath is None else pythonpath
     path = str(SHIM_DIR) + (os.pathsep + existing if existing else "")
-    return {
+    env = {
         "SGLANG_USE_CPU_ENGINE": "1",
         # torch.compile on CPU: first request 30 s -> 0.2 s without it.
         "TORCHDYNAMO_DISABLE": "1",
@@ -54,13 +67,20 @@ def cpu_env(tp: int, *, pythonpath: str | None = None) -> dict[str, str]:
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
     }
+    if amx_attention:
+        env[AMX_ATTENTION_ENV] = "1"
+    return env
 
 
-def cpu_server_args() -> dict[str, Any]:
-    """Server arguments every CPU-tier engine gets (user ``--sglang-arg`` wins)."""
+def cpu_server_args(*, speculative: bool = False) -> dict[str, Any]:
+    """Server arguments every CPU-tier engine gets (user ``--sglang-arg`` wins).
+
+    ``speculative``: the engine loads an EAGLE/EAGLE-3 draft, so attention runs
+    on :data:`SPECULATIVE_ATTENTION` (pair it with ``cpu_env(amx_attention=True)``).
+    """
     return {
         "device": "cpu",
-        "attention_backend": "torch_native",
+        "attention_backend": SPECULATIVE_ATTENTION if speculative else PLAIN_ATTENTION,
         "dtype": "float32",
         "disable_custom_all_reduce": True,
         "disable_cuda_graph": True,

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import torch
+
     from pytest_eagle3.target.spec import TargetSpec
 
 #: Bump whenever the bytes :func:`build_checkpoint` writes for a given spec change;
@@ -25,6 +27,11 @@ BUILDER_VERSION = "1"
 #: Files every built checkpoint contains (the manifest of the cache lists them).
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+#: Sharded layout (Hugging Face): ``model-00001-of-00004.safetensors`` + index.
+SHARD_FILE = "model-{i:05d}-of-{n:05d}.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+#: Largest shard written (bytes); smaller checkpoints are one file.
+SHARD_BYTES = 2 << 30
 BUILD_INFO_FILE = "build_info.json"
 
 
@@ -32,11 +39,60 @@ def _dump_json(data: object) -> str:
     return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=True) + "\n"
 
 
+def write_weights(weights: "dict[str, torch.Tensor]", out_dir: Path, *, dtype: str = "float32",
+                  shard_bytes: int = SHARD_BYTES) -> list[str]:
+    """Write ``weights`` as safetensors in ``dtype``: one ``model.safetensors`` when
+    they fit in ``shard_bytes``, else ``model-0000i-of-0000n.safetensors`` shards
+    in draw order plus ``model.safetensors.index.json`` (the Hugging Face sharded
+    layout transformers and SGLang load).  ``e_score_correction_bias`` stays
+    float32, as in the released DeepSeek-V3 checkpoints.  Deterministic bytes.
+
+    Returns:
+        the weight file names written.
+    """
+    import torch
+    from safetensors.torch import save_file
+
+    target = getattr(torch, dtype) if dtype in ("float32", "bfloat16", "float16") else torch.float32
+
+    def cast(name: str, tensor: "torch.Tensor") -> "torch.Tensor":
+        keep = name.endswith("e_score_correction_bias")
+        return tensor.to(device="cpu", dtype=torch.float32 if keep else target).contiguous()
+
+    sizes = {name: w.numel() * (4 if name.endswith("e_score_correction_bias") else target.itemsize)
+             for name, w in weights.items()}
+    shards: list[list[str]] = [[]]
+    used = 0
+    for name in weights:
+        if shards[-1] and used + sizes[name] > shard_bytes:
+            shards.append([])
+            used = 0
+        shards[-1].append(name)
+        used += sizes[name]
+    # One metadata key only: safetensors writes metadata from a hash map, so two
+    # keys come out in a per-process random order and the bytes would differ.
+    if len(shards) == 1:
+        save_file({n: cast(n, weights[n]) for n in shards[0]}, str(out_dir / WEIGHTS_FILE),
+                  metadata={"format": "pt"})
+        return [WEIGHTS_FILE]
+    files, weight_map = [], {}
+    for i, names in enumerate(shards, 1):
+        fname = SHARD_FILE.format(i=i, n=len(shards))
+        save_file({n: cast(n, weights[n]) for n in names}, str(out_dir / fname), metadata={"format": "pt"})
+        files.append(fname)
+        weight_map.update({n: fname for n in names})
+    index = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}
+    (out_dir / INDEX_FILE).write_text(_dump_json(index), encoding="ascii")
+    return files
+
+
 def build_checkpoint(spec: TargetSpec, out_dir: Path) -> None:
     """Write ``spec``'s checkpoint into ``out_dir`` (created if missing).
 
-    Writes ``config.json`` (``spec.config``), ``model.safetensors`` (float32
-    weights, see :mod:`pytest_eagle3.target.checkpoint.init`) and ``build_info.json``.
+    Writes ``config.json`` (``spec.config``), the weights in the config's
+    ``torch_dtype`` (:func:`write_weights`: one ``model.safetensors``, or bf16
+    shards for a GPU preset; see :mod:`pytest_eagle3.target.checkpoint.init`)
+    and ``build_info.json``.
     The same spec gives the same bytes on every run (seeded generator, rounded
     calibration scales, sorted JSON, safetensors' deterministic layout).
 
@@ -44,21 +100,13 @@ def build_checkpoint(spec: TargetSpec, out_dir: Path) -> None:
         Eagle3ConfigError: the spec's config is not a supported layout.
         OSError: ``out_dir`` cannot be written.
     """
-    from safetensors.torch import save_file
-
     from pytest_eagle3.target.checkpoint.init import make_weights
 
     weights, scales = make_weights(spec)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / CONFIG_FILE).write_text(_dump_json(spec.config), encoding="ascii")
-    save_file(
-        weights,
-        str(out_dir / WEIGHTS_FILE),
-        # One key only: safetensors writes metadata from a hash map, so two keys
-        # come out in a per-process random order and the bytes would differ.
-        metadata={"format": "pt"},
-    )
+    write_weights(weights, out_dir, dtype=str(spec.config.get("torch_dtype") or "float32"))
     info = {
         "builder_version": BUILDER_VERSION,
         "spec": spec.key_material(),

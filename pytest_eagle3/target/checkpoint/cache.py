@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from pytest_eagle3.target.spec import TargetSpec
 
 MANIFEST_FILE = "manifest.json"
+#: ``{file: mtime_ns}`` at manifest time (a dot file: not part of the entry's manifest).
+STAMPS_FILE = ".stamps.json"
 MANIFEST_VERSION = 1
 #: ``{path}``: the directory; ``{error}``: the OS error, one line.
 UNWRITABLE_MSG = (
@@ -74,17 +76,26 @@ def write_manifest(directory: Path, key: str) -> None:
         if p.is_file() and p.name != MANIFEST_FILE and not p.name.startswith("."):
             files[p.name] = {"size": p.stat().st_size, "sha256": _sha256(p)}
     data = {"version": MANIFEST_VERSION, "key": key, "files": files}
+    # Modification times go in a file of their own (the manifest's bytes stay
+    # deterministic): check_entry trusts a file whose size and time are unchanged.
+    stamps = {name: directory.joinpath(name).stat().st_mtime_ns for name in files}
+    (directory / STAMPS_FILE).write_text(json.dumps(stamps, sort_keys=True), encoding="ascii")
     tmp = directory / f".{MANIFEST_FILE}.tmp"
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="ascii")
     os.replace(tmp, directory / MANIFEST_FILE)
 
 
-def check_entry(directory: Path, key: str | None = None) -> str | None:
+def check_entry(directory: Path, key: str | None = None, *, full: bool = False) -> str | None:
     """Why ``directory`` is not a complete entry, or ``None`` if it is.
+
+    A file whose size and modification time (ns) equal the manifest's is
+    trusted without re-hashing, so a GPU preset's gigabytes are not read at
+    every session start; any other file is hashed.
 
     Args:
         directory: a cache entry.
         key: if given, the manifest must record this cache key.
+        full: hash every file, whatever its size and time.
 
     Returns:
         A short reason ("no manifest.json", "model.safetensors: size 12 != 39305976", ...)
@@ -102,13 +113,19 @@ def check_entry(directory: Path, key: str | None = None) -> str | None:
             return "manifest key differs"
         if not files:
             return "manifest lists no files"
+        try:
+            stamps = {} if full else json.loads((directory / STAMPS_FILE).read_text(encoding="ascii"))
+        except (OSError, ValueError):
+            stamps = {}
         for name, meta in files.items():
             path = directory / name
             if not path.is_file():
                 return f"{name}: missing"
-            size = path.stat().st_size
-            if size != meta["size"]:
-                return f"{name}: size {size} != {meta['size']}"
+            st = path.stat()
+            if st.st_size != meta["size"]:
+                return f"{name}: size {st.st_size} != {meta['size']}"
+            if stamps.get(name) == st.st_mtime_ns:
+                continue
             if _sha256(path) != meta["sha256"]:
                 return f"{name}: sha256 mismatch"
     except (OSError, ValueError, KeyError, TypeError) as exc:

@@ -43,6 +43,11 @@ UNSUPPORTED_MSG = (
     "the checkpoint builder supports the DeepSeek-V3 layout only ({what}); "
     "use a tiny-dsv3-like spec or pass an existing checkpoint directory"
 )
+#: ``{name}``: the preset.
+NEEDS_GPU_MSG = (
+    "target {name} is built on a GPU (init.build_device = cuda: billions of parameters) and "
+    "no GPU is visible here; build it on the GPU runner, or use the CPU preset tiny-dsv3"
+)
 
 
 @dataclass(frozen=True)
@@ -429,26 +434,34 @@ def _calibrate(
 def make_weights(spec: TargetSpec) -> tuple[dict[str, torch.Tensor], list[BranchScale]]:
     """All weights of ``spec``'s checkpoint and the calibration record.
 
+    Weights are drawn on ``spec.init.build_device`` (a GPU preset's billions
+    of parameters take seconds there).
+
     Returns:
-        ``(state_dict, scales)``: contiguous CPU float32 tensors under real
+        ``(state_dict, scales)``: contiguous float32 tensors on the build device, under real
         DeepSeek-V3 names (``model.layers.N.self_attn.q_a_proj.weight``, ...,
         ``lm_head.weight``), and one :class:`BranchScale` per layer.
 
     Raises:
-        Eagle3ConfigError: the config is not a supported DeepSeek-V3 layout.
+        Eagle3ConfigError: the config is not a supported DeepSeek-V3 layout, or
+            the spec is built on cuda and no GPU is visible.
     """
     import torch
 
     dims = Dims.from_config(spec.config)
     if spec.init.pinned_experts > dims.experts:
         raise Eagle3ConfigError(UNSUPPORTED_MSG.format(what="pinned_experts > n_routed_experts"))
-    gen = torch.Generator(device="cpu").manual_seed(spec.seed)
+    device = spec.init.build_device
+    if device == "cuda" and not torch.cuda.is_available():
+        raise Eagle3ConfigError(NEEDS_GPU_MSG.format(name=spec.name))
+    gen = torch.Generator(device=device).manual_seed(spec.seed)
     # One thread: reductions then do not depend on the machine's core count, and
     # these tiny ops are much faster than with OpenMP on busy, shared cores.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with torch.no_grad():
+        # Factory calls (randn, arange, zeros) default to the build device.
+        with torch.no_grad(), torch.device(device):
             sd = _draw(dims, spec.init, gen)
             scales = _calibrate(sd, dims, spec.init, gen)
     finally:

@@ -44,6 +44,40 @@ def __getattr__(name: str) -> Any:
     return _missing(name)
 
 
+from ._attention import decode_attention_cpu, extend_attention_cpu  # noqa: E402
+from ._speculative import (  # noqa: E402,F401
+    assign_draft_cache_locs_contiguous_cpu,
+    assign_extend_cache_locs_cpu,
+    build_draft_decode_metadata_cpu,
+    build_tree_kernel_efficient_cpu,
+    copy_all_layer_kv_cache_cpu,
+    fill_accept_out_cache_loc_cpu,
+    fill_bonus_tokens_cpu,
+    verify_tree_greedy_cpu,
+)
+
+#: Ops SGLang reaches through ``torch.ops.sgl_kernel`` rather than by import.
+TORCH_OPS = {
+    "decode_attention_cpu": decode_attention_cpu,
+    "extend_attention_cpu": extend_attention_cpu,
+}
+
+
+def _install_torch_ops() -> None:
+    """Expose :data:`TORCH_OPS` as ``torch.ops.sgl_kernel.<name>``.
+
+    Plain attributes of the op namespace, not registered operators: the callers
+    only call them eagerly (TORCHDYNAMO_DISABLE=1 on the CPU tier), and any
+    other ``torch.ops.sgl_kernel`` name still raises AttributeError.
+    """
+    namespace = torch.ops.sgl_kernel
+    for name, fn in TORCH_OPS.items():
+        setattr(namespace, name, fn)
+
+
+_install_torch_ops()
+
+
 def assign_req_to_token_pool_cpu(
     req_pool_indices: torch.Tensor,
     req_to_token: torch.Tensor,

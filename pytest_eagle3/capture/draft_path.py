@@ -1,0 +1,211 @@
+"""Captures through the draft path: what SGLang feeds a real EAGLE-3 draft.
+
+With a draft loaded (``--speculative-algorithm EAGLE3
+--speculative-draft-model-path DIR``) and ``--enable-return-hidden-states``, a
+request with ``return_hidden_states=True`` returns in
+``meta_info["hidden_states"]`` the target's concatenated aux hidden states:
+exactly the tensor the draft's ``fc`` reads, captured at the layers SGLang
+chose from the draft's own ``config.json``
+(``eagle_config.eagle_aux_hidden_state_layer_ids``).  This path needs no
+``--enable-return-aux-hidden-states`` (sglang 0.5.23+ only), so it works on
+any SGLang that serves DeepSeek EAGLE-3.
+
+Measured on sglang 0.5.23 (tiny-dsv3, K = 3 ids, H = 256, EAGLE3 topk 1,
+3 steps, 4 draft tokens, CPU at TP 1 and 2):
+
+* entry 0 is the prefill: ``[prompt_tokens, K*H]``, one row per prompt
+  position, from the target's EXTEND forward;
+* then one ``[K*H]`` row per generated token except the last:
+  ``completion_tokens - 1`` rows in all, the same count and meaning as without
+  speculation.  Row ``j`` is the capture at position ``T + j`` whose input
+  token is ``output_ids[j]``.
+* Every decode row is a **target-verify row**: it comes from a TARGET_VERIFY
+  forward of the target over ``[last token, draft tokens...]``.  SGLang keeps
+  the rows of the accepted path only (``batch_result_processor``
+  ``_append_decode_hidden_states``: ``accept_len`` rows per verify step, from
+  row ``i * num_draft_tokens`` of the verify output), so a step that accepts
+  ``a`` draft tokens contributes ``a + 1`` rows: the root (the previous step's
+  bonus token) and the accepted drafts.  Rejected draft positions and the
+  draft model's own hidden states are never returned.  The last step is
+  truncated with the output at ``max_new_tokens``.
+* Rows are in generation order, so a request's rows concatenate to the same
+  ``[n, K*H]`` as the capture-only API; on 0.5.23 the two agree to float32
+  rounding (relative L2 about 5e-6: the verify rows come from an extend
+  forward, the capture-only rows from decode forwards).
+
+The rows are returned as :class:`pytest_eagle3.capture.api.Captures`, with
+the request's speculative metrics beside them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from pytest_eagle3.capture.api import Captures, parse_response
+from pytest_eagle3.capture.spec_metrics import SpecMetrics, has_spec_metrics, read_spec_metrics
+from pytest_eagle3.engine.config import speculative_server_args
+from pytest_eagle3.engine.install import SGLangInstall
+from pytest_eagle3.errors import Eagle3Error
+
+if TYPE_CHECKING:
+    import torch
+
+    from pytest_eagle3.engine.server import SGLangServer
+
+#: What each row of the draft path is (for reports).
+PREFILL_ROWS = "prefill: target EXTEND forward, one row per prompt position"
+DECODE_ROWS = ("target-verify: accepted path of each TARGET_VERIFY forward "
+               "(root + accepted drafts), one row per generated token but the last")
+
+NO_RETURN_HIDDEN = (
+    "{sglang} has no --enable-return-hidden-states: captures through the draft "
+    "path cannot be read from this version"
+)
+NOT_SPECULATIVE = (
+    "the draft-path response for prompt {index} has no speculative metrics: the "
+    "engine did not run speculative decoding (is --speculative-draft-model-path set?)"
+)
+BAD_DRAFT_CONFIG = "draft {path}: cannot read config.json ({error})"
+
+
+@dataclass
+class DraftPathCaptures:
+    """One request through the draft path.
+
+    Attributes:
+        captures: prefill ``[T, K*H]`` and decode (target-verify) rows, float32.
+        metrics: the request's speculative metrics.
+    """
+
+    captures: Captures
+    metrics: SpecMetrics
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.captures.output_ids
+
+
+def draft_layer_ids(draft_path: str | Path) -> list[int] | None:
+    """``eagle_config.eagle_aux_hidden_state_layer_ids`` of a draft (``None``: not set,
+    SGLang uses its default list).
+
+    Raises:
+        Eagle3Error: no readable ``config.json``.
+    """
+    path = Path(draft_path) / "config.json"
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise Eagle3Error(BAD_DRAFT_CONFIG.format(path=draft_path, error=exc)) from None
+    ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    return None if ids is None else [int(i) for i in ids]
+
+
+def draft_path_server_args(
+    install: SGLangInstall,
+    draft_path: str | Path,
+    *,
+    steps: int = 3,
+    topk: int = 1,
+    num_draft_tokens: int | None = None,
+) -> dict[str, Any]:
+    """Server arguments that run EAGLE-3 with the draft and return its inputs.
+
+    Raises:
+        Eagle3Error: the installed SGLang cannot return hidden states or run EAGLE-3.
+    """
+    if not install.has_arg("enable_return_hidden_states"):
+        raise Eagle3Error(NO_RETURN_HIDDEN.format(sglang=install.describe()))
+    args = speculative_server_args(install, draft_path, steps=steps, topk=topk,
+                                   num_draft_tokens=num_draft_tokens)
+    args["enable_return_hidden_states"] = True
+    return args
+
+
+def parse_draft_response(response: dict[str, Any], prompt: Sequence[int], index: int = 0) -> DraftPathCaptures:
+    """One ``/generate`` response of a draft-path engine.
+
+    Raises:
+        Eagle3Error: no hidden states, or no speculative metrics.
+    """
+    meta = response.get("meta_info") or {}
+    if not has_spec_metrics(meta):
+        raise Eagle3Error(NOT_SPECULATIVE.format(index=index))
+    return DraftPathCaptures(parse_response(response, prompt, index), read_spec_metrics(meta))
+
+
+def capture_draft_path(
+    server: "SGLangServer",
+    prompts: Sequence[Sequence[int]],
+    *,
+    decode_steps: int = 0,
+    batch: bool = False,
+) -> list[DraftPathCaptures]:
+    """Greedy generation through the draft path; each request's captures and metrics.
+
+    Same request shape as :func:`pytest_eagle3.capture.api.capture`:
+    ``max_new_tokens = 1 + decode_steps``, so a request returns ``decode_steps``
+    decode rows (target-verify rows, see the module docstring).
+    """
+    sampling = {"max_new_tokens": 1 + decode_steps, "temperature": 0.0, "ignore_eos": True}
+    if batch:
+        payload = {"input_ids": [list(p) for p in prompts], "sampling_params": sampling,
+                   "return_hidden_states": True}
+        responses = server.generate(payload)
+        return [parse_draft_response(r, p, i) for i, (r, p) in enumerate(zip(responses, prompts))]
+    out = []
+    for i, prompt in enumerate(prompts):
+        payload = {"input_ids": list(prompt), "sampling_params": sampling, "return_hidden_states": True}
+        out.append(parse_draft_response(server.generate(payload), prompt, i))
+    return out
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How far two captures of the same request are apart.
+
+    Attributes:
+        same_tokens: identical ``output_ids``.
+        prefill_max_abs, decode_max_abs: largest absolute difference.
+        prefill_rel, decode_rel: relative L2 error ``|a - b| / |b|``.
+        rows: ``(prefill rows, decode rows)`` of each side, for messages.
+    """
+
+    same_tokens: bool
+    prefill_max_abs: float
+    decode_max_abs: float
+    prefill_rel: float
+    decode_rel: float
+    rows: tuple[tuple[int, int], tuple[int, int]]
+
+    def ok(self, rel_tol: float = 1e-4) -> bool:
+        return (self.same_tokens and self.rows[0] == self.rows[1]
+                and self.prefill_rel <= rel_tol and self.decode_rel <= rel_tol)
+
+    def describe(self) -> str:
+        return (f"tokens {'equal' if self.same_tokens else 'DIFFER'}; rows {self.rows[0]} vs {self.rows[1]}; "
+                f"prefill max abs {self.prefill_max_abs:.3g} rel {self.prefill_rel:.3g}; "
+                f"decode max abs {self.decode_max_abs:.3g} rel {self.decode_rel:.3g}")
+
+
+def _diff(a: "torch.Tensor", b: "torch.Tensor") -> tuple[float, float]:
+    if a.shape != b.shape:
+        return float("inf"), float("inf")
+    if a.numel() == 0:
+        return 0.0, 0.0
+    d = (a - b).float()
+    return float(d.abs().max()), float(d.norm() / b.float().norm().clamp_min(1e-30))
+
+
+def compare_captures(a: Captures, b: Captures) -> Agreement:
+    """Compare the draft path's captures ``a`` with another method's ``b`` (same prompt)."""
+    p_abs, p_rel = _diff(a.prefill, b.prefill)
+    d_abs, d_rel = _diff(a.decode, b.decode)
+    return Agreement(
+        same_tokens=list(a.output_ids) == list(b.output_ids),
+        prefill_max_abs=p_abs, decode_max_abs=d_abs, prefill_rel=p_rel, decode_rel=d_rel,
+        rows=((a.prefill.shape[0], a.decode.shape[0]), (b.prefill.shape[0], b.decode.shape[0])),
+    )

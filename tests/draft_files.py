@@ -1,0 +1,228 @@
+"""A random-weights EAGLE-3 draft directory that SGLang's ``LlamaForCausalLMEagle3`` loads.
+
+The layout is the one EAGLE-3 drafts ship in (SpecForge, the original EAGLE
+code; read from ``sglang/srt/models/llama_eagle3.py``, 0.5.23):
+
+* ``config.json``: a Llama config with ``architectures:
+  ["LlamaForCausalLMEagle3"]``, one decoder layer, ``target_hidden_size`` =
+  the target's hidden size, ``draft_vocab_size`` and
+  ``eagle_config.eagle_aux_hidden_state_layer_ids`` (SGLang reads the ids
+  from here and sizes ``fc`` from their count);
+* ``model.safetensors`` with the legacy names SGLang maps itself
+  (``midlayer.*`` -> ``layers.0.*``): ``fc.weight`` ``[H, K*H_target]``,
+  ``midlayer.self_attn.{q,k,v}_proj`` whose input is ``2*H`` (embedding and
+  ``fc`` output concatenated), ``midlayer.{input_layernorm,hidden_norm,
+  post_attention_layernorm}``, ``midlayer.mlp.{gate,up,down}_proj``,
+  ``norm.weight`` and ``lm_head.weight`` ``[draft_vocab, H]``; ``d2t``
+  (int64, draft id -> target id offset) and ``t2d`` (bool over the target
+  vocabulary) only when the draft vocabulary is reduced.
+
+No ``embed_tokens``: SGLang's EAGLE worker shares the target's embedding with
+the draft.  Random weights make a draft whose proposals are almost never
+accepted: enough to run speculative decoding end to end and to read the
+captures it is fed, not to measure acceptance.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+
+def draft_config(
+    target_config: dict[str, Any],
+    layer_ids: Sequence[int] | None,
+    *,
+    draft_vocab_size: int | None = None,
+    num_heads: int = 4,
+    intermediate_size: int | None = None,
+) -> dict[str, Any]:
+    """The ``config.json`` of an EAGLE-3 draft for a target with ``target_config``.
+
+    Args:
+        layer_ids: ``eagle_aux_hidden_state_layer_ids`` exactly as written in the
+            file (``None``: no ids, so SGLang uses its default list).
+        draft_vocab_size: reduced draft vocabulary (default: the target's).
+    """
+    hidden = int(target_config["hidden_size"])
+    vocab = int(target_config["vocab_size"])
+    config: dict[str, Any] = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "target_hidden_size": hidden,
+        "intermediate_size": intermediate_size or 2 * hidden,
+        "num_hidden_layers": 1,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": num_heads,
+        "head_dim": hidden // num_heads,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": int(target_config.get("max_position_embeddings", 4096)),
+        "rope_theta": 10000.0,
+        "rope_scaling": None,
+        "vocab_size": vocab,
+        "draft_vocab_size": int(draft_vocab_size or vocab),
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "bos_token_id": target_config.get("bos_token_id", 0),
+        "eos_token_id": target_config.get("eos_token_id"),
+        "pad_token_id": None,
+        "torch_dtype": "float32",
+    }
+    if layer_ids is not None:
+        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [int(i) for i in layer_ids]}
+    else:
+        config["num_aux_hidden_states"] = 3
+    return config
+
+
+def draft_weights(config: dict[str, Any], *, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random fp32 weights for ``config`` (N(0, 1/fan_in) matrices, unit norms)."""
+    gen = torch.Generator().manual_seed(seed)
+    h = int(config["hidden_size"])
+    h_in = int(config.get("target_hidden_size", h))
+    inter = int(config["intermediate_size"])
+    heads, kv_heads = int(config["num_attention_heads"]), int(config["num_key_value_heads"])
+    head_dim = int(config["head_dim"])
+    k = len((config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or []) or int(
+        config.get("num_aux_hidden_states", 3)
+    )
+    vocab, draft_vocab = int(config["vocab_size"]), int(config["draft_vocab_size"])
+
+    def mat(out_f: int, in_f: int) -> torch.Tensor:
+        return torch.randn(out_f, in_f, generator=gen) / in_f**0.5
+
+    w = {
+        "fc.weight": mat(h, k * h_in),
+        "midlayer.self_attn.q_proj.weight": mat(heads * head_dim, 2 * h),
+        "midlayer.self_attn.k_proj.weight": mat(kv_heads * head_dim, 2 * h),
+        "midlayer.self_attn.v_proj.weight": mat(kv_heads * head_dim, 2 * h),
+        "midlayer.self_attn.o_proj.weight": mat(h, heads * head_dim),
+        "midlayer.mlp.gate_proj.weight": mat(inter, h),
+        "midlayer.mlp.up_proj.weight": mat(inter, h),
+        "midlayer.mlp.down_proj.weight": mat(h, inter),
+        "midlayer.input_layernorm.weight": torch.ones(h),
+        "midlayer.hidden_norm.weight": torch.ones(h),
+        "midlayer.post_attention_layernorm.weight": torch.ones(h),
+        "norm.weight": torch.ones(h),
+        "lm_head.weight": mat(draft_vocab, h),
+    }
+    if draft_vocab < vocab:
+        # Draft token j stands for target token hot[j]; d2t stores hot[j] - j.
+        hot = torch.sort(torch.randperm(vocab, generator=gen)[:draft_vocab]).values
+        w["d2t"] = hot - torch.arange(draft_vocab)
+        t2d = torch.zeros(vocab, dtype=torch.bool)
+        t2d[hot] = True
+        w["t2d"] = t2d
+    return w
+
+
+def write_draft(
+    out_dir: Path,
+    target_config: dict[str, Any],
+    layer_ids: Sequence[int] | None,
+    *,
+    seed: int = 0,
+    draft_vocab_size: int | None = None,
+) -> Path:
+    """Write a random EAGLE-3 draft for ``target_config`` into ``out_dir``; returns it."""
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = draft_config(target_config, layer_ids, draft_vocab_size=draft_vocab_size)
+    weights = draft_weights(config, seed=seed)
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(out_dir / "model.safetensors"),
+              metadata={"format": "pt"})
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out_dir
+
+
+# -- a draft that is accepted ---------------------------------------------------
+
+#: The quick memorising draft: 3 suite prompts, 24 greedy tokens, 300 steps, no negatives.
+MEMORISED_PROMPTS = 3
+MEMORISED_NEW_TOKENS = 24
+MEMORISED_STEPS = 300
+MEMORISED_IDS = (0, 3, 6)
+
+
+def shipped_or_memorised_draft(cache_root: Path, progress=None) -> Path | None:
+    """A draft SGLang accepts on the suite prompts, or None if none can be had.
+
+    The packaged ``fixtures/drafts/tiny-dsv3`` when it exists (the project's
+    trained synthetic draft); otherwise a quick memorising draft built once per
+    cache with the project's own trainer (:mod:`pytest_eagle3.draft`): it learns
+    the target's greedy continuations of the first :data:`MEMORISED_PROMPTS`
+    suite prompts (about a minute on 2 cores).  Its directory holds
+    ``continuations.json`` (``[{"prompt": [...], "continuation": [...]}, ...]``).
+    """
+    try:
+        from pytest_eagle3.draft import shipped_draft_dir
+
+        shipped = shipped_draft_dir("tiny-dsv3")
+        if (shipped / "config.json").is_file() and (shipped / "model.safetensors").is_file():
+            return shipped
+    except ImportError:
+        pass
+    try:
+        from pytest_eagle3.draft.data import make_examples, snapshots, target_weights
+        from pytest_eagle3.draft.train import TrainSettings, train_draft
+        from pytest_eagle3.draft.wiring import input_layernorm_weights
+    except ImportError:
+        return None
+    import hashlib
+    import os
+    import shutil
+
+    from filelock import FileLock
+
+    from pytest_eagle3.target.checkpoint.cache import cache_key
+    from pytest_eagle3.target.spec import TargetSpec, load_prompts
+
+    spec = TargetSpec.preset("tiny-dsv3")
+    key = hashlib.sha256(json.dumps(
+        [cache_key(spec), MEMORISED_PROMPTS, MEMORISED_NEW_TOKENS, MEMORISED_STEPS, MEMORISED_IDS]
+    ).encode()).hexdigest()[:16]
+    final = Path(cache_root) / "drafts" / f"memorised-tiny-dsv3-{key}"
+    if (final / "continuations.json").is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(final) + ".lock"):
+        if (final / "continuations.json").is_file():
+            return final
+        sd, dims = target_weights(spec)
+        prompts = load_prompts()[:MEMORISED_PROMPTS]
+        examples = make_examples(sd, dims, prompts, max_new_tokens=MEMORISED_NEW_TOKENS)
+        stacks = [snapshots(sd, dims, e.tokens) for e in examples]
+        settings = TrainSettings(steps=MEMORISED_STEPS, negatives=0, max_new_tokens=MEMORISED_NEW_TOKENS)
+        result = train_draft(examples, stacks, sd["model.embed_tokens.weight"], list(MEMORISED_IDS),
+                             input_layernorm_weights(sd, dims.layers), float(dims.eps), settings,
+                             progress=progress)
+        from safetensors.torch import save_file
+
+        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        save_file(result.params, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(result.cfg.to_hf_config(), indent=2) + "\n")
+        (tmp / "continuations.json").write_text(json.dumps([e.to_json() for e in examples]) + "\n")
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    return final
+
+
+def draft_prompts(draft_dir: Path) -> list[dict[str, Any]] | None:
+    """``[{"prompt": ids, "continuation": ids}, ...]`` the draft learned, if it says."""
+    path = Path(draft_dir) / "continuations.json"
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    if isinstance(data, dict):
+        data = data.get("examples") or data.get("continuations") or []
+    return [{"prompt": list(e["prompt"]), "continuation": list(e.get("continuation", []))} for e in data]
