@@ -145,7 +145,7 @@ def write_draft(
 
 # -- a draft that is accepted ---------------------------------------------------
 
-#: The quick memorising draft: 3 suite prompts, 24 greedy tokens, 300 steps, no negatives.
+#: The quick memorising draft: 3 suite prompts, 24 greedy tokens, 300 steps.
 MEMORISED_PROMPTS = 3
 MEMORISED_NEW_TOKENS = 24
 MEMORISED_STEPS = 300
@@ -176,6 +176,7 @@ def shipped_or_memorised_draft(cache_root: Path, progress=None) -> Path | None:
         from pytest_eagle3.draft.wiring import input_layernorm_weights
     except ImportError:
         return None
+    import dataclasses
     import hashlib
     import os
     import shutil
@@ -200,7 +201,12 @@ def shipped_or_memorised_draft(cache_root: Path, progress=None) -> Path | None:
         prompts = load_prompts()[:MEMORISED_PROMPTS]
         examples = make_examples(sd, dims, prompts, max_new_tokens=MEMORISED_NEW_TOKENS)
         stacks = [snapshots(sd, dims, e.tokens) for e in examples]
-        settings = TrainSettings(steps=MEMORISED_STEPS, negatives=0, max_new_tokens=MEMORISED_NEW_TOKENS)
+        # The trainer's own defaults (negatives included), fewer steps: 3 prompts memorise fast.
+        # Only fields this version of TrainSettings has are set (the trainer is still evolving).
+        wanted = {"steps": MEMORISED_STEPS, "max_new_tokens": MEMORISED_NEW_TOKENS, "positive_fraction": 1.0,
+                  "negative_weight": 0.0, "unlikelihood_weight": 0.0, "negatives": 1}
+        known = {f.name for f in dataclasses.fields(TrainSettings)}
+        settings = TrainSettings(**{k: v for k, v in wanted.items() if k in known})
         result = train_draft(examples, stacks, sd["model.embed_tokens.weight"], list(MEMORISED_IDS),
                              input_layernorm_weights(sd, dims.layers), float(dims.eps), settings,
                              progress=progress)
@@ -224,5 +230,5 @@ def draft_prompts(draft_dir: Path) -> list[dict[str, Any]] | None:
         return None
     data = json.loads(path.read_text())
     if isinstance(data, dict):
-        data = data.get("examples") or data.get("continuations") or []
+        data = data.get("sequences") or data.get("examples") or data.get("continuations") or []
     return [{"prompt": list(e["prompt"]), "continuation": list(e.get("continuation", []))} for e in data]

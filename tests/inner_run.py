@@ -50,14 +50,19 @@ def parse_junit(path: Path) -> tuple[dict[str, str], dict[str, str]]:
     return outcomes, messages
 
 
-def run_inner(work: Path, args: Sequence[str], files: Mapping[str, str] = {}) -> InnerRun:
+def run_inner(work: Path, args: Sequence[str], files: Mapping[str, str] = {},
+              env: Mapping[str, str] = {}) -> InnerRun:
     """``python -m pytest ARGS`` in ``work`` (with extra test ``files`` written there),
-    on CPU, sharing the user's checkpoint cache."""
+    on CPU, sharing the user's checkpoint cache; ``env`` is added to the inner
+    run's environment (SGLang engines inherit it, e.g. ``PYTEST_EAGLE3_FAULT``)."""
     for name, text in files.items():
         (work / name).write_text(text)
     junit = work / "junit.xml"
     cache = os.environ.get("PYTEST_EAGLE3_CACHE") or str(default_cache_dir()[0])
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER")}
+    extra = dict(env)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER", "PYTEST_EAGLE3_FAULT")}
+    env.update(extra)
     env[RUN_MARK] = str(work)
     cmd = [sys.executable, "-m", "pytest", *args, "--device", "cpu", "--eagle3-cache", cache,
            "-p", "no:cacheprovider", "-rA", f"--junitxml={junit}"]

@@ -125,7 +125,13 @@ def test_capture_from_the_wrong_layer_is_diagnosed() -> None:
                 next_err=fmt_err(rank[1][0]),
             )
         )
+    lines.append(
+        "diagnosis [offset-twice]: every slot holds the snapshot one layer after the expected one "
+        "(hs[1] for hs[0], hs[4] for hs[3], hs[6] for hs[5]): the +1 id offset was applied once too often "
+        "(SGLang PR #25454)"
+    )
     assert report.message() == "\n".join(lines)
+    assert report.kinds == ("offset-twice",)
     assert report.message().splitlines()[2].startswith(
         "slot 1: holds hs[4] (input of layer 4, rel.err 0); expected hs[3] (input of layer 3, rel.err 0."
     )
@@ -152,7 +158,11 @@ def test_swapped_order() -> None:
     assert lines[0] == "aux hidden states: 2 of 3 slots wrong"
     assert lines[1].startswith("slot 0: holds hs[3] (input of layer 3, rel.err 0); expected hs[0] (embedding")
     assert lines[2].startswith("slot 1: holds hs[0] (embedding, rel.err 0); expected hs[3] (input of layer 3")
-    assert len(lines) == 3
+    assert lines[3] == (
+        "diagnosis [permuted-order]: the slots hold the expected snapshots in another order "
+        "([hs[3], hs[0], hs[5]]): the captures were concatenated out of order"
+    )
+    assert len(lines) == 4
 
 
 def test_partial_sum_matches_no_snapshot() -> None:
@@ -302,7 +312,7 @@ def test_missing_embedding_allreduce_names_the_shards() -> None:
     assert lines[1] == EMB_ALLREDUCE.format(shard=0, tp=4)
     assert lines[1] == (
         "only tokens of vocab shard 0 of 4 are right and every other row is zero: "
-        "this is TP rank 0's partial embedding, before the all-reduce across TP ranks"
+        "this is TP rank 0's partial embedding, before the all-reduce across TP ranks [unreduced-embedding]"
     )
     assert lines[2] == "row 1: token id 300 (vocab shard 1 of 4, ids 256..511): exact zero row"
     assert lines[2] == EMB_ZERO_ROW.format(row=1, token=300, shard=1, tp=4, start=256, end=511)
@@ -330,3 +340,187 @@ def test_embedding_shape_problem() -> None:
     ids, ref, vocab, tp = embedding_case()
     report = check_embedding_complete(ref[:, :10], ref, ids, vocab_size=vocab, tp=tp)
     assert report.message() == "embedding: SGLang slot has shape [8, 10]; the reference has [8, 64]"
+
+
+# --- diagnoses: each bug class named with its [kind] (verdicts/diagnose.py) ---
+
+from pytest_eagle3.verdicts.diagnose import (  # noqa: E402
+    Evidence,
+    default_layers,
+    rms_norm,
+)
+
+
+def diagnose(cap: torch.Tensor, ref: torch.Tensor, expected=EXPECTED, **kwargs):
+    report = compare_slots(cap, ref, expected=expected, num_layers=L, hidden_size=H, **kwargs)
+    assert not report.ok
+    return report, report.message().splitlines()
+
+
+def test_offset_missing_is_named() -> None:
+    ref = make_reference()
+    report, lines = diagnose(capture(ref, (0, 2, 4)), ref, expected=(1, 3, 5))
+    assert report.kinds == ("offset-missing",)
+    assert lines[-1] == (
+        "diagnosis [offset-missing]: every slot holds the snapshot one layer before the expected one "
+        "(hs[0] for hs[1], hs[2] for hs[3], hs[4] for hs[5]): the +1 id offset was not applied (SGLang PR #25454)"
+    )
+
+
+def test_default_ids_instead_of_configured_ones_are_named() -> None:
+    ref = make_reference(num_layers=8)
+    assert default_layers(8) == [2, 4, 5]
+    report = compare_slots(capture(ref, (2, 4, 5)), ref, expected=(0, 3, 5), num_layers=8, hidden_size=H)
+    assert report.kinds == ("ids-ignored",)
+    assert report.message().splitlines()[-1] == (
+        "diagnosis [ids-ignored]: the slots hold SGLang's default layers [2, L//2, L-3] = [hs[2], hs[4], hs[5]], "
+        "not the configured ones ([hs[0], hs[3], hs[5]]): the configured ids were ignored "
+        "(SGLang PR #22836, vLLM PR #50170)"
+    )
+
+
+def test_reversed_slots_are_named() -> None:
+    ref = make_reference()
+    report, lines = diagnose(capture(ref, (5, 3, 0)), ref)
+    assert report.kinds == ("reversed-order",)
+    assert lines[0] == "aux hidden states: 2 of 3 slots wrong"
+    assert lines[-1] == (
+        "diagnosis [reversed-order]: the slots hold the expected snapshots in reverse order "
+        "([hs[5], hs[3], hs[0]]): the captures were concatenated in reverse"
+    )
+
+
+def norms(seed: int = 3) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.exp(0.6 * torch.randn(L, H, generator=g))
+
+
+def test_normalized_layer_input_is_named() -> None:
+    ref, w = make_reference(), norms()
+    cap = capture(ref, EXPECTED)
+    cap[:, H:2 * H] = rms_norm(ref[3], w[3], 1e-6).float()
+    report, lines = diagnose(cap, ref, evidence=Evidence(norms=w, norm_eps=1e-6))
+    assert report.kinds == ("normalized-input",)
+    assert lines[1].startswith("slot 1: matches no snapshot")
+    assert lines[2].startswith("slot 1 holds input_layernorm(hs[3]) (rel.err ")
+    assert lines[2].endswith(
+        "): the normalized attention input of layer 3, not the residual stream [normalized-input]"
+    )
+
+
+def test_no_evidence_no_normalized_diagnosis() -> None:
+    ref, w = make_reference(), norms()
+    cap = capture(ref, EXPECTED)
+    cap[:, H:2 * H] = rms_norm(ref[3], w[3], 1e-6).float()
+    report, lines = diagnose(cap, ref)
+    assert report.kinds == ()
+    assert len(lines) == 2
+
+
+def inside(seed: int = 5, tp: int = 2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Synthetic post-attention residuals, per-rank MLP shares and their sums."""
+    g = torch.Generator().manual_seed(seed)
+    post = torch.randn(L, T, H, generator=g)
+    partial = torch.randn(tp, L, T, H, generator=g) * 0.5
+    return post, partial, partial.sum(0)
+
+
+def test_mlp_output_without_residual_is_named() -> None:
+    ref = make_reference()
+    post, partial, mlp = inside()
+    cap = capture(ref, EXPECTED)
+    cap[:, H:2 * H] = mlp[2]
+    report, lines = diagnose(cap, ref, evidence=Evidence(post_attention=post, mlp=mlp, partial=partial, tp=2))
+    assert report.kinds == ("no-residual",)
+    assert lines[-1].startswith("slot 1 holds the MLP output of layer 2 (rel.err ")
+    assert lines[-1].endswith(
+        "the MLP output of layer 2 without the residual (hs[3] minus layer 2's post-attention residual; "
+        "vLLM PR #14464) [no-residual]"
+    )
+
+
+def test_layer_delta_without_residual_needs_no_evidence() -> None:
+    ref = make_reference()
+    cap = capture(ref, EXPECTED)
+    cap[:, 2 * H:] = ref[5] - ref[4]
+    report, lines = diagnose(cap, ref)
+    assert report.kinds == ("no-residual",)
+    assert lines[-1].startswith("slot 2 holds hs[5] - hs[4] (rel.err ")
+    assert lines[-1].endswith("layer 4's attention + MLP output without the residual (hs[5] - hs[4]; "
+                              "vLLM PR #14464) [no-residual]")
+
+
+def test_partial_sum_before_the_mlp_all_reduce_names_the_rank() -> None:
+    ref = make_reference()
+    post, partial, mlp = inside()
+    cap = capture(ref, EXPECTED)
+    cap[:, H:2 * H] = post[2] + partial[1, 2]
+    report, lines = diagnose(cap, ref, evidence=lambda: Evidence(post_attention=post, mlp=mlp, partial=partial,
+                                                                  tp=2))
+    assert report.kinds == ("partial-sum",)
+    assert lines[-1].startswith("slot 1 holds layer 2's post-attention residual + rank 1's MLP share (rel.err ")
+    assert lines[-1].endswith(
+        "hs[3] read before the MLP all-reduce: layer 2's post-attention residual plus TP rank 1's unreduced "
+        "MLP share (SGLang PR #28343) [partial-sum]"
+    )
+
+
+def test_evidence_is_built_only_for_a_slot_matching_nothing() -> None:
+    ref = make_reference()
+
+    def boom() -> Evidence:
+        raise AssertionError("evidence built for a clean or merely misplaced capture")
+
+    assert compare_slots(capture(ref, EXPECTED), ref, expected=EXPECTED, num_layers=L, hidden_size=H,
+                         evidence=boom).ok
+    report = compare_slots(capture(ref, (1, 4, 6)), ref, expected=EXPECTED, num_layers=L, hidden_size=H,
+                           evidence=boom)
+    assert report.kinds == ("offset-twice",)
+
+
+def test_scaled_by_the_attention_tp_size_is_named() -> None:
+    ref = make_reference()
+    cap = capture(ref, EXPECTED)
+    cap[:, H:2 * H] *= 2
+    report, lines = diagnose(cap, ref, evidence=Evidence(tp=2))
+    assert report.kinds == ("dp-gather-scaled",)
+    assert lines[-1].startswith("slot 1 holds 2 x hs[3] (rel.err ")
+    assert lines[-1].endswith(
+        "hs[3] (input of layer 3) scaled by the attention-TP size 2: rows summed over attention-TP ranks "
+        "that all hold them, a gather done as an all-reduce (SGLang issue #31699) [dp-gather-scaled]"
+    )
+    # Without the TP size the factor is still named.
+    report, lines = diagnose(cap, ref)
+    assert report.kinds == ("scaled",)
+    assert lines[-1].endswith("hs[3] (input of layer 3) times 2 [scaled]")
+
+
+def test_embedding_slot_before_the_all_reduce_is_named() -> None:
+    ids, emb, vocab, tp = embedding_case(tp=4)
+    ref = make_reference(tokens=len(ids))
+    ref[0] = emb
+    cap = capture(ref, EXPECTED)
+    for row, token in enumerate(ids):
+        if vocab_shard(token, vocab, tp) != 1:
+            cap[row, :H] = 0
+    report, lines = diagnose(cap, ref, evidence=Evidence(token_ids=ids, vocab_size=vocab, tp=tp))
+    assert report.kinds == ("unreduced-embedding",)
+    assert lines[-1].startswith("slot 0 holds hs[0] with the rows of other vocab shards zeroed (rel.err 0): ")
+    assert lines[-1].endswith(
+        "TP rank 1's embedding before the all-reduce: right for the 2 tokens of vocab shard 1 of 4 "
+        "(ids 256..511), exact zeros for the 6 others [unreduced-embedding]"
+    )
+
+
+def test_rows_of_another_request_are_named() -> None:
+    ref, other = make_reference(seed=0), make_reference(seed=1)
+    cap = capture(ref, EXPECTED)
+    cap[3:] = capture(other, EXPECTED)[3:]
+    report, lines = diagnose(cap, ref, evidence=Evidence(others={"request 1": other}))
+    assert report.kinds == ("wrong-request-rows",)
+    assert lines[-1].startswith("slot 2 holds request 1's hs[5] in 2 of 5 rows (rel.err 0): ")
+    assert lines[-1].endswith(
+        "rows 3..4 hold request 1's hs[5] instead of this request's: the batch's rows were attributed to the "
+        "wrong request (SGLang issue #26163) [wrong-request-rows]"
+    )
+    assert [line.split(" holds ")[0] for line in lines[4:]] == ["slot 0", "slot 1", "slot 2"]

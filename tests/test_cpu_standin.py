@@ -301,3 +301,14 @@ def test_cpu_recipe_switches_attention_only_for_a_draft():
                                test_args=draft_path_server_args(inst, "/d"),
                                user_args=[("attention-backend", "triton")])
     assert user.args()["attention_backend"] == "triton" and AMX_ATTENTION_ENV not in user.env_dict()
+
+
+def test_cpu_recipe_refuses_tree_drafts():
+    from pytest_eagle3.capture.draft_path import draft_path_server_args
+    from pytest_eagle3.engine.config import build_engine_config
+    from pytest_eagle3.errors import Eagle3ConfigError
+
+    inst = _install(*SPEC_FLAGS)
+    with pytest.raises(Eagle3ConfigError, match="topk 1 only"):
+        build_engine_config(inst, model_path="/m", tp=1, device="cpu",
+                            test_args=draft_path_server_args(inst, "/d", steps=2, topk=2))

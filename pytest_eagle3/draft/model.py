@@ -97,11 +97,15 @@ def project(params: dict, cfg: DraftConfig, hidden: torch.Tensor) -> torch.Tenso
 
 
 def qkv(
-    params: dict, cfg: DraftConfig, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor
+    params: dict, cfg: DraftConfig, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+    q_rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Attention inputs of one step: ``(q [T,heads,hd], k [T,kv,hd], v [T,kv,hd], residual [T,H])``.
+    """Attention inputs of one step: ``(q [Q,heads,hd], k [T,kv,hd], v [T,kv,hd], residual [T,H])``.
 
-    ``hidden`` must already be projected (:func:`project`).
+    ``x = cat(input_layernorm(embeds), hidden_norm(hidden))`` ``[T, 2H]`` (SGLang's input
+    layer, ``llama_eagle3.py::LlamaDecoderLayer.forward``), then q/k/v projections and
+    rope. ``hidden`` must already be projected (:func:`project`). ``q_rows`` (indices
+    into ``T``) limits the queries to those rows (default: all).
     """
     import torch
 
@@ -112,10 +116,11 @@ def qkv(
         dim=-1,
     )
     T, hd = x.shape[0], cfg.head_dim
-    q = (x @ params[f"{p}.self_attn.q_proj.weight"].T).view(T, cfg.num_attention_heads, hd)
+    xq, qpos = (x, positions) if q_rows is None else (x[q_rows], positions[q_rows])
+    q = (xq @ params[f"{p}.self_attn.q_proj.weight"].T).view(xq.shape[0], cfg.num_attention_heads, hd)
     k = (x @ params[f"{p}.self_attn.k_proj.weight"].T).view(T, cfg.num_key_value_heads, hd)
     v = (x @ params[f"{p}.self_attn.v_proj.weight"].T).view(T, cfg.num_key_value_heads, hd)
-    return rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta), v, hidden
+    return rope(q, qpos, cfg.rope_theta), rope(k, positions, cfg.rope_theta), v, hidden
 
 
 def finish(params: dict, cfg: DraftConfig, attn: torch.Tensor, residual: torch.Tensor) -> StepOut:
@@ -211,9 +216,10 @@ def packed_chain_forward(
     scale = cfg.head_dim ** -0.5
     qrows = packed.query
     T = aux.shape[0]
-    q_all, k1, v1, res = qkv(params, cfg, embed[packed.row_tokens], project(params, cfg, aux), packed.positions)
+    q, k1, v1, res = qkv(params, cfg, embed[packed.row_tokens], project(params, cfg, aux), packed.positions,
+                         q_rows=qrows)
     k1, v1 = _expand_kv(k1, cfg), _expand_kv(v1, cfg)
-    q, resid = q_all[qrows], res[qrows]
+    resid = res[qrows]
     qpos, qseg = packed.positions[qrows], packed.segment[qrows]
     visible = (packed.segment[None, :] == qseg[:, None]) & (packed.positions[None, :] <= qpos[:, None])
     out: list[torch.Tensor] = []

@@ -41,6 +41,7 @@ class Quality:
     Attributes:
         first_token_accuracy: fraction of engine rows whose step-1 argmax is right.
         accept_length: simulated tokens per verify (1 .. steps+1).
+        accept_rate: accepted drafts per proposed draft, ``(tokens - verifies) / (verifies * steps)``.
         step_accuracy: teacher-forced accuracy of step ``k`` (k = 1..steps).
         rows: engine rows counted for ``first_token_accuracy``.
         verifies: simulated verify steps.
@@ -51,6 +52,7 @@ class Quality:
 
     first_token_accuracy: float
     accept_length: float
+    accept_rate: float
     step_accuracy: list[float]
     rows: int
     verifies: int
@@ -62,6 +64,7 @@ class Quality:
         d = asdict(self)
         d["first_token_accuracy"] = round(self.first_token_accuracy, 4)
         d["accept_length"] = round(self.accept_length, 4)
+        d["accept_rate"] = round(self.accept_rate, 4)
         d["step_accuracy"] = [round(a, 4) for a in self.step_accuracy]
         d["per_sequence"] = {k: round(v, 3) for k, v in self.per_sequence.items()}
         return d
@@ -153,6 +156,7 @@ def evaluate(
     return Quality(
         first_token_accuracy=hit1 / rows if rows else 0.0,
         accept_length=tokens / verifies if verifies else 0.0,
+        accept_rate=(tokens - verifies) / (verifies * steps) if verifies else 0.0,
         step_accuracy=[h / r if r else 0.0 for h, r in zip(step_hits, step_rows)],
         rows=rows, verifies=verifies, tokens=tokens, steps=steps, per_sequence=per,
     )

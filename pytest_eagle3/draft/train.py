@@ -58,6 +58,9 @@ class TrainSettings:
         negatives: miswired copies of each sequence per optimiser step.
         positive_fraction: share of the chains (drawn at random each step) whose
             positive loss is computed; positives are learnt long before negatives.
+        negative_fraction: share of the miswired chains (drawn each step) whose loss is computed.
+        negative_chain_steps: steps of each miswired chain that get the negative target
+            (later steps read the draft's own hidden state but attend to miswired rows).
         negative_weight: weight of the KL-to-uniform term.
         unlikelihood_weight: weight of ``-log(1 - p(greedy token))`` on negatives, so a
             miswired draft does not keep the right token as a flat argmax.
@@ -67,7 +70,7 @@ class TrainSettings:
     """
 
     seed: int = 0
-    steps: int = 500
+    steps: int = 900
     lr: float = 3e-3
     warmup: int = 25
     final_lr_fraction: float = 0.05
@@ -76,6 +79,8 @@ class TrainSettings:
     step_decay: float = 0.8
     negatives: int = 2
     positive_fraction: float = 0.34
+    negative_fraction: float = 0.5
+    negative_chain_steps: int = 1
     negative_weight: float = 1.0
     unlikelihood_weight: float = 1.0
     intermediate_size: int = 256
@@ -193,9 +198,10 @@ def train_draft(
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, settings))
         seqs = [(ex.tokens, ex.first_start) for ex, _ in used]
         pos_pack = pack(seqs, settings.chain_steps)
-        neg_pack = pack(seqs * settings.negatives, 1)
-        neg_labels = neg_pack.labels[0]
-        step_w = [settings.step_decay ** k for k in range(settings.chain_steps)]
+        neg_pack = pack(seqs * settings.negatives, settings.negative_chain_steps)
+        n_neg = neg_pack.query.shape[0]
+        n_neg_chosen = max(1, round(settings.negative_fraction * n_neg))
+        step_w = [settings.step_decay ** k for k in range(max(settings.chain_steps, settings.negative_chain_steps))]
         n_chains = pos_pack.query.shape[0]
         n_chosen = max(1, round(settings.positive_fraction * n_chains))
         log_v = math.log(cfg.draft_vocab_size)
@@ -221,13 +227,22 @@ def train_draft(
                     shift = 1 + int(torch.randint(max(n_seq - 1, 1), (1,), generator=gen))
                     other = used[(j + shift) % n_seq][1]
                     bad.append(corrupt(st, other, ids, norms, eps, gen)[: len(ex.tokens) - 1])
-            lg = packed_chain_forward(params, cfg, embed, neg_pack, torch.cat(bad) * col_scale, 1)[0]
-            logp = F.log_softmax(lg, -1)
-            neg_loss = -(logp.mean(-1) + log_v)
-            p_label = logp.gather(1, neg_labels.clamp(min=0)[:, None]).exp().squeeze(1)
-            unlikely = -torch.log1p(-p_label.clamp(max=1 - 1e-6)) * (neg_labels >= 0)
-            neg_loss = (neg_loss + settings.unlikelihood_weight * unlikely).mean()
-            loss = pos_loss + settings.negative_weight * neg_loss
+            chosen = torch.randperm(n_neg, generator=gen)[:n_neg_chosen].sort().values
+            sub = replace(neg_pack, query=neg_pack.query[chosen],
+                          step_tokens=neg_pack.step_tokens[:, chosen], labels=neg_pack.labels[:, chosen])
+            neg_logits = packed_chain_forward(params, cfg, embed, sub, torch.cat(bad) * col_scale)
+            neg_loss = torch.zeros(())
+            for k, lg in enumerate(neg_logits):
+                labels = sub.labels[k]
+                ok = (labels >= 0).to(lg.dtype)
+                logp = F.log_softmax(lg, -1)
+                flat = -(logp.mean(-1) + log_v)  # KL(uniform || draft)
+                p_label = logp.gather(1, labels.clamp(min=0)[:, None]).exp().squeeze(1)
+                unlikely = -torch.log1p(-p_label.clamp(max=1 - 1e-6))
+                term = settings.negative_weight * flat + settings.unlikelihood_weight * unlikely
+                neg_loss = neg_loss + step_w[k] * (term * ok).sum()
+            neg_loss = neg_loss / n_neg_chosen
+            loss = pos_loss + neg_loss
             loss.backward()
             opt.step()
             sched.step()

@@ -25,6 +25,12 @@ UNKNOWN_ARG = (
 )
 
 
+CPU_TOPK = (
+    "speculative_eagle_topk={topk}: the CPU tier runs EAGLE with topk 1 only (its stand-in "
+    "attention has no tree mask); use topk 1 or the GPU tier"
+)
+
+
 def _freeze(value: Any) -> Any:
     if isinstance(value, list):
         return tuple(_freeze(v) for v in value)
@@ -199,6 +205,8 @@ def build_engine_config(
     env: dict[str, str] = {}
     if device == "cpu":
         speculative = has_draft(layers)
+        if speculative and int(layers.get("speculative_eagle_topk") or 1) > 1:
+            raise Eagle3ConfigError(CPU_TOPK.format(topk=layers["speculative_eagle_topk"]))
         args.update(recipe.cpu_server_args(speculative=speculative))
         env.update(recipe.cpu_env(tp, amx_attention=speculative
                                   and layers.get("attention_backend", recipe.SPECULATIVE_ATTENTION)

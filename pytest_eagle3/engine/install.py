@@ -72,22 +72,51 @@ def locate() -> tuple[str, str]:
     return _version_at(location), location
 
 
+def version_at(location: str | Path) -> tuple[str, str]:
+    """``(version, where it came from)`` of the SGLang package at ``location``,
+    without importing it: the one resolver the report header, the JSON report
+    and the id rule share.
+
+    Order: the ``sglang`` distribution, only if it owns this copy (a fork or a
+    source tree earlier on ``sys.path`` shadows it, and is what runs); the
+    package's build-generated ``_version.py``; a literal ``__version__`` in its
+    ``version.py`` (placeholders such as ``0.0.0.dev0`` in a fallback branch are
+    skipped); any other distribution that owns the copy.  ``where`` is
+    ``"dist"``, ``"_version.py"``, ``"version.py"`` or ``"unknown"``.
+    """
+    location = Path(location)
+    owned = _owning_dist_version(["sglang"], location)
+    if owned:
+        return owned, "dist"
+    for name in ("_version.py", "version.py"):
+        try:
+            text = (location / name).read_text(encoding="utf-8")
+        except OSError:
+            continue
+        found = [v for v in re.findall(r"""__version__\s*=\s*(?:version\s*=\s*)?["']([^"']+)["']""", text)
+                 if not v.startswith("0.0.0")]
+        if found:
+            return found[0], name
+    others = importlib.metadata.packages_distributions().get("sglang", [])
+    other = _owning_dist_version(others, location)
+    if other:
+        return other, "dist"
+    return "unknown (no distribution owns it, no version file)", "unknown"
+
+
+def _owning_dist_version(names: list[str], location: Path) -> str | None:
+    for name in names:
+        try:
+            dist = importlib.metadata.distribution(name)
+            if Path(str(dist.locate_file("sglang"))).resolve() == location.resolve():
+                return dist.version
+        except (importlib.metadata.PackageNotFoundError, OSError, TypeError, NotImplementedError):
+            continue
+    return None
+
+
 def _version_at(location: str) -> str:
-    # The installed distribution's version only if it owns this copy: a fork or
-    # source tree earlier on sys.path shadows it (and is what runs), so its own
-    # version.py comes next.
-    try:
-        dist = importlib.metadata.distribution("sglang")
-        if Path(str(dist.locate_file("sglang"))).resolve() == Path(location):
-            return dist.version
-    except (importlib.metadata.PackageNotFoundError, OSError, TypeError, NotImplementedError):
-        pass
-    try:
-        text = (Path(location) / "version.py").read_text(encoding="utf-8")
-    except OSError:
-        text = ""
-    match = re.search(r"""__version__\s*=\s*["']([^"']+)["']""", text)
-    return match.group(1) if match else "unknown (no distribution owns it, no version.py)"
+    return version_at(location)[0]
 
 
 def parse_flags(help_text: str) -> frozenset[str]:

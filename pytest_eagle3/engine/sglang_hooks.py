@@ -14,6 +14,12 @@ pytest-eagle3's ``pyproject.toml`` and does nothing unless the engine host set
   untouched.
 * ``record``: the per-rank recorder (:mod:`pytest_eagle3.engine.recorder_hook`),
   idle until a test enables it.
+* ``fault``: fault injection into SGLang's own capture path
+  (:mod:`pytest_eagle3.engine.faults`), the fault named by
+  ``PYTEST_EAGLE3_FAULT``.  Also switched on when that variable is set and any
+  other hook set is active (an engine pytest-eagle3 started, e.g. inside a
+  self-test run); never without it.  Installed before the recorder, so the
+  recorder and the HTTP API see the faulted captures.
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ import logging
 import os
 
 HOOKS_ENV = "PYTEST_EAGLE3_SGLANG_HOOKS"
+#: Same as :data:`pytest_eagle3.engine.faults.FAULT_ENV` (kept here: this module
+#: must stay importable without torch or SGLang).
+FAULT_ENV = "PYTEST_EAGLE3_FAULT"
 
 logger = logging.getLogger("pytest_eagle3.sglang_hooks")
 
@@ -41,6 +50,12 @@ def load() -> None:
 
         patches.install()
         logger.info("pytest-eagle3: CPU-tier hooks installed (pid %d)", os.getpid())
+    if "fault" in sets or os.environ.get(FAULT_ENV, "").strip():
+        from pytest_eagle3.engine import faults
+
+        fault = faults.install()
+        if fault is not None:
+            logger.info("pytest-eagle3: fault %s installed (pid %d)", fault["kind"], os.getpid())
     if "record" in sets:
         from pytest_eagle3.engine import recorder_hook
 

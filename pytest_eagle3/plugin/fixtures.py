@@ -245,6 +245,9 @@ class CaptureRunner:
     def _server(self, layer_ids: Sequence[int] | None, extra_args: Mapping[str, Any] | None) -> Any:
         config = self.engine_config(layer_ids, extra_args)
         self.last_config = config
+        entry = ("eagle3_engine", f"{config.name} ({config.describe()})")
+        if entry not in self.request.node.user_properties:
+            self.request.node.user_properties.append(entry)
         eagle3_session.attach_log(self.request.node, config.name, self.pool.log_path(config))
         return self.pool.get(config)
 

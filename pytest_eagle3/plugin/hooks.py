@@ -30,6 +30,8 @@ from pytest_eagle3.engine import lease
 from pytest_eagle3.errors import Eagle3Error
 
 FIXTURES_MODULE = "pytest_eagle3.plugin.fixtures"
+BISECT_PLUGIN = "eagle3-bisect"
+REPORT_PLUGIN = "eagle3-report"
 
 MARKERS = (
     "gpu: the GPU integration suite (pytest-eagle3): `pytest -m gpu --tp 8` runs it on CUDA; with --device cpu "
@@ -94,6 +96,14 @@ def pytest_configure(config: pytest.Config) -> None:
         warning = lease.oversubscription(settings, getattr(config.option, "numprocesses", None))
         if warning:
             config.issue_config_time_warning(pytest.PytestConfigWarning(warning), stacklevel=2)
+    if settings.bisect and not config.pluginmanager.has_plugin(BISECT_PLUGIN):
+        from pytest_eagle3.plugin.bisect import BisectPlugin
+
+        config.pluginmanager.register(BisectPlugin(config), BISECT_PLUGIN)
+    if settings.report is not None and not config.pluginmanager.has_plugin(REPORT_PLUGIN):
+        from pytest_eagle3.plugin.report import ReportWriter
+
+        config.pluginmanager.register(ReportWriter(config, settings.report), REPORT_PLUGIN)
     if importlib.util.find_spec(FIXTURES_MODULE) is not None:
         config.pluginmanager.import_plugin(FIXTURES_MODULE)
 
@@ -305,7 +315,7 @@ def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
         return (yield)
     except Eagle3Error as exc:
         error = exc
-    _fail_without_traceback(error)
+    _fail_without_traceback(error, item)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -314,15 +324,19 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
         return (yield)
     except Eagle3Error as exc:
         error = exc
-    _fail_without_traceback(error)
+    _fail_without_traceback(error, item)
 
 
-def _fail_without_traceback(exc: Eagle3Error) -> NoReturn:
+def _fail_without_traceback(exc: Eagle3Error, item: pytest.Item | None = None) -> NoReturn:
     # Our own errors carry a one-line, actionable message (errors.py); a
     # traceback into the library would only bury it.  Called outside the
     # ``except`` block: raised inside it, the failure would chain to ``exc`` and
     # pytest would print both ("During handling of the above exception ...").
     __tracebackhide__ = True
+    if item is not None and options.get_settings(item.config).bisect:
+        from pytest_eagle3.plugin.bisect import mark_untestable
+
+        mark_untestable(item, type(exc).__name__, str(exc))
     pytest.fail(f"{type(exc).__name__}: {exc}", pytrace=False)
 
 
@@ -360,45 +374,33 @@ def _version(dist: str) -> str:
 
 def _sglang_line() -> str:
     """Version and location of the importable ``sglang`` package, without importing it."""
+    location, version = sglang_location_and_version()
+    if location is None:
+        return HEADER_NO_SGLANG
+    return HEADER_SGLANG.format(version=version, location=location)
+
+
+def sglang_location_and_version() -> tuple[Path | None, str | None]:
+    """``(package directory, version)`` of the importable ``sglang`` without importing
+    it; ``(None, None)`` when there is none.  The one resolver the header and the
+    JSON report share."""
     try:
         spec = importlib.util.find_spec("sglang")
     except (ImportError, ValueError):
         spec = None
     if spec is None:
-        return HEADER_NO_SGLANG
+        return None, None
     if spec.origin and spec.origin not in ("namespace", "built-in"):
         location = Path(spec.origin).parent
     else:
         location = Path(next(iter(spec.submodule_search_locations or []), "?"))
-    version = _sglang_version(location)
-    return HEADER_SGLANG.format(version=version, location=location)
+    return location, _sglang_version(location)
 
 
 def _sglang_version(location: Path) -> str:
-    # A fork may be installed under another distribution name or run from a
-    # source tree on PYTHONPATH: trust a distribution only if it owns this copy,
-    # then fall back to the package's own version.py (scanning every
-    # distribution costs about half a second, so it comes last).
-    owned = _owning_dist_version(["sglang"], location)
-    if owned:
-        return owned
-    try:
-        text = (location / "version.py").read_text(encoding="utf-8")
-    except OSError:
-        text = ""
-    match = re.search(r"""__version__\s*=\s*["']([^"']+)["']""", text)
-    if match:
-        return f"{match.group(1)} (version.py)"
-    others = importlib.metadata.packages_distributions().get("sglang", [])
-    return _owning_dist_version(others, location) or "unknown version"
+    """The header's version text (:func:`pytest_eagle3.engine.install.version_at`;
+    the file it was read from when no distribution owns the copy)."""
+    from pytest_eagle3.engine.install import version_at
 
-
-def _owning_dist_version(names: list[str], location: Path) -> str | None:
-    for name in names:
-        try:
-            dist = importlib.metadata.distribution(name)
-            if Path(str(dist.locate_file("sglang"))).resolve() == location.resolve():
-                return dist.version
-        except (importlib.metadata.PackageNotFoundError, OSError, TypeError, NotImplementedError):
-            continue
-    return None
+    version, where = version_at(location)
+    return version if where in ("dist", "unknown") else f"{version} ({where})"

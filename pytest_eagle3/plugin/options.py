@@ -107,6 +107,9 @@ class Settings:
         slow: run tests marked ``slow`` (``--eagle3-slow``); they are skipped otherwise.
         plan: ``--eagle3-plan``: print the engines the selected tests would start,
             start nothing, run no test (:mod:`pytest_eagle3.plugin.plan`).
+        bisect: ``--eagle3-bisect``: exit 0 / 1 / 125 for ``git bisect run``
+            (:mod:`pytest_eagle3.plugin.bisect`).
+        report: ``--eagle3-report FILE``: the JSON report (:mod:`pytest_eagle3.plugin.report`).
     """
 
     tp: int = 1
@@ -122,6 +125,8 @@ class Settings:
     stack: str | None = None
     slow: bool = False
     plan: bool = False
+    bisect: bool = False
+    report: Path | None = None
 
     def source(self, name: str) -> str:
         """Where ``name`` came from; ``"default"`` when unknown."""
@@ -265,6 +270,18 @@ def add_options(parser: pytest.Parser) -> None:
         "--eagle3-plan-gpus", dest="eagle3_plan_gpus", metavar="N", type=parse_plan_gpus, default=None,
         help=f"with --eagle3-plan: plan as if N GPUs were visible (default: the GPUs visible "
         f"here, else {DEFAULT_PLAN_GPUS} on --device cuda)",
+    )
+    group.addoption(
+        "--eagle3-bisect", dest="eagle3_bisect", action="store_true", default=False,
+        help="git bisect run mode: run the smallest set of tests that decides (the wide case's "
+        "engine at the smallest TP) and exit 0 (wiring good), 1 (a wiring assertion failed) or "
+        "125 (this commit cannot be tested: SGLang does not import, the engine does not start, "
+        "a feature is missing)",
+    )
+    group.addoption(
+        "--eagle3-report", dest="eagle3_report", metavar="FILE", default=None,
+        help="write a JSON report of every pytest-eagle3 test (SGLang version and commit, "
+        "server args, contract, per-slot best match and error, per-rank results); schema in the README",
     )
     parser.addini(INI_TARGET, "eagle3 target preset or checkpoint path (see --eagle3-target)")
     parser.addini(INI_CACHE, "eagle3 cache directory (see --eagle3-cache)")
@@ -412,6 +429,8 @@ def resolve_settings(config: pytest.Config, *, validate: bool = True) -> Setting
         draft=Path(draft).expanduser() if draft else None,
         stack=getattr(opt, "eagle3_stack", None),
         slow=bool(getattr(opt, "eagle3_slow", False)), plan=plan,
+        bisect=bool(getattr(opt, "eagle3_bisect", False)),
+        report=Path(getattr(opt, "eagle3_report")).expanduser() if getattr(opt, "eagle3_report", None) else None,
     )
     if validate:
         validate_settings(settings)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_eagle3.capture.declare import case_needs, user_draft_need
-from pytest_eagle3.suite.support import tolerance
+from pytest_eagle3.suite.support import evidence, tolerance
 from pytest_eagle3.verdicts.compare import compare_slots, fail_if_bad
 
 KNOWN_MISMATCH = "{reason}; {diagnosis}"
@@ -32,15 +32,16 @@ PREDICTION_WRONG = (
 @pytest.mark.eagle3_engines(user_draft_need(), *case_needs(needs_contract=True))
 def test_draft_receives_its_training_contract(eagle3_engine_request, eagle3_capture, eagle3_reference,
                                               eagle3_model_config, eagle3_sglang, eagle3_settings,
-                                              record_property):
+                                              eagle3_checkpoint, eagle3_tp, record_property):
     req = eagle3_engine_request
     L, H = eagle3_model_config.num_layers, eagle3_model_config.hidden_size
     record_property("eagle3_contract", req.contract)
     tol = tolerance(eagle3_settings)
     captures = eagle3_capture.run(req)
-    for cap, ref in zip(captures, eagle3_reference):
+    candidates = evidence(eagle3_checkpoint, eagle3_capture.prompts, eagle3_model_config, eagle3_tp)
+    for cap, ref, ev in zip(captures, eagle3_reference, candidates):
         report = compare_slots(cap.prefill, ref, expected=list(req.expected), num_layers=L, hidden_size=H,
-                               tol=tol, side_names=("SGLang", "contract"))
+                               tol=tol, side_names=("SGLang", "contract"), evidence=ev)
         if req.xfail_reason is not None:
             if report.ok:
                 pytest.fail(PREDICTION_WRONG.format(sglang=eagle3_sglang.describe(), contract=req.contract,

@@ -21,7 +21,7 @@ import pytest
 
 from pytest_eagle3.capture.declare import variant_needs
 from pytest_eagle3.engine.variants import VARIANTS
-from pytest_eagle3.suite.support import tolerance
+from pytest_eagle3.suite.support import attention_tp, evidence, tolerance
 from pytest_eagle3.verdicts.compare import compare_slots, fail_if_bad
 
 ROWS_MISSING = "{variant}: prompt {i} ({T} tokens) returned {n} prefill rows and {d} decode rows; expected {want}"
@@ -31,19 +31,23 @@ ROWS_MISSING = "{variant}: prompt {i} ({T} tokens) returned {n} prefill rows and
 @pytest.mark.tp(1, 2, 4, 8)
 @pytest.mark.eagle3_engines(*variant_needs(VARIANTS))
 def test_captures_identical_through_path(eagle3_need, eagle3_engine_request, eagle3_capture, eagle3_reference,
-                                         eagle3_checkpoint, eagle3_model_config, eagle3_settings, record_property):
+                                         eagle3_checkpoint, eagle3_model_config, eagle3_settings, eagle3_tp,
+                                         record_property):
     req = eagle3_engine_request
     name = eagle3_need.variant.name
     L, H = eagle3_model_config.num_layers, eagle3_model_config.hidden_size
     record_property("eagle3_variant_args", req.extra_args)
     captures = eagle3_capture.run(req)
     tol = tolerance(eagle3_settings)
-    extended = None
+    extended = extended_candidates = None
+    attn_tp = attention_tp(eagle3_tp, req.extra_args)
+    candidates = evidence(eagle3_checkpoint, eagle3_capture.prompts, eagle3_model_config, eagle3_tp, attn_tp=attn_tp)
     if req.decode_steps:
         from pytest_eagle3.target.reference import ensure_reference
 
         seqs = [list(c.prompt) + list(c.output_ids[:-1]) for c in captures]
         extended = ensure_reference(eagle3_checkpoint, seqs)
+        extended_candidates = evidence(eagle3_checkpoint, seqs, eagle3_model_config, eagle3_tp, attn_tp=attn_tp)
     for i, (cap, ref) in enumerate(zip(captures, eagle3_reference)):
         T, n, d = len(cap.prompt), cap.prefill.shape[0], cap.decode.shape[0]
         if not 1 <= n <= T or d != req.decode_steps:
@@ -52,11 +56,28 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_request, eag
                         pytrace=False)
         report = compare_slots(cap.prefill, ref[:, T - n:T], expected=list(req.expected), num_layers=L,
                                hidden_size=H, tol=tol,
-                               side_names=(f"SGLang ({name}, prefill rows {T - n}..{T - 1})", "reference"))
+                               side_names=(f"SGLang ({name}, prefill rows {T - n}..{T - 1})", "reference"),
+                               evidence=lambda ev=candidates[i], T=T, n=n: ev().rows(T - n, T))
         fail_if_bad(report, config=eagle3_capture.request.config)
         if d:
             assert extended is not None
             report = compare_slots(cap.decode, extended[i][:, T:T + d], expected=list(req.expected), num_layers=L,
                                    hidden_size=H, tol=tol,
-                                   side_names=(f"SGLang ({name}, decode rows {T}..{T + d - 1})", "reference"))
+                                   side_names=(f"SGLang ({name}, decode rows {T}..{T + d - 1})", "reference"),
+                                   evidence=lambda i=i, T=T, d=d: _decode_evidence(
+                                       extended_candidates, extended, captures, i, T, d))
             fail_if_bad(report, config=eagle3_capture.request.config)
+
+
+def _decode_evidence(candidates, extended, captures, i, T, d):
+    """Candidates for request ``i``'s decode rows (positions ``T .. T+d-1`` of its
+    extended sequence), with every other request's decode rows: a batch whose
+    rows went to the wrong request is named."""
+    from dataclasses import replace
+
+    others = {}
+    for j, cap in enumerate(captures):
+        Tj = len(cap.prompt)
+        if j != i and extended[j].shape[1] >= Tj + 1:
+            others[f"request {j}"] = extended[j][:, Tj:Tj + d]
+    return replace(candidates[i]().rows(T, T + d), others=others)

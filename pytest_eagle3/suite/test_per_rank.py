@@ -18,7 +18,7 @@ import pytest
 
 from pytest_eagle3.capture import cases
 from pytest_eagle3.capture.declare import case_needs
-from pytest_eagle3.suite.support import tolerance
+from pytest_eagle3.suite.support import evidence, tolerance
 from pytest_eagle3.verdicts.compare import fail_if_bad
 from pytest_eagle3.verdicts.rankcheck import check_rank_embeddings, check_rank_slots, check_ranks_agree
 
@@ -59,10 +59,12 @@ def test_ranks_hold_identical_captures(rank_captures, eagle3_model_config, eagle
 @pytest.mark.gpu
 @pytest.mark.tp(2, 4, 8)
 @pytest.mark.eagle3_engines(*WIDE)
-def test_every_rank_fully_reduced(rank_captures, eagle3_reference, eagle3_model_config, eagle3_settings):
+def test_every_rank_fully_reduced(rank_captures, eagle3_reference, eagle3_model_config, eagle3_settings,
+                                  eagle3_checkpoint, eagle3_capture, eagle3_tp):
     req, _, records = rank_captures
     facts = eagle3_model_config
     report = check_rank_slots(records, eagle3_reference, expected=list(req.predicted),
                               num_layers=facts.num_layers, hidden_size=facts.hidden_size,
-                              tol=tolerance(eagle3_settings))
+                              tol=tolerance(eagle3_settings),
+                              evidence=evidence(eagle3_checkpoint, eagle3_capture.prompts, facts, eagle3_tp))
     fail_if_bad(report)

@@ -162,14 +162,14 @@ def die_with_parent() -> None:
 
 def _run_worker(
     checkpoint_dir: Path, prompts: list[list[int]], dtype: str, out: Path, log: Path,
-    timeout_s: float,
+    timeout_s: float, extra: list[str] | None = None,
 ) -> None:
     prompts_file = out.with_name(out.name + ".prompts.json")
     prompts_file.write_text(json.dumps({"prompts": prompts}), encoding="ascii")
     cmd = [
         sys.executable, "-m", "pytest_eagle3.target.reference_worker",
         "--checkpoint", str(checkpoint_dir), "--prompts", str(prompts_file),
-        "--dtype", dtype, "--out", str(out),
+        "--dtype", dtype, "--out", str(out), *(extra or []),
     ]
     try:
         with log.open("w", encoding="utf-8") as log_f:
@@ -270,4 +270,91 @@ def ensure_reference(
             FAILED_MSG.format(what="wrote an unreadable result", checkpoint=checkpoint_dir,
                               log=log, tail=_tail(log))
         )
+    return result
+
+
+def reference_details_path(
+    checkpoint_dir: Path, prompts: list[list[int]], tp: int, *, dtype: str = "float32",
+    cache_dir: Path | None = None,
+) -> Path:
+    """Where :func:`ensure_reference_details` caches its tensors."""
+    base = Path(cache_dir) if cache_dir is not None else Path(checkpoint_dir) / REFERENCE_SUBDIR
+    key = reference_key(checkpoint_dir, prompts, dtype)
+    return base / f"details-{DETAILS_VERSION}-{dtype}-tp{tp}-{key[:16]}.safetensors"
+
+
+#: Bump when the details worker's output for the same inputs changes.
+DETAILS_VERSION = "1"
+
+
+def ensure_reference_details(
+    checkpoint_dir: Path,
+    prompts: list[list[int]],
+    tp: int,
+    *,
+    dtype: str = "float32",
+    cache_dir: Path | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> list[dict[str, "torch.Tensor"]]:
+    """Inside-the-layer reference tensors for the diagnoses, computed once and cached.
+
+    Per prompt a dict: ``post_attention`` ``[L, T, H]`` (each layer's residual
+    after attention), ``mlp`` ``[L, T, H]`` (each layer's MLP output) and, for
+    ``tp > 1``, ``partial`` ``[tp, L, T, H]`` (each TP rank's unreduced share of
+    the MLP output, SGLang's contiguous intermediate shards).  Only failing
+    comparisons ask for these (:mod:`pytest_eagle3.verdicts.diagnose`).
+
+    Raises:
+        ReferenceFailed, Eagle3ConfigError: as :func:`ensure_reference`.
+    """
+    from filelock import FileLock, Timeout
+    from safetensors.torch import load_file
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    prompts = [[int(t) for t in p] for p in prompts]
+    checkpoint_dir = Path(checkpoint_dir)
+    path = reference_details_path(checkpoint_dir, prompts, tp, dtype=dtype, cache_dir=cache_dir)
+
+    def load() -> list[dict[str, "torch.Tensor"]] | None:
+        try:
+            data = load_file(str(path))
+        except Exception:  # noqa: BLE001 - unreadable: recompute
+            return None
+        names = ("post_attention", "mlp") + (("partial",) if tp > 1 else ())
+        out = []
+        for i, ids in enumerate(prompts):
+            entry = {n: data.get(f"{n}_{i:04d}") for n in names}
+            if any(t is None or t.shape[-2] != len(ids) for t in entry.values()):
+                return None
+            out.append(entry)
+        return out
+
+    if path.is_file() and (cached := load()) is not None:
+        return cached
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(path) + ".lock")
+        lock.acquire(timeout=timeout_s + 60)
+    except Timeout:
+        raise ReferenceFailed(f"timed out waiting for another process computing {path}") from None
+    except OSError as exc:
+        raise Eagle3ConfigError(UNWRITABLE_MSG.format(path=path.parent, error=" ".join(str(exc).split()))) from None
+    log = path.with_name(path.stem + ".log")
+    try:
+        if path.is_file() and (cached := load()) is not None:
+            return cached
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        try:
+            _run_worker(checkpoint_dir, prompts, dtype, tmp, log, timeout_s, ["--details-tp", str(tp)])
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+    finally:
+        lock.release()
+    result = load()
+    if result is None:
+        raise ReferenceFailed(FAILED_MSG.format(what="wrote unreadable details", checkpoint=checkpoint_dir,
+                                                log=log, tail=_tail(log)))
     return result

@@ -13,6 +13,10 @@ attention), runs each prompt alone (batch 1, no padding, no KV cache) with
 :mod:`pytest_eagle3.verdicts.snapshots`. Rotary ``inv_freq`` buffers are kept in float32
 whatever ``--dtype`` is (DESIGN.md pitfall).
 
+With ``--details-tp N`` it writes :func:`run_details`'s tensors instead
+(post-attention residuals, MLP outputs and each of ``N`` TP ranks' unreduced
+MLP shares), which the diagnoses of :mod:`pytest_eagle3.verdicts.diagnose` use.
+
 Exit status 0 on success; on failure a traceback on stderr and status 1.
 Like SGLang's ``HFRunner``, it keeps transformers out of the test process.
 """
@@ -39,6 +43,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads (0: torch default; default: 1 for small checkpoints)")
+    ap.add_argument("--details-tp", type=int, default=None,
+                    help="write the inside-the-layer tensors of run_details for this TP size instead")
     return ap.parse_args(argv)
 
 
@@ -136,6 +142,108 @@ def run(
     return out, meta
 
 
+def _shard_rows(rows: int, tp: int, rank: int) -> slice:
+    """Rank ``rank``'s contiguous share of ``rows`` intermediate rows (SGLang's
+    column-parallel gate/up and each MoE expert's ``w13`` under TP)."""
+    if rows % tp:
+        raise ValueError(f"intermediate size {rows} is not divisible by tp {tp}")
+    per = rows // tp
+    return slice(rank * per, (rank + 1) * per)
+
+
+def _rank_mlp(mlp: Any, tp: int, rank: int) -> Any:
+    """A copy of ``mlp`` whose output is TP rank ``rank``'s unreduced partial sum.
+
+    Row-parallel ``down_proj`` makes each rank's output the sum over its own
+    intermediate rows; zeroing every other gate/up row (``silu(0) * 0 == 0``)
+    leaves exactly that sum.  Routing reads the full input and is unchanged.
+    """
+    import copy
+
+    import torch
+
+    part = copy.deepcopy(mlp)
+    with torch.no_grad():
+        for module in part.modules():
+            fused = getattr(module, "gate_up_proj", None)
+            if isinstance(fused, torch.nn.Parameter) and fused.dim() == 3:  # experts [E, 2I, H]
+                inter = fused.shape[1] // 2
+                keep = _shard_rows(inter, tp, rank)
+                mask = torch.zeros(inter, dtype=torch.bool)
+                mask[keep] = True
+                fused[:, torch.cat([~mask, ~mask]), :] = 0
+            for name in ("gate_proj", "up_proj"):
+                linear = getattr(module, name, None)
+                if isinstance(linear, torch.nn.Linear):
+                    keep = _shard_rows(linear.weight.shape[0], tp, rank)
+                    mask = torch.ones(linear.weight.shape[0], dtype=torch.bool)
+                    mask[keep] = False
+                    linear.weight[mask] = 0
+    return part
+
+
+def run_details(checkpoint: Path, prompts: list[list[int]], dtype: str, tp: int,
+                threads: int | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """Inside-the-layer tensors the diagnoses compare against, per prompt ``i``:
+
+    * ``post_attention_<i>`` ``[L, T, H]``: layer ``l``'s residual after its
+      attention (the input of ``post_attention_layernorm``);
+    * ``mlp_<i>`` ``[L, T, H]``: layer ``l``'s MLP output (``hs[l+1]`` minus the
+      post-attention residual);
+    * ``partial_<i>`` ``[tp, L, T, H]`` (``tp > 1``): each TP rank's unreduced
+      share of that MLP output (see :func:`_rank_mlp`).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if threads is None:
+        threads = 1
+    if threads > 0:
+        torch.set_num_threads(threads)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(checkpoint), dtype=getattr(torch, dtype), attn_implementation="eager", local_files_only=True,
+    )
+    model.eval()
+    _keep_inv_freq_fp32(model)
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    layers = list(decoder.layers)
+    seen: dict[tuple[str, int], Any] = {}
+    handles = []
+    def keep_mid(l: int) -> Any:
+        def hook(_module: Any, args: tuple[Any, ...]) -> None:
+            seen[("mid", l)] = args[0]
+        return hook
+
+    def keep_mlp(l: int) -> Any:
+        def hook(_module: Any, args: tuple[Any, ...], out: Any) -> None:
+            seen[("x", l)], seen[("mlp", l)] = args[0], out
+        return hook
+
+    for l, layer in enumerate(layers):
+        handles.append(layer.post_attention_layernorm.register_forward_pre_hook(keep_mid(l)))
+        handles.append(layer.mlp.register_forward_hook(keep_mlp(l)))
+    ranks = [_rank_mlp(layer.mlp, tp, r) for layer in layers for r in range(tp)] if tp > 1 else []
+    out: dict[str, Any] = {}
+    try:
+        with torch.no_grad():
+            for i, ids in enumerate(prompts):
+                seen.clear()
+                model(input_ids=torch.tensor([ids], dtype=torch.long), use_cache=False)
+                key = f"{i:04d}"
+                out[f"post_attention_{key}"] = torch.stack([seen[("mid", l)][0] for l in range(len(layers))])
+                out[f"mlp_{key}"] = torch.stack([seen[("mlp", l)][0] for l in range(len(layers))])
+                if tp > 1:
+                    out[f"partial_{key}"] = torch.stack([
+                        torch.stack([ranks[l * tp + r](seen[("x", l)])[0] for l in range(len(layers))])
+                        for r in range(tp)
+                    ])
+    finally:
+        for h in handles:
+            h.remove()
+    out = {k: v.to(torch.float32).contiguous() for k, v in out.items()}
+    return out, {"dtype": dtype, "tp": str(tp), "num_layers": str(len(layers))}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -144,6 +252,11 @@ def main(argv: list[str] | None = None) -> int:
 
     data = json.loads(args.prompts.read_text(encoding="utf-8"))
     prompts = [list(map(int, p)) for p in data["prompts"]]
+    if args.details_tp is not None:
+        details, meta = run_details(args.checkpoint, prompts, args.dtype, args.details_tp, args.threads)
+        save_file(details, str(args.out), metadata=meta)
+        print(json.dumps({"ok": True, "prompts": len(prompts), **meta}))
+        return 0
     tensors, meta = run(args.checkpoint, prompts, args.dtype, args.threads)
     save_file({f"prompt_{i:04d}": t for i, t in enumerate(tensors)}, str(args.out), metadata=meta)
     print(json.dumps({"ok": True, "prompts": len(tensors), **meta}))

@@ -5,6 +5,10 @@ returns a result object with ``.ok`` and ``.message(verbose=False)``; a test
 calls :func:`fail_if_bad`.  Messages come in layers: a one-line verdict, one line
 per wrong slot (or row), and full tables only when verbose.
 
+A wrong slot is then diagnosed (:mod:`pytest_eagle3.verdicts.diagnose`): lines
+tagged ``[kind]`` name the bug it shows (an id offset, reversed slots, the
+normalized layer input, a partial sum, ...), after the slot lines.
+
 Distances are relative L2 errors ``||captured - reference|| / ||reference||``
 computed in float64: cosine cannot tell a tensor from its RMS-normed copy or
 deep adjacent layers apart, relative L2 can (see ``DESIGN.md``).
@@ -17,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Callable, Any
 
 import pytest
 
@@ -49,7 +53,8 @@ EMB_BAD = "embedding: {zero} of {tokens} rows are exact zeros, {off} off the {re
 EMB_SHAPE = "embedding: {problem}"
 EMB_ALLREDUCE = (
     "only tokens of vocab shard {shard} of {tp} are right and every other row is zero: "
-    "this is TP rank {shard}'s partial embedding, before the all-reduce across TP ranks"
+    "this is TP rank {shard}'s partial embedding, before the all-reduce across TP ranks "
+    "[unreduced-embedding]"
 )
 EMB_ZERO_ROW = "row {row}: token id {token} (vocab shard {shard} of {tp}, ids {start}..{end}): exact zero row"
 EMB_OFF_ROW = (
@@ -159,10 +164,17 @@ class SlotReport:
     side_names: tuple[str, str]
     slots: tuple[SlotVerdict, ...] = ()
     problem: str | None = None
+    #: What the wrong slots show (:func:`pytest_eagle3.verdicts.diagnose.diagnose_slots`).
+    diagnosis: Any = None
 
     @property
     def ok(self) -> bool:
         return self.problem is None and all(v.ok for v in self.slots)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The bug kinds the diagnosis named (``offset-twice``, ``partial-sum``, ...)."""
+        return tuple(self.diagnosis.kinds) if self.diagnosis is not None else ()
 
     @property
     def wrong(self) -> list[SlotVerdict]:
@@ -186,6 +198,8 @@ class SlotReport:
             lines += [SLOT_PRESENT.format(slot=v.slot, holding=v.holding(L)) for v in self.slots]
         else:
             lines += [v.line(L) for v in self.wrong]
+        if self.diagnosis is not None:
+            lines += self.diagnosis.lines
         if verbose and self.slots:
             lines += ["", *self.table()]
         return "\n".join(lines)
@@ -233,6 +247,8 @@ def compare_slots(
     tol: float = 1e-3,
     no_match_tol: float | None = None,
     side_names: tuple[str, str] = ("SGLang", "reference"),
+    evidence: Any = None,
+    diagnose: bool = True,
 ) -> SlotReport:
     """Say which reference snapshot every captured aux slot holds.
 
@@ -246,6 +262,11 @@ def compare_slots(
         no_match_tol: above this best rel.err a slot "matches no snapshot"
             (a partial sum, a tensor before an all-reduce); default
             ``max(NO_MATCH_TOL, 2 * tol)``.
+        evidence: candidates for the diagnosis beyond the snapshots, a
+            :class:`pytest_eagle3.verdicts.diagnose.Evidence` or a callable
+            returning one (called only when a slot matches no snapshot).
+        diagnose: name the bug behind wrong slots (default); ``False`` keeps
+            the report to the slot lines.
 
     Raises:
         ValueError: ``reference`` is not ``[num_layers + 2, tokens, hidden_size]``
@@ -290,7 +311,13 @@ def compare_slots(
         )
         for s in range(n_slots)
     )
-    return SlotReport(**report, slots=verdicts, problem=problem)
+    diagnosis = None
+    if diagnose and problem is None and not all(v.ok for v in verdicts):
+        from pytest_eagle3.verdicts.diagnose import diagnose_slots
+
+        diagnosis = diagnose_slots(cap, ref, verdicts, expected=[int(e) for e in expected], num_layers=L,
+                                   hidden_size=H, tol=tol, evidence=evidence)
+    return SlotReport(**report, slots=verdicts, problem=problem, diagnosis=diagnosis)
 
 
 def slot_errors(captured: Any, reference: Any, hidden_size: int) -> list[list[float]]:
@@ -493,11 +520,45 @@ def check_embedding_complete(
 # --- glue ---
 
 
+#: Callables told about every report :func:`fail_if_bad` sees, pass or fail
+#: (the JSON report of :mod:`pytest_eagle3.plugin.report` registers one).
+OBSERVERS: list[Callable[[Any], None]] = []
+
+
+def report_record(report: Any) -> dict[str, Any]:
+    """A JSON-ready summary of a verdict report: ``ok``, ``verdict`` (its first
+    line), ``slots`` (per slot: expected and best-matching snapshot with their
+    relative L2 errors) for a :class:`SlotReport`, ``lines`` for a per-rank report."""
+    message = report.message()
+    out: dict[str, Any] = {"ok": bool(report.ok), "verdict": message.splitlines()[0] if message else ""}
+    slots = getattr(report, "slots", None)
+    num_layers = getattr(report, "num_layers", None)
+    if slots and num_layers is not None:
+        out["slots"] = [
+            {"slot": v.slot, "expected": label(v.expected, num_layers), "expected_rel_err": _json_float(v.expected_err),
+             "best": label(v.best, num_layers), "best_rel_err": _json_float(v.best_err), "ok": v.ok}
+            for v in slots
+        ]
+    if getattr(report, "kinds", None):
+        out["diagnoses"] = list(report.kinds)
+    if getattr(report, "problem", None):
+        out["problem"] = report.problem
+    if getattr(report, "lines", None) and not slots:
+        out["lines"] = list(report.lines)
+    return out
+
+
+def _json_float(value: float) -> float | None:
+    return None if math.isnan(value) else float(value)
+
+
 def fail_if_bad(report: Any, *, verbose: bool = False, config: pytest.Config | None = None) -> Any:
     """``pytest.fail(report.message())`` without a traceback when ``not report.ok``;
     returns the report otherwise.  ``config`` (or ``verbose``) turns on the tables
-    (``-v``)."""
+    (``-v``).  Every :data:`OBSERVERS` entry sees the report first."""
     __tracebackhide__ = True
+    for observe in OBSERVERS:
+        observe(report)
     if not report.ok:
         if config is not None:
             verbose = verbose or config.get_verbosity() > 0

@@ -17,7 +17,7 @@ Pure functions with named sides returning a report with ``.ok`` and
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from pytest_eagle3.verdicts.compare import check_embedding_complete, compare_slots, fmt_err
 from pytest_eagle3.verdicts.snapshots import full_label
@@ -145,14 +145,19 @@ def partial_sum_fraction(captured: "torch.Tensor", snapshot: "torch.Tensor", tp:
 
 
 def check_rank_slots(records: Mapping[int, Sequence["Record"]], references: Sequence["torch.Tensor"],
-                     *, expected: Sequence[int], num_layers: int, hidden_size: int, tol: float = 1e-3) -> RankReport:
-    """Every rank's slots hold the expected snapshots; partial sums are named."""
+                     *, expected: Sequence[int], num_layers: int, hidden_size: int, tol: float = 1e-3,
+                     evidence: Sequence[Any] | None = None) -> RankReport:
+    """Every rank's slots hold the expected snapshots; partial sums are named.
+
+    ``evidence``: per reference, the diagnosis candidates
+    (:mod:`pytest_eagle3.verdicts.diagnose`), e.g. each rank's unreduced MLP share."""
     tp = len(records)
     lines: list[str] = _count_lines(records, references)
     for rank in sorted(records):
-        for rec, ref in zip(records[rank], references):
+        for i, (rec, ref) in enumerate(zip(records[rank], references)):
             report = compare_slots(rec.aux, ref, expected=list(expected), num_layers=num_layers,
-                                   hidden_size=hidden_size, tol=tol, side_names=(f"rank {rank}", "reference"))
+                                   hidden_size=hidden_size, tol=tol, side_names=(f"rank {rank}", "reference"),
+                                   evidence=evidence[i] if evidence is not None and i < len(evidence) else None)
             if report.ok:
                 continue
             partial = []

@@ -1,0 +1,386 @@
+"""Fault injection into SGLang's own capture path (worker side).
+
+Runs inside every SGLang process, never in the test process.  Installed by
+:mod:`pytest_eagle3.engine.sglang_hooks` when :data:`FAULT_ENV` names a fault
+(``PYTEST_EAGLE3_FAULT='{"kind": "partial-sum"}'``) and the engine was started
+by pytest-eagle3 (its hook sets are on).  Without that variable nothing here is
+imported: a normal run, and a production server, never see a fault.
+
+Each fault changes the tensor SGLang itself captures, the way a public bug did,
+so the packed aux hidden states that ``DeepseekV2Model.forward`` returns (which
+the HTTP API, the speculative worker and the per-rank recorder all read) carry
+the bug.  The hooks go through SGLang's own ``HookRegistry``
+(``srt/plugins/hook_registry.py``) and are registered before the recorder's, so
+the recorder's after-hook on ``DeepseekV2Model.forward`` wraps them and sees the
+faulted tensor.  :data:`CATALOG` lists every kind with the public report it
+reproduces; the functions below say which SGLang function each one changes.
+
+Options besides ``kind`` (all optional):
+
+* ``rank``: only this TP rank writes the faulted capture (default: every rank,
+  as the real bugs did).  Collectives a fault needs still run on every rank.
+* ``slots``: the packed slots a slot-level fault touches (``dp-gather-scaled``;
+  default all).
+
+SGLang 0.5.23 layout facts used here (``srt/models/deepseek_v2.py``):
+``DeepseekV2Model.forward`` hands an ``AuxHiddenStatePacker`` to layer ``i``
+when ``i in layers_to_capture``; the layer's attention boundary
+(``attn_boundary.prepare``, ``srt/layers/layer_boundary/stage.py``) completes
+the previous layer's MLP sum, adds the residual and writes the result into the
+packer's next slot (the input of layer ``i`` = ``hs[i]``).  At the entry of
+layer ``i > 0`` the forward's ``ResidualStream`` (``forward_batch.residual_stream``)
+holds ``residual`` = the post-attention residual of layer ``i - 1`` and
+``pending`` = that layer's MLP contribution, still unreduced at TP > 1.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from typing import Any, Callable
+
+#: Environment variable naming the fault, JSON ``{"kind": ..., ...}`` (a bare kind works too).
+FAULT_ENV = "PYTEST_EAGLE3_FAULT"
+
+#: kind -> (what SGLang then captures, the public report it reproduces).
+CATALOG: dict[str, tuple[str, str]] = {
+    "offset-twice": (
+        "every captured layer one later: +1 applied again to layers_to_capture after "
+        "DeepseekV2ForCausalLM.set_eagle3_layers_to_capture",
+        "SGLang PR #25454 (+1 offset applied twice / on the wrong id lists)",
+    ),
+    "offset-missing": (
+        "every captured layer one earlier: the +1 id offset not applied",
+        "SGLang PR #25454 (+1 offset not applied)",
+    ),
+    "ids-ignored": (
+        "layers_to_capture reset to SGLang's default [2, L//2, L-3] whatever ids were configured",
+        "SGLang PR #22836; vLLM PR #50170 (configured aux layer ids ignored)",
+    ),
+    "reversed-order": (
+        "the packer writes the K captures into the packed tensor in reverse slot order",
+        "slots concatenated out of order / in reverse on one path",
+    ),
+    "normalized-input": (
+        "a slot holds input_layernorm of the captured layer's input (the normalized attention "
+        "input) instead of the residual stream",
+        "normalized layer input captured instead of the residual stream",
+    ),
+    "no-residual": (
+        "a slot holds the previous layer's MLP output without the residual (hidden_states of "
+        "the split (hidden_states, residual) stream)",
+        "vLLM PR #14464 (aux states captured without the residual)",
+    ),
+    "unreduced-embedding": (
+        "the embedding slot holds this rank's vocab shard of the embedding (rows of other "
+        "shards zero): VocabParallelEmbedding's output before its all-reduce",
+        "embedding captured from a rank's own vocab shard without the all-reduce",
+    ),
+    "partial-sum": (
+        "a slot holds the post-attention residual plus this rank's unreduced MLP output: the "
+        "stream read before the MLP all-reduce completed",
+        "SGLang PR #28343 (all-reduce fusion deferred the MLP all-reduce past the capture)",
+    ),
+    "dp-gather-scaled": (
+        "captured slots summed over the attention-TP group, whose ranks hold the same rows: "
+        "each slot scaled by the attention-TP size",
+        "SGLang issue #31699 (DP gather scaled states by the attention-TP size)",
+    ),
+    "wrong-request-rows": (
+        "in a decode forward of >= 2 requests, request j's rows hold request j+1's (cyclic)",
+        "SGLang issue #26163 (a batch's hidden states attributed to the wrong request)",
+    ),
+}
+
+#: Kinds that need TP > 1 to change anything.
+NEEDS_TP = ("unreduced-embedding", "partial-sum", "dp-gather-scaled")
+
+logger = logging.getLogger("pytest_eagle3.faults")
+
+_MODEL_CLS = "sglang.srt.models.deepseek_v2"
+SET_LAYERS = f"{_MODEL_CLS}.DeepseekV2ForCausalLM.set_eagle3_layers_to_capture"
+MODEL_FORWARD = f"{_MODEL_CLS}.DeepseekV2Model.forward"
+LAYER_FORWARD = f"{_MODEL_CLS}.DeepseekV2DecoderLayer.forward"
+PACKER_SLOT = "sglang.srt.layers.aux_hidden_states.AuxHiddenStatePacker.slot"
+
+
+class FaultError(RuntimeError):
+    """A fault that cannot be applied as asked (unknown kind, bad JSON)."""
+
+
+def read_fault(env: dict[str, str] | None = None) -> dict[str, Any] | None:
+    """The fault :data:`FAULT_ENV` asks for, or ``None`` when unset or empty.
+
+    Raises:
+        FaultError: not JSON / not a known kind.
+    """
+    raw = (os.environ if env is None else env).get(FAULT_ENV, "").strip()
+    if not raw:
+        return None
+    if raw.startswith("{"):
+        try:
+            fault = json.loads(raw)
+        except ValueError as exc:
+            raise FaultError(f"{FAULT_ENV}={raw!r} is not JSON: {exc}") from None
+        if not isinstance(fault, dict):
+            raise FaultError(f"{FAULT_ENV}={raw!r} must be a JSON object")
+    else:
+        fault = {"kind": raw}
+    kind = fault.get("kind")
+    if kind not in CATALOG:
+        raise FaultError(f"{FAULT_ENV}: unknown fault kind {kind!r}; known: {', '.join(CATALOG)}")
+    return fault
+
+
+def describe(fault: dict[str, Any]) -> str:
+    """One line for logs and report headers: ``partial-sum: ... (SGLang PR #28343)``."""
+    what, source = CATALOG[fault["kind"]]
+    extra = {k: v for k, v in fault.items() if k != "kind"}
+    return f"{fault['kind']}{' ' + json.dumps(extra) if extra else ''}: {what} ({source})"
+
+
+# --- worker-side state -------------------------------------------------------
+
+_FAULT: dict[str, Any] | None = None
+_CTX = threading.local()  # .model, .input_ids of the DeepseekV2Model.forward in progress
+_logged: set[str] = set()
+
+
+def _log_once(key: str, msg: str, *args: Any) -> None:
+    if key not in _logged:
+        _logged.add(key)
+        logger.warning("pytest-eagle3 FAULT " + msg, *args)
+
+
+def _tp() -> tuple[int, int]:
+    """(rank, size) in the TP group; (0, 1) when no group exists."""
+    try:
+        from sglang.srt.distributed.parallel_state import get_tp_group
+
+        group = get_tp_group()
+        return int(group.rank_in_group), int(group.world_size)
+    except Exception:  # noqa: BLE001 - no distributed state: a single process
+        return 0, 1
+
+
+def _writes_here(fault: dict[str, Any]) -> bool:
+    rank = fault.get("rank")
+    return rank is None or int(rank) == _tp()[0]
+
+
+# --- ids: DeepseekV2ForCausalLM.set_eagle3_layers_to_capture ----------------
+
+
+def _after_set_layers(result: Any, model: Any, layer_ids: Any = None, *args: Any, **kwargs: Any) -> Any:
+    """AFTER hook: rewrite ``model.model.layers_to_capture`` as the id bug did."""
+    fault = _FAULT
+    inner = getattr(model, "model", None)
+    if fault is None or inner is None or not getattr(model, "capture_aux_hidden_states", False):
+        return None
+    if layer_ids is None:
+        layer_ids = kwargs.get("layer_ids")
+    before = list(inner.layers_to_capture)
+    kind = fault["kind"]
+    if kind == "offset-twice":
+        after = [v + 1 for v in before]
+    elif kind == "offset-missing":
+        after = [v - 1 for v in before]
+    elif kind == "ids-ignored":
+        L = int(model.config.num_hidden_layers)
+        after = [2, L // 2, L - 3]
+    else:
+        return None
+    inner.layers_to_capture = after
+    _log_once(kind, "%s: layers_to_capture %s -> %s (ids %s)", kind, before, after, layer_ids)
+    return None
+
+
+# --- slot order: AuxHiddenStatePacker.slot ------------------------------------
+
+
+def _around_packer_slot(original: Callable, packer: Any, like: Any, *args: Any, **kwargs: Any) -> Any:
+    """reversed-order: capture ``k`` of ``K`` goes to slot ``K-1-k`` of the packed buffer."""
+    view = original(packer, like, *args, **kwargs)
+    if _FAULT is None or _FAULT["kind"] != "reversed-order" or not _writes_here(_FAULT):
+        return view
+    k, n, width = packer._idx - 1, packer._num_captures, packer._feature_size
+    mirror = n - 1 - k
+    _log_once("reversed-order", "reversed-order: capture %d written to slot %d of %d", k, mirror, n)
+    return packer._buffer[..., mirror * width:(mirror + 1) * width]
+
+
+# --- per-forward context: DeepseekV2Model.forward ---------------------------
+
+
+def _around_model_forward(original: Callable, model: Any, *args: Any, **kwargs: Any) -> Any:
+    """``forward(self, input_ids, positions, forward_batch, ...)``: keeps the model
+    and the input ids at hand for the layer hooks; rotates decode rows after."""
+    _CTX.model = model
+    _CTX.input_ids = args[0] if args else kwargs.get("input_ids")
+    try:
+        result = original(model, *args, **kwargs)
+    finally:
+        _CTX.model = _CTX.input_ids = None
+    if _FAULT is not None and _FAULT["kind"] == "wrong-request-rows":
+        forward_batch = args[2] if len(args) > 2 else kwargs.get("forward_batch")
+        _wrong_request_rows(result, forward_batch)
+    return result
+
+
+def _wrong_request_rows(result: Any, forward_batch: Any) -> None:
+    """In a decode forward of ``n >= 2`` requests (one row each), row ``j`` <- row ``(j+1) % n``."""
+    if not (isinstance(result, tuple) and len(result) == 2) or not _writes_here(_FAULT):
+        return
+    mode = getattr(forward_batch, "forward_mode", None)
+    if mode is None or not mode.is_decode():
+        return
+    aux = result[1]
+    n = int(aux.shape[0])
+    if n < 2:
+        return
+    import torch
+
+    order = torch.roll(torch.arange(n, device=aux.device), -1)
+    aux.copy_(aux[order].clone())
+    _log_once("wrong-request-rows", "wrong-request-rows: decode rows of %d requests rotated", n)
+
+
+# --- layer-level faults: DeepseekV2DecoderLayer.forward ---------------------
+
+
+def _packer_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    packer = kwargs.get("captured_last_layer_outputs")
+    if packer is None and len(args) > 7:
+        packer = args[7]
+    return packer
+
+
+def _forward_batch_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return args[2] if len(args) > 2 else kwargs.get("forward_batch")
+
+
+def _hidden_states_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return args[1] if len(args) > 1 else kwargs.get("hidden_states")
+
+
+def _completed_copy(pending: Any) -> Any:
+    """The full (all-reduced) value of a pending contribution, computed on a copy:
+    ``ResidualStream.snapshot`` without the residual.  A collective at TP > 1."""
+    import msgspec
+
+    from sglang.srt.layers.layer_boundary.output import UnreducedOutput
+    from sglang.srt.layers.layer_boundary.residual.stream import DeclaredSum
+
+    owed = pending.owed
+    if owed is None:
+        return pending.value.clone()
+    if isinstance(owed, DeclaredSum):
+        return owed.complete(pending.value.clone())
+    if isinstance(owed, UnreducedOutput):
+        return msgspec.structs.replace(owed, partial=pending.value.clone()).complete()
+    raise FaultError(f"cannot read a {type(owed).__name__} contribution (a finalize handoff)")
+
+
+def _stream_state(forward_batch: Any) -> tuple[Any, Any]:
+    stream = getattr(forward_batch, "residual_stream", None)
+    if stream is None:
+        return None, None
+    return stream.residual, stream.pending
+
+
+def _around_layer(original: Callable, layer: Any, *args: Any, **kwargs: Any) -> Any:
+    fault = _FAULT
+    packer = _packer_of(args, kwargs)
+    if fault is None or packer is None or fault["kind"] not in _LAYER_FAULTS:
+        return original(layer, *args, **kwargs)
+    kind = fault["kind"]
+    forward_batch = _forward_batch_of(args, kwargs)
+    layer_id = int(getattr(layer, "layer_id", -1))
+    index = len(packer)  # the slot this layer's capture goes to
+    value = None
+    if kind in ("partial-sum", "no-residual") and layer_id > 0:
+        # Read the stream before this layer's boundary consumes it.
+        residual, pending = _stream_state(forward_batch)
+        if pending is not None and residual is not None and pending.value is not None:
+            if kind == "partial-sum":
+                if pending.owed is None:
+                    _log_once("partial-sum-complete", "partial-sum: layer %d's MLP output is already "
+                              "complete (TP 1?): the fault changes nothing", layer_id - 1)
+                value = residual + pending.value  # this rank's unreduced MLP output
+            else:
+                value = _completed_copy(pending)  # every rank runs this collective
+            _log_once(kind, "%s at layer %d: owed=%s", kind, layer_id, type(pending.owed).__name__)
+    result = original(layer, *args, **kwargs)
+    slot = _slot_view(packer, index)
+    if slot is None:
+        return result
+    if kind == "normalized-input":
+        norm = layer.input_layernorm
+        value = norm.forward_native(slot.clone())
+    elif kind == "unreduced-embedding" and layer_id == 0:
+        value = _local_embedding(slot)
+    elif kind == "dp-gather-scaled":
+        wanted = fault.get("slots")
+        if wanted is None or index in [int(s) for s in wanted]:
+            from sglang.srt.distributed.parallel_state import get_attn_tp_group
+
+            # The "gather" sums over attention-TP ranks that all hold these rows.
+            value = get_attn_tp_group().all_reduce(slot.clone())
+    if value is not None and _writes_here(fault):
+        slot.copy_(value.to(slot.dtype))
+        _log_once(f"{kind}-write", "%s: slot %d (layer %d) replaced", kind, index, layer_id)
+    return result
+
+
+def _slot_view(packer: Any, index: int) -> Any:
+    """The packed columns of capture ``index`` (after the layer wrote it)."""
+    if len(packer) <= index:
+        return None
+    if isinstance(packer, list):
+        return packer[index]
+    width = packer._feature_size
+    return packer._buffer[..., index * width:(index + 1) * width]
+
+
+def _local_embedding(like: Any) -> Any:
+    """This rank's ``VocabParallelEmbedding`` output before the all-reduce
+    (``_embed_local_shard``: rows of tokens outside the shard are zero)."""
+    model, input_ids = getattr(_CTX, "model", None), getattr(_CTX, "input_ids", None)
+    embed = getattr(model, "embed_tokens", None)
+    if embed is None or input_ids is None or not hasattr(embed, "_embed_local_shard"):
+        raise FaultError("unreduced-embedding: no VocabParallelEmbedding._embed_local_shard on this SGLang")
+    local = embed._embed_local_shard(input_ids)
+    if local.shape != like.shape:
+        raise FaultError(f"unreduced-embedding: shard output {tuple(local.shape)} vs slot {tuple(like.shape)}")
+    return local
+
+
+_LAYER_FAULTS = ("normalized-input", "no-residual", "partial-sum", "unreduced-embedding", "dp-gather-scaled")
+
+
+def install(fault: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Register the hooks of the fault :data:`FAULT_ENV` names (or ``fault``).
+
+    Returns the fault, or ``None`` (nothing registered) when none is asked for.
+    Must run before the recorder installs its hook (see module docstring).
+    """
+    global _FAULT
+    fault = read_fault() if fault is None else fault
+    if fault is None:
+        return None
+    _FAULT = fault
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    kind = fault["kind"]
+    if kind in ("offset-twice", "offset-missing", "ids-ignored"):
+        HookRegistry.register(SET_LAYERS, _after_set_layers, HookType.AFTER)
+    elif kind == "reversed-order":
+        HookRegistry.register(PACKER_SLOT, _around_packer_slot, HookType.AROUND)
+    else:
+        HookRegistry.register(MODEL_FORWARD, _around_model_forward, HookType.AROUND)
+        if kind in _LAYER_FAULTS:
+            HookRegistry.register(LAYER_FORWARD, _around_layer, HookType.AROUND)
+    logger.warning("pytest-eagle3 FAULT INJECTION ON (pid %d): %s", os.getpid(), describe(fault))
+    return fault

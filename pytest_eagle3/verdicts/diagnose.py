@@ -1,0 +1,482 @@
+"""Name the bug a wrong capture shows.
+
+:func:`pytest_eagle3.verdicts.compare.compare_slots` says which clean snapshot
+``hs[i]`` each captured slot holds.  When a slot is wrong, this module tests the
+tensors the known wiring bugs produce instead, and names the bug with a tag
+``[kind]`` from the fault catalog (:data:`pytest_eagle3.engine.faults.CATALOG`):
+
+* across slots: every slot one layer late / early (``[offset-twice]`` /
+  ``[offset-missing]``), SGLang's default layer list whatever was configured
+  (``[ids-ignored]``), the expected snapshots in reverse or another order
+  (``[reversed-order]`` / ``[permuted-order]``);
+* per slot: ``input_layernorm(hs[i])`` (``[normalized-input]``), a layer's
+  MLP output or attention + MLP output without the residual (``[no-residual]``),
+  the post-attention residual plus one TP rank's unreduced MLP share
+  (``[partial-sum]``), a snapshot times a factor (``[dp-gather-scaled]`` when the
+  factor is the attention-TP size, ``[scaled]`` otherwise), a snapshot whose rows
+  outside one vocab shard are exact zeros (``[unreduced-embedding]``), rows that
+  belong to another request of the batch (``[wrong-request-rows]``).
+
+The candidates beyond ``hs`` come in an :class:`Evidence` (or a zero-argument
+callable returning one, evaluated only when a slot is wrong): the checkpoint's
+``input_layernorm`` weights, the reference's inside-the-layer tensors
+(:func:`pytest_eagle3.target.reference.ensure_reference_details`), the prompt's
+token ids and TP size, other requests' reference rows.  Every field is
+optional; a diagnosis whose evidence is missing is simply not tried.
+
+Pure functions on tensors; torch is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Union
+
+from pytest_eagle3.verdicts.snapshots import full_label, label
+
+if TYPE_CHECKING:
+    import torch
+
+# Message templates (tests import these).  Every one ends with its [kind] tag.
+TAG = "[{kind}]"
+PATTERN = "diagnosis {tag}: {text}"
+SLOT_HOLDS = "slot {slot} holds {what} (rel.err {err}): {why} {tag}"
+
+OFFSET_LATE = (
+    "every slot holds the snapshot one layer after the expected one ({pairs}): the +1 id offset "
+    "was applied once too often (SGLang PR #25454)"
+)
+OFFSET_EARLY = (
+    "every slot holds the snapshot one layer before the expected one ({pairs}): the +1 id offset "
+    "was not applied (SGLang PR #25454)"
+)
+IDS_IGNORED = (
+    "the slots hold SGLang's default layers [2, L//2, L-3] = {default}, not the configured ones "
+    "({expected}): the configured ids were ignored (SGLang PR #22836, vLLM PR #50170)"
+)
+REVERSED = "the slots hold the expected snapshots in reverse order ({got}): the captures were concatenated in reverse"
+PERMUTED = "the slots hold the expected snapshots in another order ({got}): the captures were concatenated out of order"
+
+WHY_NORMALIZED = "the normalized attention input of layer {layer}, not the residual stream"
+WHY_MLP_ONLY = (
+    "the MLP output of layer {layer} without the residual ({hs} minus layer {layer}'s "
+    "post-attention residual; vLLM PR #14464)"
+)
+WHY_DELTA = "layer {layer}'s attention + MLP output without the residual ({hs} - {prev}; vLLM PR #14464)"
+WHY_PARTIAL = (
+    "{hs} read before the MLP all-reduce: layer {layer}'s post-attention residual plus TP rank "
+    "{rank}'s unreduced MLP share (SGLang PR #28343)"
+)
+WHY_GATHER = (
+    "{hs} scaled by the attention-TP size {n}: rows summed over attention-TP ranks that all hold "
+    "them, a gather done as an all-reduce (SGLang issue #31699)"
+)
+WHY_SCALED = "{hs} times {factor}"
+WHY_FRACTION = "{hs} times {factor} = {k}/{tp}: as if only {k} of {tp} TP ranks' shares were summed"
+WHY_UNREDUCED = (
+    "TP rank {rank}'s embedding before the all-reduce: right for the {good} tokens of vocab shard "
+    "{rank} of {tp} (ids {start}..{end}), exact zeros for the {zero} others"
+)
+WHY_ZERO_ROWS = "{hs} with {zero} of {rows} rows exact zeros"
+WHY_OTHER_ROWS = (
+    "rows {rows} hold {other}'s {hs} instead of this request's: the batch's rows were attributed "
+    "to the wrong request (SGLang issue #26163)"
+)
+
+KINDS = (
+    "offset-twice", "offset-missing", "ids-ignored", "reversed-order", "permuted-order",
+    "normalized-input", "no-residual", "partial-sum", "dp-gather-scaled", "scaled",
+    "unreduced-embedding", "zero-rows", "wrong-request-rows",
+)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Candidate tensors for one prompt's rows (every field optional).
+
+    Attributes:
+        token_ids: the rows' token ids (vocab shards of zero rows).
+        vocab_size: the target's vocabulary (unpadded).
+        tp: the engine's TP size (rank shares, vocab shards).
+        attn_tp: its attention-TP size (default ``tp``).
+        norms: ``[L, H]`` ``input_layernorm`` weights of every layer.
+        norm_eps: their epsilon.
+        post_attention: ``[L, T, H]`` each layer's residual after attention.
+        mlp: ``[L, T, H]`` each layer's MLP output.
+        partial: ``[tp, L, T, H]`` each TP rank's unreduced MLP share.
+        others: label (``"request 1"``) -> ``[L+2, T', H]`` another request's
+            reference rows (a wrong row is looked up among all of them, the
+            same row index first).
+    """
+
+    token_ids: Sequence[int] | None = None
+    vocab_size: int | None = None
+    tp: int = 1
+    attn_tp: int | None = None
+    norms: Any = None
+    norm_eps: float = 1e-6
+    post_attention: Any = None
+    mlp: Any = None
+    partial: Any = None
+    others: Mapping[str, Any] = field(default_factory=dict)
+
+    def rows(self, start: int, stop: int) -> "Evidence":
+        """The same evidence for rows ``start:stop`` (compare a slice of a prompt)."""
+        def cut(t: Any) -> Any:
+            return None if t is None else t[..., start:stop, :]
+
+        return replace(
+            self,
+            token_ids=None if self.token_ids is None else list(self.token_ids)[start:stop],
+            post_attention=cut(self.post_attention), mlp=cut(self.mlp), partial=cut(self.partial),
+        )
+
+
+EvidenceLike = Union[Evidence, Callable[[], Evidence], None]
+
+
+def resolve(evidence: EvidenceLike) -> Evidence:
+    if evidence is None:
+        return Evidence()
+    if isinstance(evidence, Evidence):
+        return evidence
+    return evidence()
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What :func:`diagnose_slots` found: per-slot lines, pattern lines, kinds."""
+
+    slot_lines: dict[int, str] = field(default_factory=dict)
+    pattern_lines: tuple[str, ...] = ()
+    kinds: tuple[str, ...] = ()
+
+    @property
+    def lines(self) -> list[str]:
+        return [*self.pattern_lines, *(self.slot_lines[s] for s in sorted(self.slot_lines))]
+
+
+def _fmt(x: float) -> str:
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf"
+    return f"{x:.2g}"
+
+
+def _rel(a: "torch.Tensor", b: "torch.Tensor") -> float:
+    import torch
+
+    a, b = a.to(torch.float64), b.to(torch.float64)
+    norm = float(torch.linalg.vector_norm(b))
+    diff = float(torch.linalg.vector_norm(a - b))
+    if norm == 0:
+        return 0.0 if diff == 0 else math.inf
+    return diff / norm
+
+
+def _pairs(got: Sequence[int], want: Sequence[int], L: int) -> str:
+    return ", ".join(f"{label(g, L)} for {label(w, L)}" for g, w in zip(got, want))
+
+
+def default_layers(num_layers: int) -> list[int]:
+    """SGLang's default ``layers_to_capture`` without ids (``DeepseekV2ForCausalLM.
+    set_eagle3_layers_to_capture``, 0.5.23): inputs of layers ``[2, L//2, L-3]`` = those ``hs``."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def pattern_lines(best: Sequence[int | None], expected: Sequence[int], num_layers: int) -> list[tuple[str, str]]:
+    """``(kind, line)`` for a wrong arrangement of otherwise clean snapshots.
+
+    ``best[s]``: the snapshot slot ``s`` holds cleanly (``None``: none).
+    """
+    L = num_layers
+    if any(b is None for b in best) or len(best) != len(expected) or list(best) == list(expected):
+        return []
+    got = [int(b) for b in best]  # type: ignore[arg-type]
+    want = [int(e) for e in expected]
+    shown = "[" + ", ".join(label(g, L) for g in got) + "]"
+    if sorted(got) == sorted(want):
+        if got == want[::-1]:
+            return [("reversed-order", REVERSED.format(got=shown))]
+        return [("permuted-order", PERMUTED.format(got=shown))]
+    default = default_layers(L)
+    if got == default and want != default:
+        return [("ids-ignored", IDS_IGNORED.format(
+            default="[" + ", ".join(label(d, L) for d in default) + "]",
+            expected="[" + ", ".join(label(w, L) for w in want) + "]"))]
+    if all(g - w == 1 for g, w in zip(got, want)):
+        return [("offset-twice", OFFSET_LATE.format(pairs=_pairs(got, want, L)))]
+    if all(g - w == -1 for g, w in zip(got, want)):
+        return [("offset-missing", OFFSET_EARLY.format(pairs=_pairs(got, want, L)))]
+    return []
+
+
+def rms_norm(x: "torch.Tensor", weight: "torch.Tensor", eps: float) -> "torch.Tensor":
+    """DeepSeek-V3's RMSNorm, in float64."""
+    import torch
+
+    x = x.to(torch.float64)
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.to(torch.float64)
+
+
+def _candidates(reference: "torch.Tensor", ev: Evidence, num_layers: int) -> list[tuple[str, str, str, Any]]:
+    """``(kind, what, why, tensor)`` for every candidate the evidence allows."""
+    L = num_layers
+    out: list[tuple[str, str, str, Any]] = []
+    if ev.norms is not None:
+        for i in range(min(L, len(ev.norms))):
+            out.append(("normalized-input", f"input_layernorm({label(i, L)})", WHY_NORMALIZED.format(layer=i),
+                        rms_norm(reference[i], ev.norms[i], ev.norm_eps)))
+    if ev.mlp is not None:
+        for l in range(min(L, ev.mlp.shape[0])):
+            out.append(("no-residual", f"the MLP output of layer {l}",
+                        WHY_MLP_ONLY.format(layer=l, hs=_after(l, L)), ev.mlp[l]))
+    for l in range(L):
+        after = l + 1 if l + 1 < L else L + 1  # the last layer's output is final_prenorm
+        out.append(("no-residual", f"{_after(l, L)} - {label(l, L)}",
+                    WHY_DELTA.format(layer=l, hs=_after(l, L), prev=label(l, L)),
+                    reference[after].double() - reference[l].double()))
+    if ev.partial is not None and ev.post_attention is not None:
+        for r in range(ev.partial.shape[0]):
+            for l in range(min(L, ev.partial.shape[1])):
+                out.append(("partial-sum", f"layer {l}'s post-attention residual + rank {r}'s MLP share",
+                            WHY_PARTIAL.format(hs=_after(l, L), layer=l, rank=r),
+                            ev.post_attention[l].double() + ev.partial[r, l].double()))
+    return out
+
+
+def _after(layer: int, num_layers: int) -> str:
+    """Label of layer ``layer``'s output: ``hs[layer+1]``, or final_prenorm for the last."""
+    return label(layer + 1 if layer + 1 < num_layers else num_layers + 1, num_layers)
+
+
+def _scaled(slot: "torch.Tensor", reference: "torch.Tensor", ev: Evidence, num_layers: int,
+            tol: float) -> tuple[str, str, str, float] | None:
+    """A snapshot times a factor clearly not 1: ``(kind, what, why, fit error)``."""
+    import torch
+
+    c = slot.to(torch.float64)
+    best = None
+    for r in range(reference.shape[0]):
+        b = reference[r].to(torch.float64)
+        denom = float((b * b).sum())
+        if denom == 0:
+            continue
+        alpha = float((c * b).sum()) / denom
+        if alpha == 0:
+            continue
+        err = _rel(c, alpha * b)
+        if best is None or err < best[0]:
+            best = (err, alpha, r)
+    if best is None or best[0] > tol:
+        return None
+    err, alpha, r = best
+    if abs(alpha - 1) <= max(10 * tol, 1e-3):
+        return None
+    hs = label(r, num_layers)
+    factor = f"{alpha:.3g}"
+    attn_tp = ev.attn_tp or ev.tp
+    if attn_tp > 1 and abs(alpha - attn_tp) <= 0.01 * attn_tp:
+        return "dp-gather-scaled", f"{factor} x {hs}", WHY_GATHER.format(hs=full_label(r, num_layers), n=attn_tp), err
+    if ev.tp > 1:
+        k = round(alpha * ev.tp)
+        if 1 <= k < ev.tp and abs(alpha * ev.tp - k) <= 0.01:
+            return "scaled", f"{factor} x {hs}", WHY_FRACTION.format(hs=hs, factor=factor, k=k, tp=ev.tp), err
+    return "scaled", f"{factor} x {hs}", WHY_SCALED.format(hs=full_label(r, num_layers), factor=factor), err
+
+
+def _zero_rows(slot: "torch.Tensor", reference: "torch.Tensor", expected: int, ev: Evidence, num_layers: int,
+               tol: float) -> tuple[str, str, str, float] | None:
+    """Some rows exact zeros, the others right: an embedding before its all-reduce."""
+    import torch
+
+    from pytest_eagle3.verdicts.compare import vocab_shard, vocab_shard_ranges
+
+    zero = (slot == 0).all(dim=-1)
+    n_zero = int(zero.sum())
+    if n_zero == 0 or n_zero == slot.shape[0]:
+        return None
+    for r in ([expected] if expected < reference.shape[0] else []) + [0]:
+        err = _rel(slot[~zero], reference[r][~zero])
+        if err > tol:
+            continue
+        hs = label(r, num_layers)
+        if ev.token_ids is not None and ev.vocab_size and ev.tp > 1:
+            ids = [int(t) for t in ev.token_ids]
+            shards = [vocab_shard(t, ev.vocab_size, ev.tp) for t in ids]
+            good = {s for s, z in zip(shards, zero.tolist()) if not z}
+            if len(good) == 1 and None not in good:
+                (rank,) = good
+                if all((s == rank) != z for s, z in zip(shards, zero.tolist())):
+                    start, end = vocab_shard_ranges(ev.vocab_size, ev.tp)[rank]
+                    why = WHY_UNREDUCED.format(rank=rank, good=slot.shape[0] - n_zero, tp=ev.tp,
+                                               start=start, end=end - 1, zero=n_zero)
+                    return "unreduced-embedding", f"{hs} with the rows of other vocab shards zeroed", why, err
+        return ("unreduced-embedding" if r == 0 else "zero-rows", f"{hs} with exact zero rows",
+                WHY_ZERO_ROWS.format(hs=hs, zero=n_zero, rows=slot.shape[0]), err)
+    return None
+
+
+def _other_rows(slot: "torch.Tensor", reference: "torch.Tensor", expected: int, ev: Evidence, num_layers: int,
+                tol: float) -> tuple[str, str, str, float] | None:
+    """Rows that hold another request's snapshot (row ``t`` against its row ``t``)."""
+    if not ev.others or expected >= reference.shape[0]:
+        return None
+    rows = slot.shape[0]
+    own = [_rel(slot[t], reference[expected][t]) for t in range(rows)]
+    wrong = [t for t in range(rows) if not own[t] <= tol]
+    if not wrong:
+        return None
+    by_other: dict[str, list[int]] = {}
+    worst = 0.0
+    for t in wrong:
+        match = _row_match(slot[t], expected, ev.others, prefer=t, tol=tol)
+        if match is None:
+            return None
+        name, err = match
+        by_other.setdefault(name, []).append(t)
+        worst = max(worst, err)
+    hs = label(expected, num_layers)
+    parts = [f"{_ranges(ts)} hold {name}'s" for name, ts in by_other.items()]
+    why = "; ".join(parts)
+    names = ", ".join(by_other)
+    return ("wrong-request-rows", f"{names}'s {hs} in {len(wrong)} of {rows} rows",
+            WHY_OTHER_ROWS.format(rows=_ranges(wrong), other=names, hs=hs) if len(by_other) == 1 else why, worst)
+
+
+def _row_match(row: "torch.Tensor", index: int, others: Mapping[str, Any], *, prefer: int,
+               tol: float) -> tuple[str, float] | None:
+    """``(name, rel.err)`` of another request whose snapshot ``index`` has ``row``
+    (its row ``prefer`` first: same decode step; then any of its rows)."""
+    for name, other in others.items():
+        if index >= other.shape[0]:
+            continue
+        n = other.shape[-2]
+        for u in ([prefer] if prefer < n else []) + [u for u in range(n) if u != prefer]:
+            err = _rel(row, other[index][u])
+            if err <= tol:
+                return name, err
+    return None
+
+
+def _ranges(ts: Sequence[int]) -> str:
+    out, start = [], None
+    ts = sorted(ts)
+    for i, t in enumerate(ts):
+        if start is None:
+            start = t
+        if i + 1 == len(ts) or ts[i + 1] != t + 1:
+            out.append(str(start) if start == t else f"{start}..{t}")
+            start = None
+    return ", ".join(out)
+
+
+def diagnose_slot(slot: "torch.Tensor", reference: "torch.Tensor", expected: int, *, num_layers: int,
+                  tol: float, evidence: Evidence) -> tuple[str, str, str, float] | None:
+    """``(kind, what, why, rel.err)`` of the best-fitting bug candidate for one
+    slot ``[T, H]`` that matches no clean snapshot, or ``None``."""
+    for special in (_other_rows, _zero_rows):
+        found = special(slot, reference, expected, evidence, num_layers, tol)
+        if found is not None:
+            return found
+    best = None
+    for kind, what, why, tensor in _candidates(reference, evidence, num_layers):
+        if tuple(tensor.shape) != tuple(slot.shape):
+            continue
+        err = _rel(slot, tensor)
+        if err <= tol and (best is None or err < best[3]):
+            best = (kind, what, why, err)
+    if best is not None:
+        return best
+    return _scaled(slot, reference, evidence, num_layers, tol)
+
+
+def diagnose_slots(captured: Any, reference: Any, verdicts: Sequence[Any], *, expected: Sequence[int],
+                   num_layers: int, hidden_size: int, tol: float, evidence: EvidenceLike = None) -> Diagnosis:
+    """Diagnoses for the wrong slots of a :class:`~pytest_eagle3.verdicts.compare.SlotReport`.
+
+    ``verdicts``: its :class:`~pytest_eagle3.verdicts.compare.SlotVerdict` s
+    (``best``, ``matched``, ``ok``).  Slots that hold a clean snapshot are
+    judged together (offsets, order, default ids); the others one by one
+    against the candidates of ``evidence``.
+    """
+    import torch
+
+    L, H = num_layers, hidden_size
+    ref = torch.as_tensor(reference)
+    cap = torch.as_tensor(captured).to(ref.device)
+    kinds: list[str] = []
+    patterns: list[str] = []
+    best = [v.best if v.matched else None for v in verdicts]
+    for kind, text in pattern_lines(best[:len(expected)], list(expected), L):
+        kinds.append(kind)
+        patterns.append(PATTERN.format(tag=TAG.format(kind=kind), text=text))
+    slot_lines: dict[int, str] = {}
+    wrong = [v for v in verdicts if not v.ok and not v.matched and v.slot < len(expected)]
+    if wrong:
+        ev = resolve(evidence)
+        for v in wrong:
+            slot = cap[:, v.slot * H:(v.slot + 1) * H]
+            found = diagnose_slot(slot, ref, int(expected[v.slot]), num_layers=L, tol=tol, evidence=ev)
+            if found is None:
+                continue
+            kind, what, why, err = found
+            kinds.append(kind)
+            slot_lines[v.slot] = SLOT_HOLDS.format(slot=v.slot, what=what, err=_fmt(err), why=why,
+                                                   tag=TAG.format(kind=kind))
+    return Diagnosis(slot_lines=slot_lines, pattern_lines=tuple(patterns), kinds=tuple(dict.fromkeys(kinds)))
+
+
+# --- evidence from a checkpoint ---------------------------------------------
+
+
+def layer_norms(checkpoint_dir: Path) -> tuple[Any, float]:
+    """``([L, H] input_layernorm weights, rms_norm_eps)`` read from the checkpoint."""
+    import torch
+    from safetensors import safe_open
+
+    checkpoint_dir = Path(checkpoint_dir)
+    config = json.loads((checkpoint_dir / "config.json").read_text())
+    L = int(config["num_hidden_layers"])
+    found: dict[int, Any] = {}
+    for path in sorted(checkpoint_dir.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                for l in range(L):
+                    if name == f"model.layers.{l}.input_layernorm.weight":
+                        found[l] = f.get_tensor(name).to(torch.float32)
+    if len(found) != L:
+        raise ValueError(f"{checkpoint_dir}: input_layernorm weights of layers {sorted(set(range(L)) - set(found))} missing")
+    return torch.stack([found[l] for l in range(L)]), float(config.get("rms_norm_eps", 1e-6))
+
+
+def checkpoint_evidence(checkpoint_dir: Path, prompts: Sequence[Sequence[int]], *, tp: int, vocab_size: int,
+                        attn_tp: int | None = None, cache_dir: Path | None = None) -> list[Callable[[], Evidence]]:
+    """One lazy :class:`Evidence` per prompt: norms from the checkpoint, the
+    reference's inside-the-layer tensors (one transformers run for all prompts,
+    cached), token ids, TP sizes.  Nothing is read until a diagnosis asks."""
+    from functools import lru_cache
+
+    prompts = [[int(t) for t in p] for p in prompts]
+
+    @lru_cache(maxsize=1)
+    def shared() -> tuple[Any, float, list[dict[str, Any]]]:
+        from pytest_eagle3.target.reference import ensure_reference_details
+
+        norms, eps = layer_norms(checkpoint_dir)
+        return norms, eps, ensure_reference_details(checkpoint_dir, prompts, tp, cache_dir=cache_dir)
+
+    def one(i: int) -> Callable[[], Evidence]:
+        def build() -> Evidence:
+            norms, eps, details = shared()
+            d = details[i]
+            return Evidence(token_ids=prompts[i], vocab_size=vocab_size, tp=tp, attn_tp=attn_tp, norms=norms,
+                            norm_eps=eps, post_attention=d["post_attention"], mlp=d["mlp"], partial=d.get("partial"))
+        return build
+
+    return [one(i) for i in range(len(prompts))]
