@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass, field, replace
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -269,11 +268,12 @@ def load_draft(path: str | Path) -> DraftInfo:
 
 
 def installed_sglang_version() -> str | None:
-    """The installed SGLang distribution's version (no import of sglang), or None."""
-    try:
-        return metadata.version("sglang")
-    except metadata.PackageNotFoundError:
-        return None
+    """The version of the importable SGLang (no import of sglang; the resolver of
+    :func:`pytest_eagle3.engine.install.version_at`), or None when there is none."""
+    from pytest_eagle3.engine.install import sglang_location_and_version, version_at
+
+    location, _ = sglang_location_and_version()
+    return version_at(location)[0] if location is not None else None
 
 
 def contract_for_draft(

@@ -115,6 +115,24 @@ def _owning_dist_version(names: list[str], location: Path) -> str | None:
     return None
 
 
+def sglang_location_and_version() -> tuple[Path | None, str | None]:
+    """``(package directory, version)`` of the importable ``sglang`` without importing
+    it; ``(None, None)`` when there is none.  The one resolver the header and the
+    JSON report share."""
+    try:
+        spec = importlib.util.find_spec("sglang")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        return None, None
+    if spec.origin and spec.origin not in ("namespace", "built-in"):
+        location = Path(spec.origin).parent
+    else:
+        location = Path(next(iter(spec.submodule_search_locations or []), "?"))
+    version, where = version_at(location)
+    return location, version if where in ("dist", "unknown") else f"{version} ({where})"
+
+
 def _version_at(location: str) -> str:
     return version_at(location)[0]
 

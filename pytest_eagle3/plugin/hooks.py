@@ -374,33 +374,9 @@ def _version(dist: str) -> str:
 
 def _sglang_line() -> str:
     """Version and location of the importable ``sglang`` package, without importing it."""
+    from pytest_eagle3.engine.install import sglang_location_and_version
+
     location, version = sglang_location_and_version()
     if location is None:
         return HEADER_NO_SGLANG
     return HEADER_SGLANG.format(version=version, location=location)
-
-
-def sglang_location_and_version() -> tuple[Path | None, str | None]:
-    """``(package directory, version)`` of the importable ``sglang`` without importing
-    it; ``(None, None)`` when there is none.  The one resolver the header and the
-    JSON report share."""
-    try:
-        spec = importlib.util.find_spec("sglang")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None:
-        return None, None
-    if spec.origin and spec.origin not in ("namespace", "built-in"):
-        location = Path(spec.origin).parent
-    else:
-        location = Path(next(iter(spec.submodule_search_locations or []), "?"))
-    return location, _sglang_version(location)
-
-
-def _sglang_version(location: Path) -> str:
-    """The header's version text (:func:`pytest_eagle3.engine.install.version_at`;
-    the file it was read from when no distribution owns the copy)."""
-    from pytest_eagle3.engine.install import version_at
-
-    version, where = version_at(location)
-    return version if where in ("dist", "unknown") else f"{version} ({where})"

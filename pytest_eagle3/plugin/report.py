@@ -146,7 +146,7 @@ def _first_line(report: pytest.TestReport) -> str | None:
 def sglang_identity() -> dict[str, Any]:
     """Version, location and (for a git checkout) commit of the importable SGLang,
     without importing it."""
-    from pytest_eagle3.plugin.hooks import sglang_location_and_version
+    from pytest_eagle3.engine.install import sglang_location_and_version
 
     location, version = sglang_location_and_version()
     commit = None
