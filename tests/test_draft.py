@@ -24,7 +24,7 @@ from pytest_eagle3.draft import Eagle3DraftError, shipped_draft_dir, validate_dr
 from pytest_eagle3.draft.build import CONTINUATIONS_FILE, QUALITY_FILE, WEIGHTS_FILE, checkpoint_key
 from pytest_eagle3.draft.config import ARCHITECTURE, DraftConfig, weight_names
 from pytest_eagle3.draft.validate import tensor_shapes
-from pytest_eagle3.draft.wiring import BENIGN, CORRECT, MISWIRINGS
+from pytest_eagle3.draft.wiring import BENIGN, CORRECT, MISWIRINGS, PROBES
 from pytest_eagle3.errors import Eagle3ContractError
 from pytest_eagle3.target.spec import TargetSpec, load_prompts
 from tests.safetensors_files import write_safetensors
@@ -123,11 +123,13 @@ def test_quality_json_clears_its_gates(draft_dir: Path, quality: dict) -> None:
     assert correct["first_token_accuracy"] >= 0.95
     assert correct["accept_length"] >= gates["min_accept_length"]
     assert correct["accept_rate"] >= gates["min_accept_rate"]
-    assert set(MISWIRINGS) <= set(q) and set(BENIGN) <= set(q)
+    assert set(MISWIRINGS) | set(PROBES) | set(BENIGN) <= set(q)
     for name in MISWIRINGS:
         assert q[name]["accept_length"] < gates["min_accept_length"], name
         assert q[name]["first_token_accuracy"] < gates["min_first_token_accuracy"], name
         assert correct["accept_length"] >= POWER_RATIO * q[name]["accept_length"], name
+    for name in PROBES:
+        assert q[name]["accept_length"] < gates["min_accept_length"], name
     for name in BENIGN:
         assert q[name]["accept_length"] >= gates["min_accept_length"], name
     assert gates["power_ratio"] >= POWER_RATIO
@@ -242,7 +244,7 @@ def test_offline_miswirings_fall_below_the_gate(draft_dir: Path, quality: dict, 
     assert correct.first_token_accuracy >= gates["min_first_token_accuracy"]
     best = max(got[n].accept_length for n in MISWIRINGS)
     assert correct.accept_length >= POWER_RATIO * best, {n: got[n].accept_length for n in MISWIRINGS}
-    for name in MISWIRINGS:
+    for name in (*MISWIRINGS, *PROBES):
         assert got[name].accept_length < gates["min_accept_length"], name
     for name in BENIGN:
         assert got[name].accept_length >= gates["min_accept_length"], name
@@ -385,6 +387,6 @@ def test_regenerated_draft_reaches_stored_quality(tmp_path: Path, quality: dict,
     gates = quality["gates"]
     assert new["quality"][CORRECT]["accept_length"] >= quality["quality"][CORRECT]["accept_length"] - 0.05
     assert new["quality"][CORRECT]["accept_length"] >= gates["min_accept_length"]
-    for name in MISWIRINGS:
+    for name in (*MISWIRINGS, *PROBES):
         assert new["quality"][name]["accept_length"] < gates["min_accept_length"], name
     assert new["gates"]["power_ratio"] >= POWER_RATIO

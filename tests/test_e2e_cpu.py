@@ -173,6 +173,17 @@ def test_wrong_layer_capture_is_diagnosed(inner: InnerRun) -> None:
     assert "slot 2: holds hs[7] (input of layer 7, rel.err " in message
 
 
+def test_acceptance_meets_the_gate_and_has_power(inner: InnerRun) -> None:
+    got = _select(inner, "test_draft_acceptance_meets_the_gate") | _select(inner, "test_acceptance_gate_has_power") \
+        | _select(inner, "test_draft_path_agrees_with_capture_only")
+    assert got == {
+        "test_draft_acceptance_meets_the_gate[tp1-acceptance]": "passed",
+        "test_draft_acceptance_meets_the_gate[tp2-acceptance]": "passed",
+        "test_acceptance_gate_has_power[tp1-acceptance]": "passed",
+        "test_draft_path_agrees_with_capture_only[tp1-acceptance]": "passed",
+    }, inner.output[-4000:]
+
+
 def test_per_rank_checks_pass_at_tp2(inner: InnerRun) -> None:
     got = _select(inner, "test_every_rank_") | _select(inner, "test_ranks_hold_identical_captures")
     assert {k: v for k, v in got.items() if "tp2" in k} == {
@@ -231,10 +242,11 @@ def test_engine_log_attached_to_the_failure(inner: InnerRun) -> None:
 
 
 def test_one_engine_per_configuration(inner: InnerRun) -> None:
-    # TP 1: one engine per id list (+1 for the inspect fix); TP 2: the wide case only.
+    # TP 1: one engine per id list (+1 for the inspect fix); TP 2: the wide case only;
+    # the acceptance engine (speculative decoding with the shipped draft) at TP 1 and 2.
     summary = inner.output.split("eagle3 engines", 1)[-1]
     ready = [line for line in summary.splitlines() if ": ready in " in line]
-    assert len(ready) == len(CASES) + 2, summary
+    assert len(ready) == len(CASES) + 2 + 2, summary
 
 
 def test_no_sglang_process_left_behind(inner: InnerRun) -> None:

@@ -6,9 +6,14 @@ Two ways exist; the installed SGLang's flags decide (never its version number):
   --speculative-algorithm EAGLE3 --return-aux-hidden-state-layer-ids ...``
   captures on the target without a draft (``srt/arg_groups/validation_hook.py``,
   ``handle_aux_hidden_state_capture``).
-* ``eagle3-draft``: ``--enable-return-hidden-states`` with a real EAGLE-3 draft;
-  ``meta_info["hidden_states"]`` then holds the concatenated aux states.  This
-  needs a draft checkpoint.
+* ``eagle3-draft`` (the draft path, any SGLang that serves DeepSeek EAGLE-3):
+  ``--enable-return-hidden-states`` with an EAGLE-3 draft loaded through
+  ``--speculative-draft-model-path``; ``meta_info["hidden_states"]`` then holds
+  the concatenated aux states fed to the draft (prefill rows, then the
+  accepted target-verify rows; :mod:`pytest_eagle3.capture.draft_path`).  The
+  capture tests use a random-weights draft per id list
+  (:mod:`pytest_eagle3.draft.random_draft`); SGLang reads the ids from its
+  ``config.json``.
 
 With ``return_hidden_states=True`` a request's ``meta_info["hidden_states"]``
 is a list: entry 0 is the prefill ``[prompt_tokens, K*H]``, then one ``[K*H]``
@@ -56,17 +61,24 @@ class Eagle3CaptureUnsupported(Eagle3Error):
     """The installed SGLang cannot expose its captures in the requested way."""
 
 
-def select_method(install: SGLangInstall, *, draft_path: str | None = None) -> str:
-    """The capture method this SGLang supports.
+def select_method(install: SGLangInstall, *, draft_path: str | None = None, prefer: str = "auto") -> str:
+    """The capture method to use: :data:`CAPTURE_ONLY` or :data:`EAGLE3_DRAFT`.
+
+    ``prefer`` (``--eagle3-capture-method``): ``auto`` takes capture-only where
+    the installed SGLang has it and no draft is given, else the draft path;
+    ``capture-only`` / ``draft-path`` force one.  Decided from the installed
+    SGLang's flags, never its version.
 
     Raises:
-        Eagle3CaptureUnsupported: no usable method (the message says what is missing).
+        Eagle3CaptureUnsupported: the method is missing (the message says what is missing).
     """
-    if install.has_arg("enable_return_aux_hidden_states") and draft_path is None:
-        return CAPTURE_ONLY
-    if install.has_arg("enable_return_hidden_states") or install.has_arg("return_hidden_states_mode"):
-        if draft_path is None:
+    has_capture_only = install.has_arg("enable_return_aux_hidden_states")
+    has_draft_path = install.has_arg("enable_return_hidden_states") or install.has_arg("return_hidden_states_mode")
+    if prefer == CAPTURE_ONLY or (prefer == "auto" and draft_path is None and has_capture_only):
+        if not has_capture_only:
             raise Eagle3CaptureUnsupported(NEEDS_DRAFT.format(sglang=install.describe()))
+        return CAPTURE_ONLY
+    if has_draft_path:
         return EAGLE3_DRAFT
     raise Eagle3CaptureUnsupported(NO_CAPTURE_API.format(sglang=install.describe()))
 
@@ -76,28 +88,29 @@ def capture_server_args(
 ) -> dict[str, Any]:
     """Server arguments that make SGLang capture ``layer_ids`` (``None``: its default list).
 
-    The ids are passed exactly as a draft config would declare them; SGLang's
-    own rule maps them to layers (see :mod:`pytest_eagle3.verdicts.conventions`).
+    Capture-only: the ids are passed exactly as a draft config would declare
+    them; SGLang's own rule maps them to layers (see
+    :mod:`pytest_eagle3.verdicts.conventions`).  Draft path (``draft_path``
+    given): SGLang runs EAGLE-3 with that draft and reads the ids from its
+    ``config.json`` (:func:`pytest_eagle3.capture.draft_path.draft_path_server_args`).
     """
-    method = select_method(install, draft_path=draft_path)
-    if method == CAPTURE_ONLY:
-        args: dict[str, Any] = {
-            "enable_return_aux_hidden_states": True,
-            "speculative_algorithm": "EAGLE3",
-        }
-        if layer_ids is not None:
-            args["return_aux_hidden_state_layer_ids"] = list(layer_ids)
-        return args
-    return {  # pragma: no cover - needs a draft checkpoint (draft issue)
-        "enable_return_hidden_states": True,
+    if draft_path is not None:
+        from pytest_eagle3.capture.draft_path import draft_path_server_args
+
+        return draft_path_server_args(install, draft_path)
+    select_method(install, prefer=CAPTURE_ONLY)
+    args: dict[str, Any] = {
+        "enable_return_aux_hidden_states": True,
         "speculative_algorithm": "EAGLE3",
-        "speculative_draft_model_path": draft_path,
     }
+    if layer_ids is not None:
+        args["return_aux_hidden_state_layer_ids"] = list(layer_ids)
+    return args
 
 
 def engine_config(install: SGLangInstall, settings: "Settings", *, model_path: str, tp: int,
                   ids: Sequence[int] | None, extra_args: Mapping[str, Any] | None = None,
-                  facts: "TargetFacts | None" = None) -> "EngineConfig":
+                  facts: "TargetFacts | None" = None, draft: str | None = None) -> "EngineConfig":
     """The engine that captures ``ids`` with ``extra_args``: the one the
     ``eagle3_capture`` fixture starts and ``--eagle3-plan`` prints.  On cuda the
     device defaults come from :func:`cuda_recipe_for` (``facts``: the target's
@@ -108,7 +121,7 @@ def engine_config(install: SGLangInstall, settings: "Settings", *, model_path: s
     """
     from pytest_eagle3.engine.config import build_engine_config
 
-    args = capture_server_args(install, list(ids) if ids is not None else None)
+    args = capture_server_args(install, list(ids) if ids is not None else None, draft_path=draft)
     args.update(extra_args or {})
     cuda = cuda_recipe_for(install, settings, facts) if settings.device == "cuda" else None
     return build_engine_config(install, model_path=model_path, tp=tp, device=settings.device,

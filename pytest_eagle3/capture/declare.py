@@ -30,6 +30,7 @@ Nothing here imports torch or sglang.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from pytest_eagle3.capture import cases
@@ -67,6 +68,9 @@ COLLAPSES = (
 )
 NO_CONTRACT = "{case}: no contract on a {L}-layer target: {error}"
 NO_EMBEDDING_ID = "{sglang} cannot capture the embedding with {rule}: no id list yields hs[0]"
+NO_ACCEPTANCE_DRAFT = (
+    "acceptance needs a trained EAGLE-3 draft: target {target} ships none; pass --eagle3-draft PATH"
+)
 NO_USER_DRAFT = "your own draft: pass --eagle3-draft PATH --eagle3-stack NAME"
 IDS_IGNORED = "SGLang reads no ids from this draft config ({key}); it uses its default list"
 
@@ -89,6 +93,8 @@ class EngineNeed:
             left out when the contract is invalid on this target.
         group: the engine group tests are sorted by, so tests sharing an
             engine run back to back (default: ``name``).
+        acceptance: the engine runs EAGLE-3 speculative decoding with a trained
+            draft (the user's ``--eagle3-draft`` or the preset's shipped one).
     """
 
     name: str
@@ -98,6 +104,7 @@ class EngineNeed:
     every_tp: bool = False
     needs_embedding: bool = False
     needs_contract: bool = False
+    acceptance: bool = False
 
     def __str__(self) -> str:
         return self.name
@@ -146,6 +153,8 @@ class EngineRequest:
         contract: the training contract ``expected`` comes from, as text
             (``None``: the case has none on this target; ``expected`` is then
             the prediction).
+        draft: the EAGLE-3 draft directory the engine loads (the draft path:
+            SGLang reads ``ids`` from its ``config.json``); ``None``: capture-only.
     """
 
     ids: "tuple[int, ...] | None"
@@ -158,6 +167,7 @@ class EngineRequest:
     xfail_reason: str | None = None
     note: str | None = None
     contract: str | None = None
+    draft: str | None = None
 
 
 def case_needs(names: Sequence[str] | None = None, *, every_tp: Sequence[str] = (cases.WIDE_CASE,),
@@ -183,6 +193,45 @@ def variant_needs(variants: "Sequence[Variant]") -> list[EngineNeed]:
     return out
 
 
+def acceptance_need() -> EngineNeed:
+    """The need of the acceptance tests: speculative decoding with a trained draft,
+    at every TP size of the test's marker; its engine also serves draft-path captures."""
+    return EngineNeed("acceptance", cases.WIDE_CASE, every_tp=True, acceptance=True, group="acceptance")
+
+
+def acceptance_draft(settings: "Settings") -> Path | None:
+    """The trained draft the acceptance tests load: ``--eagle3-draft``, else the
+    target preset's shipped draft (``fixtures/drafts/<preset>``), else ``None``."""
+    if settings.draft is not None:
+        return Path(settings.draft)
+    from pytest_eagle3.draft import shipped_draft_dir
+
+    shipped = shipped_draft_dir(settings.target)
+    return shipped if (shipped / "config.json").is_file() else None
+
+
+def uses_draft_path(ctx: NeedContext) -> bool:
+    """Whether the capture tests read captures through the draft path in this run
+    (``--eagle3-capture-method``; ``auto``: only where capture-only is missing)."""
+    method = ctx.settings.capture_method
+    if method == "auto":
+        return ctx.install is not None and not ctx.install.has_arg("enable_return_aux_hidden_states")
+    return method == "eagle3-draft"
+
+
+def target_config(facts: "TargetFacts") -> dict[str, Any]:
+    """The target config keys a random capture draft is sized from (same in the plan and the run)."""
+    return {"hidden_size": facts.hidden_size, "vocab_size": facts.vocab_size}
+
+
+def capture_draft(ctx: NeedContext, ids: Sequence[int] | None) -> str:
+    """The cached random draft declaring ``ids`` (path only; the fixture builds it)."""
+    from pytest_eagle3.draft.random_draft import capture_draft_dir
+
+    assert ctx.facts is not None
+    return str(capture_draft_dir(ctx.settings.cache_dir, target_config(ctx.facts), ids))
+
+
 def collect_reason(need: EngineNeed, ctx: NeedContext) -> str | None:
     """Why ``need`` is not generated at ``ctx.tp`` in this run (``None``: it is).
 
@@ -192,6 +241,8 @@ def collect_reason(need: EngineNeed, ctx: NeedContext) -> str | None:
     s = ctx.settings
     if need.case == USER_DRAFT and s.draft is None:
         return NO_USER_DRAFT
+    if need.acceptance and acceptance_draft(s) is None:
+        return NO_ACCEPTANCE_DRAFT.format(target=s.target)
     if ctx.tp > s.tp:
         return TP_ABOVE.format(needed=ctx.tp, tp=s.tp)
     if ctx.tp > 1 and not need.every_tp:
@@ -250,6 +301,8 @@ def resolve(need: EngineNeed, ctx: NeedContext) -> EngineRequest:
     v = need.variant
     if need.case == USER_DRAFT:
         return _user_draft_request(ctx)
+    if need.acceptance:
+        return _acceptance_request(ctx)
     case = cases.resolve(need.case, L, H, version)
     if v is not None:
         ids = tuple(v.ids(L, ctx.facts.first_k_dense_replace)) if v.ids is not None else _ids(case.ids)
@@ -257,19 +310,38 @@ def resolve(need: EngineNeed, ctx: NeedContext) -> EngineRequest:
         req = dict(v.request)
         return EngineRequest(ids, v.args_for(ctx.install, ctx.tp), decode_steps=int(req.get("decode_steps", 0)),
                              batch=bool(req.get("batch")), repeat=int(req.get("repeat", 1)),
-                             expected=predicted, predicted=predicted)
+                             expected=predicted, predicted=predicted,
+                             draft=capture_draft(ctx, ids) if uses_draft_path(ctx) else None)
     ids = _ids(case.ids)
     predicted = tuple(predict(list(ids) if ids is not None else None, L, version).snapshots)
+    draft = capture_draft(ctx, ids) if uses_draft_path(ctx) else None
     if case.contract is None:
         # The capture-order test checks SGLang's own rule, which needs no contract.
-        return EngineRequest(ids, expected=predicted, predicted=predicted,
+        return EngineRequest(ids, expected=predicted, predicted=predicted, draft=draft,
                              note=NO_CONTRACT.format(case=need.case, L=L, error=case.error))
     expected = tuple(case.contract.to_snapshot_indices(L))
     xfail = None
     if expected != predicted:
         xfail = (f"{need.case}: known incompatibility of {ctx.install.describe()}: contract {case.contract}; "
                  f"its rule captures {['hs[%d]' % i for i in predicted]}")
-    return EngineRequest(ids, expected=expected, predicted=predicted, xfail_reason=xfail, contract=str(case.contract))
+    return EngineRequest(ids, expected=expected, predicted=predicted, xfail_reason=xfail, contract=str(case.contract),
+                         draft=draft)
+
+
+def _acceptance_request(ctx: NeedContext) -> EngineRequest:
+    """Speculative decoding with the trained draft; SGLang reads the draft's ids
+    from its ``config.json``, and its captures are the draft path's."""
+    from pytest_eagle3.capture.draft_path import draft_layer_ids
+    from pytest_eagle3.verdicts.conventions import predict
+
+    assert ctx.facts is not None and ctx.install is not None
+    draft = acceptance_draft(ctx.settings)
+    assert draft is not None
+    declared = draft_layer_ids(draft)
+    ids = tuple(declared) if declared is not None else None
+    predicted = tuple(predict(list(ids) if ids is not None else None, ctx.facts.num_layers,
+                              ctx.install.version).snapshots)
+    return EngineRequest(ids, expected=predicted, predicted=predicted, draft=str(draft))
 
 
 def _ids(ids: Sequence[int] | None) -> tuple[int, ...] | None:

@@ -69,11 +69,12 @@ def contract_ids(contract: str, num_layers: int, hidden_size: int) -> tuple[list
     return list(fx.ids), list(fx.contract.to_snapshot_indices(num_layers))
 
 
-def suggested_gates(quality: dict[str, Any], miswirings: list[str]) -> dict[str, Any]:
+def suggested_gates(quality: dict[str, Any], miswirings: list[str], probes: list[str] = ()) -> dict[str, Any]:
     """Default acceptance gates: halfway between the correct wiring and the best miswiring.
 
-    Returns ``{"min_accept_length", "min_accept_rate", "min_first_token_accuracy",
-    "power_ratio"}``, where ``power_ratio`` = correct accept length / best miswired one.
+    Returns ``min_accept_length``, ``min_accept_rate``, ``min_first_token_accuracy``
+    (the gates), ``best_miswired_accept_length``, ``power_ratio`` (correct accept length
+    / best miswired one) and ``best_probe_accept_length`` (probes: below the gate, not part of the power ratio).
     """
     correct = quality["correct"]
     worst = {k: max(quality[n][k] for n in miswirings)
@@ -82,13 +83,16 @@ def suggested_gates(quality: dict[str, Any], miswirings: list[str]) -> dict[str,
     def mid(key: str, ndigits: int = 2) -> float:
         return round((correct[key] + worst[key]) / 2, ndigits)
 
-    return {
+    gates = {
         "min_accept_length": mid("accept_length"),
         "min_accept_rate": mid("accept_rate"),
         "min_first_token_accuracy": mid("first_token_accuracy"),
         "best_miswired_accept_length": round(worst["accept_length"], 4),
         "power_ratio": round(correct["accept_length"] / worst["accept_length"], 3),
     }
+    if probes:
+        gates["best_probe_accept_length"] = round(max(quality[n]["accept_length"] for n in probes), 4)
+    return gates
 
 
 def _sha256(path: Path) -> str:
@@ -155,7 +159,7 @@ def build_draft(
         torch.set_num_threads(threads)
 
     quality = {name: q.to_json() for name, q in qualities.items()}
-    gates = suggested_gates(quality, list(wiring.MISWIRINGS))
+    gates = suggested_gates(quality, list(wiring.MISWIRINGS), list(wiring.PROBES))
     provenance = {
         "builder_version": DRAFT_BUILDER_VERSION,
         "contract": contract,
@@ -209,6 +213,7 @@ def build_draft(
             "gates": gates,
             "quality": quality,
             "miswirings": dict(wiring.MISWIRINGS),
+            "probes": dict(wiring.PROBES),
             "benign": dict(wiring.BENIGN),
             "settings": settings.to_json(),
             "losses": result.losses,

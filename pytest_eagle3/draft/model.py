@@ -36,9 +36,14 @@ How the worker lays a sequence ``x[0..N-1]`` out (positions are absolute target 
   target states) and to the rows this chain wrote itself.
 
 So with teacher forcing, the whole chain from every start ``t`` can be computed at once
-(:func:`chain_forward`, the EAGLE-3 "training-time test" layout); accept counts are
-exact under teacher forcing because a chain stops at its first wrong token.
-:class:`DraftSession` is the literal sequential form with a KV cache, used to check it.
+(:func:`chain_forward` for one sequence, :func:`packed_chain_forward` for several packed
+into one batch: the EAGLE-3 "training-time test" layout); accept counts are exact under
+teacher forcing because a chain stops at its first wrong token. :class:`DraftSession`
+is the literal sequential form with a KV cache (one row per position), used to check it.
+
+Facts not used because this draft does not need them: ``norm_before_fc`` / ``fc_norm``
+(norms before ``fc``), ``norm_output`` (feed the normed hidden back), ``d2t`` (reduced
+vocabulary), more than one decoder layer.
 
 torch is imported inside functions only. Tensors are float32 on CPU.
 """

@@ -182,14 +182,14 @@ def evaluate_wirings(
         stacks: snapshot stacks ``[L+2, >= N_j, H]`` (reference layout) of ``examples``' tokens.
         ids: the contract's hs indices (``[0, 3, 5]``).
         norms: target input RMSNorm weights, for ``after-input-layernorm``.
-        names: wirings to evaluate (default: correct, every miswiring, every benign change).
+        names: wirings to evaluate (default :data:`~pytest_eagle3.draft.wiring.ALL_WIRINGS`).
 
     Returns:
         ``{wiring: Quality}``.
     """
-    from pytest_eagle3.draft.wiring import BENIGN, CORRECT, MISWIRINGS, miswired
+    from pytest_eagle3.draft.wiring import ALL_WIRINGS, miswired
 
-    names = list(names) if names is not None else [CORRECT, *MISWIRINGS, *BENIGN]
+    names = list(names) if names is not None else list(ALL_WIRINGS)
     if norms is None:
         names = [n for n in names if n != "after-input-layernorm"]
     out = {}

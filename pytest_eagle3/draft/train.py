@@ -5,17 +5,21 @@ The recipe (DESIGN.md, "Synthetic EAGLE-3 drafts on a random target"):
 * data: the target's greedy continuations of the suite prompts, cut at the first
   near-tie (:func:`pytest_eagle3.draft.data.make_examples`), and the aux rows of the
   contract (``[hs[0], hs[3], hs[5]]`` for ``kimi-embedding-first`` on tiny-dsv3);
-* positives: every engine row ``t >= P-1`` and, EAGLE-3 "training-time test",
-  ``chain_steps`` teacher-forced steps chained through the draft's own hidden
+* positives: chains from the engine rows ``t >= P-1`` with, EAGLE-3 "training-time
+  test", ``chain_steps`` teacher-forced steps chained through the draft's own hidden
   state exactly as SGLang's ``draft_forward`` chains them
-  (:func:`pytest_eagle3.draft.model.chain_forward`); cross-entropy on the greedy
-  token, steps weighted ``step_decay ** (k-1)``. The aux rows are randomly left
-  unchanged, rounded through bf16 or given <= 1% noise, so numerically faithful
+  (:func:`pytest_eagle3.draft.model.packed_chain_forward`, all prompts in one batch);
+  cross-entropy on the greedy token, steps weighted ``step_decay ** (k-1)``, on a
+  random ``positive_fraction`` of the chains each step. The aux rows are randomly
+  left unchanged, rounded through bf16 or given <= 1% noise, so numerically faithful
   captures keep their acceptance;
-* negatives: each sequence's aux rows miswired at random
-  (:func:`pytest_eagle3.draft.wiring.corrupt`: other layers, permuted slots,
-  normed inputs, missing residual, other positions or requests, noise, gains,
-  scaled slots), target "no confident prediction": KL(uniform || draft) on step 1;
+* negatives: ``negatives`` copies of each sequence with its aux rows miswired at
+  random (:func:`pytest_eagle3.draft.wiring.corrupt`: other layers, permuted slots,
+  normed inputs, missing or partial residual, other positions or requests, noise,
+  gains, scaled slots), on a random ``negative_fraction`` of their chains; target
+  "no confident prediction": ``negative_weight * KL(uniform || draft)`` plus
+  ``unlikelihood_weight * -log(1 - p(greedy token))`` on step 1, so the right token
+  does not survive as the argmax of a flattened distribution;
 * slot scales equalised: aux slot ``k`` is multiplied by ``1 / RMS_k`` (RMS over
   the training rows; embedding ~1 vs deep layers ~10) before ``fc``; the scale is
   folded into ``fc.weight``'s columns at export, so the shipped draft reads raw
@@ -36,7 +40,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable
 
-from pytest_eagle3.draft.config import FC, LAYER, LM_HEAD, NORM, DraftConfig
+from pytest_eagle3.draft.config import FC, DraftConfig
 
 if TYPE_CHECKING:
     import torch
@@ -81,7 +85,7 @@ class TrainSettings:
     positive_fraction: float = 0.34
     negative_fraction: float = 0.5
     negative_chain_steps: int = 1
-    negative_weight: float = 1.0
+    negative_weight: float = 0.1
     unlikelihood_weight: float = 1.0
     intermediate_size: int = 256
     num_attention_heads: int = 8
@@ -260,4 +264,4 @@ def train_draft(
                        cpu_seconds=cpu, data_seconds=0.0, losses=losses)
 
 
-__all__ = ["TrainSettings", "TrainResult", "train_draft", "init_params", "LAYER", "LM_HEAD", "NORM"]
+__all__ = ["TrainResult", "TrainSettings", "init_params", "train_draft"]

@@ -135,10 +135,10 @@ def read_fault(env: dict[str, str] | None = None) -> dict[str, Any] | None:
 
 
 def describe(fault: dict[str, Any]) -> str:
-    """One line for logs and report headers: ``partial-sum: ... (SGLang PR #28343)``."""
+    """One line for logs and report headers: ``partial-sum: ... [SGLang PR #28343 (...)]``."""
     what, source = CATALOG[fault["kind"]]
     extra = {k: v for k, v in fault.items() if k != "kind"}
-    return f"{fault['kind']}{' ' + json.dumps(extra) if extra else ''}: {what} ({source})"
+    return f"{fault['kind']}{' ' + json.dumps(extra) if extra else ''}: {what} [{source}]"
 
 
 # --- worker-side state -------------------------------------------------------
@@ -261,10 +261,6 @@ def _forward_batch_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return args[2] if len(args) > 2 else kwargs.get("forward_batch")
 
 
-def _hidden_states_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    return args[1] if len(args) > 1 else kwargs.get("hidden_states")
-
-
 def _completed_copy(pending: Any) -> Any:
     """The full (all-reduced) value of a pending contribution, computed on a copy:
     ``ResidualStream.snapshot`` without the residual.  A collective at TP > 1."""
@@ -291,6 +287,28 @@ def _stream_state(forward_batch: Any) -> tuple[Any, Any]:
 
 
 def _around_layer(original: Callable, layer: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND ``DeepseekV2DecoderLayer.forward`` of a layer that captures (it got a packer).
+
+    Before the layer runs, its boundary has not consumed the stream yet:
+
+    * ``partial-sum``: value = the stream's ``residual`` (layer ``i-1``'s
+      post-attention residual) + ``pending.value`` (its MLP output, still this
+      rank's unreduced partial at TP > 1) -- the bug's read before the fused
+      all-reduce;
+    * ``no-residual``: value = the pending MLP output completed on a copy (the
+      all-reduce runs on every rank), without the residual.
+
+    After the layer wrote its capture into slot ``index`` of the packer:
+
+    * ``normalized-input``: value = ``layer.input_layernorm`` (SGLang's own
+      RMSNorm, ``forward_native``) of the captured residual stream;
+    * ``unreduced-embedding`` (layer 0): value = ``embed_tokens._embed_local_shard(input_ids)``,
+      the vocab-parallel embedding before its all-reduce;
+    * ``dp-gather-scaled``: value = the captured slot all-reduced over the
+      attention-TP group, whose ranks all hold the same rows.
+
+    The slot is then overwritten with the value (on the ranks the fault names).
+    """
     fault = _FAULT
     packer = _packer_of(args, kwargs)
     if fault is None or packer is None or fault["kind"] not in _LAYER_FAULTS:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import torch
 
     from pytest_eagle3.capture.api import Captures
+    from pytest_eagle3.capture.draft_path import DraftPathCaptures
     from pytest_eagle3.capture.declare import EngineNeed, EngineRequest
     from pytest_eagle3.engine.config import EngineConfig
     from pytest_eagle3.engine.install import SGLangInstall
@@ -209,23 +210,43 @@ class CaptureRunner:
         self.prompts = prompts
         self.last_config: "EngineConfig | None" = None
 
-    def engine_config(self, layer_ids: Sequence[int] | None, extra_args: Mapping[str, Any] | None = None) -> "EngineConfig":
-        """The engine for ``layer_ids`` and ``extra_args`` (the one ``--eagle3-plan`` prints)."""
+    def engine_config(self, layer_ids: Sequence[int] | None, extra_args: Mapping[str, Any] | None = None,
+                      draft: str | None = None) -> "EngineConfig":
+        """The engine for ``layer_ids`` and ``extra_args`` (the one ``--eagle3-plan`` prints);
+        with ``draft``, the draft-path engine loading it (ids from its ``config.json``)."""
         from pytest_eagle3.capture.api import engine_config
 
         return engine_config(self.install, self.settings, model_path=str(self.checkpoint), tp=self.tp,
-                             ids=layer_ids, extra_args=extra_args, facts=self.facts)
+                             ids=layer_ids, extra_args=extra_args, facts=self.facts, draft=draft)
 
     def run(self, request: "EngineRequest") -> "list[Captures]":
         """Captures of the suite prompts for a declared :class:`EngineRequest`
         (its ids, server args and request shape); the last of ``request.repeat`` sends."""
         runs = [self(request.ids, decode_steps=request.decode_steps, extra_args=request.extra_args,
-                     batch=request.batch) for _ in range(max(1, request.repeat))]
+                     batch=request.batch, draft=request.draft) for _ in range(max(1, request.repeat))]
         return runs[-1]
+
+    def speculate(self, request: "EngineRequest", prompts: Sequence[Sequence[int]],
+                  max_new_tokens: Sequence[int]) -> "list[DraftPathCaptures]":
+        """Greedy speculative decoding of ``prompts`` on the engine of ``request``
+        (which loads a draft): each request's output, captures and speculative
+        metrics (:mod:`pytest_eagle3.capture.draft_path`).
+
+        Raises:
+            Eagle3Error: the engine did not run speculative decoding (no metrics).
+        """
+        from pytest_eagle3.capture.draft_path import capture_draft_path
+
+        assert request.draft is not None, "speculate() needs a request that loads a draft"
+        server = self._server(request.ids, request.extra_args, request.draft)
+        out = []
+        for prompt, n in zip(prompts, max_new_tokens):
+            out += capture_draft_path(server, [prompt], decode_steps=max(0, int(n) - 1))
+        return out
 
     def __call__(self, layer_ids: Sequence[int] | None, *, prompts: Sequence[Sequence[int]] | None = None,
                  decode_steps: int = 0, extra_args: Mapping[str, Any] | None = None,
-                 batch: bool = False) -> "list[Captures]":
+                 batch: bool = False, draft: str | None = None) -> "list[Captures]":
         """Captures of ``prompts`` (default: the suite prompts) with draft ids ``layer_ids``.
 
         ``layer_ids=None`` leaves SGLang's default list; ``batch`` sends all
@@ -238,12 +259,13 @@ class CaptureRunner:
         """
         from pytest_eagle3.capture.api import capture
 
-        server = self._server(layer_ids, extra_args)
+        server = self._server(layer_ids, extra_args, draft)
         return capture(server, self.prompts if prompts is None else prompts, decode_steps=decode_steps,
                        batch=batch)
 
-    def _server(self, layer_ids: Sequence[int] | None, extra_args: Mapping[str, Any] | None) -> Any:
-        config = self.engine_config(layer_ids, extra_args)
+    def _server(self, layer_ids: Sequence[int] | None, extra_args: Mapping[str, Any] | None,
+                draft: str | None = None) -> Any:
+        config = self.engine_config(layer_ids, extra_args, draft)
         self.last_config = config
         entry = ("eagle3_engine", f"{config.name} ({config.describe()})")
         if entry not in self.request.node.user_properties:
@@ -253,7 +275,8 @@ class CaptureRunner:
 
     def with_ranks(self, layer_ids: Sequence[int] | None, *, prompts: Sequence[Sequence[int]] | None = None,
                    decode_steps: int = 0, extra_args: Mapping[str, Any] | None = None,
-                   fault: Mapping[str, Any] | None = None) -> "tuple[list[Captures], dict[int, list[Record]]]":
+                   fault: Mapping[str, Any] | None = None,
+                   draft: str | None = None) -> "tuple[list[Captures], dict[int, list[Record]]]":
         """Like calling the runner, plus what every TP rank captured: per rank, the
         prefill rows of each prompt's request, in prompt order
         (:func:`pytest_eagle3.engine.recordings.prefill_records`).
@@ -267,7 +290,7 @@ class CaptureRunner:
         from pytest_eagle3.capture.api import capture
         from pytest_eagle3.engine.recordings import Recorder, prefill_records
 
-        server = self._server(layer_ids, extra_args)
+        server = self._server(layer_ids, extra_args, draft)
         assert self.last_config is not None
         recorder = Recorder(self.pool.record_dir(self.last_config))
         with recorder.recording(fault=fault):
@@ -311,6 +334,18 @@ def eagle3_engine_request(eagle3_need: "EngineNeed", eagle3_tp: int, eagle3_sett
     from pytest_eagle3.capture.declare import NeedContext, resolve
 
     request = resolve(eagle3_need, NeedContext(eagle3_settings, eagle3_tp, eagle3_sglang, eagle3_model_config))
+    if eagle3_need.acceptance and request.draft is not None:
+        # A draft that cannot fit the target: one line (Eagle3DraftError) before any engine starts.
+        from pytest_eagle3.draft.validate import validate_draft
+
+        validate_draft(request.draft, eagle3_model_config.hidden_size, eagle3_model_config.vocab_size)
+    if request.draft is not None and not eagle3_need.acceptance:
+        # The draft path's random draft for this id list, built once per machine.
+        from pytest_eagle3.capture.declare import target_config
+        from pytest_eagle3.draft.random_draft import ensure_capture_draft
+
+        ensure_capture_draft(eagle3_settings.cache_dir, target_config(eagle3_model_config), request.ids)
+        record_property("eagle3_capture_method", "eagle3-draft")
     record_property("eagle3_ids", list(request.ids) if request.ids is not None else None)
     if request.note:
         record_property("eagle3_note", request.note)

@@ -32,6 +32,33 @@ DEVICE_CHOICES: tuple[str, ...] = ("cpu", "cuda")
 #: Target preset used when none is given, per device (presets live in ``spec.py``).
 DEFAULT_TARGETS: Mapping[str, str] = MappingProxyType({"cpu": "tiny-dsv3", "cuda": "gpu-dsv3"})
 DEFAULT_STARTUP_TIMEOUT = 600.0
+#: ``--eagle3-capture-method`` values (``pytest_eagle3.capture.api`` method names).
+CAPTURE_METHODS = ("auto", "capture-only", "eagle3-draft")
+MSG_BAD_GATE = "{flag}: expected {what}, got {value!r}"
+
+
+def parse_accept_length(value: str) -> float:
+    """``--eagle3-min-accept-length``: a number >= 1 (tokens per verify; 1 = no draft token accepted)."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    if not number >= 1.0 or number == float("inf"):
+        raise pytest.UsageError(MSG_BAD_GATE.format(flag="--eagle3-min-accept-length",
+                                                    what="a number of tokens >= 1 (e.g. 2.5)", value=value))
+    return number
+
+
+def parse_accept_rate(value: str) -> float:
+    """``--eagle3-min-accept-rate``: a fraction in [0, 1]."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    if not 0.0 <= number <= 1.0:
+        raise pytest.UsageError(MSG_BAD_GATE.format(flag="--eagle3-min-accept-rate",
+                                                    what="a fraction between 0 and 1 (e.g. 0.6)", value=value))
+    return number
 
 ENV_TARGET = "PYTEST_EAGLE3_TARGET"
 ENV_CACHE = "PYTEST_EAGLE3_CACHE"
@@ -110,6 +137,8 @@ class Settings:
         bisect: ``--eagle3-bisect``: exit 0 / 1 / 125 for ``git bisect run``
             (:mod:`pytest_eagle3.plugin.bisect`).
         report: ``--eagle3-report FILE``: the JSON report (:mod:`pytest_eagle3.plugin.report`).
+        capture_method: ``--eagle3-capture-method``: ``auto``, ``capture-only`` or ``eagle3-draft``.
+        min_accept_length, min_accept_rate: the acceptance gates (``None``: the draft's own).
     """
 
     tp: int = 1
@@ -127,6 +156,9 @@ class Settings:
     plan: bool = False
     bisect: bool = False
     report: Path | None = None
+    capture_method: str = "auto"
+    min_accept_length: float | None = None
+    min_accept_rate: float | None = None
 
     def source(self, name: str) -> str:
         """Where ``name`` came from; ``"default"`` when unknown."""
@@ -270,6 +302,25 @@ def add_options(parser: pytest.Parser) -> None:
         "--eagle3-plan-gpus", dest="eagle3_plan_gpus", metavar="N", type=parse_plan_gpus, default=None,
         help=f"with --eagle3-plan: plan as if N GPUs were visible (default: the GPUs visible "
         f"here, else {DEFAULT_PLAN_GPUS} on --device cuda)",
+    )
+    group.addoption(
+        "--eagle3-capture-method", dest="eagle3_capture_method", default="auto",
+        choices=CAPTURE_METHODS,
+        help="how the capture tests read SGLang's aux hidden states: capture-only "
+        "(--enable-return-aux-hidden-states, SGLang 0.5.23+), eagle3-draft (an EAGLE-3 draft "
+        "loaded, --enable-return-hidden-states: any SGLang serving DeepSeek EAGLE-3), or auto "
+        "(capture-only where the installed SGLang has it)",
+    )
+    group.addoption(
+        "--eagle3-min-accept-length", dest="eagle3_min_accept_length", metavar="TOKENS",
+        type=parse_accept_length, default=None,
+        help="acceptance gate: minimum mean accept length (tokens per verify, 1..steps+1); "
+        "default: the shipped draft's gate (fixtures/drafts/<preset>/quality.json)",
+    )
+    group.addoption(
+        "--eagle3-min-accept-rate", dest="eagle3_min_accept_rate", metavar="RATE",
+        type=parse_accept_rate, default=None,
+        help="acceptance gate: minimum accept rate (accepted / proposed drafts, 0..1); default: the draft's gate",
     )
     group.addoption(
         "--eagle3-bisect", dest="eagle3_bisect", action="store_true", default=False,
@@ -430,6 +481,9 @@ def resolve_settings(config: pytest.Config, *, validate: bool = True) -> Setting
         stack=getattr(opt, "eagle3_stack", None),
         slow=bool(getattr(opt, "eagle3_slow", False)), plan=plan,
         bisect=bool(getattr(opt, "eagle3_bisect", False)),
+        capture_method=str(getattr(opt, "eagle3_capture_method", "auto") or "auto"),
+        min_accept_length=getattr(opt, "eagle3_min_accept_length", None),
+        min_accept_rate=getattr(opt, "eagle3_min_accept_rate", None),
         report=Path(getattr(opt, "eagle3_report")).expanduser() if getattr(opt, "eagle3_report", None) else None,
     )
     if validate:

@@ -219,7 +219,7 @@ def build_plan(items: Sequence[pytest.Item], settings: Settings, *,
         try:
             request = resolve(need, NeedContext(settings, tp, install, facts))
             config = engine_config(install, settings, model_path=str(plan.model_path), tp=tp, ids=request.ids,
-                                   extra_args=request.extra_args, facts=facts)
+                                   extra_args=request.extra_args, facts=facts, draft=request.draft)
         except Eagle3Error as exc:
             plan.runtime.append((nodeid, f"{type(exc).__name__}: {exc}"))
             continue

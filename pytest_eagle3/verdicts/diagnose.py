@@ -83,9 +83,12 @@ WHY_UNREDUCED = (
 )
 WHY_ZERO_ROWS = "{hs} with {zero} of {rows} rows exact zeros"
 WHY_OTHER_ROWS = (
-    "rows {rows} hold {other}'s {hs} instead of this request's: the batch's rows were attributed "
-    "to the wrong request (SGLang issue #26163)"
+    "another request's states, not this request's: the batch's rows were attributed to the wrong "
+    "request (SGLang issue #26163)"
 )
+
+#: A factor this close to 1 is noise, not a scaled snapshot.
+SCALE_MARGIN = 0.02
 
 KINDS = (
     "offset-twice", "offset-missing", "ids-ignored", "reversed-order", "permuted-order",
@@ -276,7 +279,7 @@ def _scaled(slot: "torch.Tensor", reference: "torch.Tensor", ev: Evidence, num_l
     if best is None or best[0] > tol:
         return None
     err, alpha, r = best
-    if abs(alpha - 1) <= max(10 * tol, 1e-3):
+    if abs(alpha - 1) <= SCALE_MARGIN:
         return None
     hs = label(r, num_layers)
     factor = f"{alpha:.3g}"
@@ -342,11 +345,12 @@ def _other_rows(slot: "torch.Tensor", reference: "torch.Tensor", expected: int, 
         by_other.setdefault(name, []).append(t)
         worst = max(worst, err)
     hs = label(expected, num_layers)
-    parts = [f"{_ranges(ts)} hold {name}'s" for name, ts in by_other.items()]
-    why = "; ".join(parts)
-    names = ", ".join(by_other)
-    return ("wrong-request-rows", f"{names}'s {hs} in {len(wrong)} of {rows} rows",
-            WHY_OTHER_ROWS.format(rows=_ranges(wrong), other=names, hs=hs) if len(by_other) == 1 else why, worst)
+    if len(by_other) == 1:
+        (name,) = by_other
+        what = f"{name}'s {hs}" + (f" in rows {_ranges(wrong)} of {rows}" if len(wrong) < rows else "")
+    else:
+        what = "; ".join(f"{name}'s {hs} in rows {_ranges(ts)}" for name, ts in by_other.items())
+    return "wrong-request-rows", what, WHY_OTHER_ROWS, worst
 
 
 def _row_match(row: "torch.Tensor", index: int, others: Mapping[str, Any], *, prefer: int,

@@ -1,0 +1,136 @@
+"""Negative controls of the acceptance gate on the real engine (CPU, TP 1).
+
+The shipped draft is served under wirings that need no patching of SGLang,
+each a copy of the draft directory with one change, exactly as a user could
+ship it: ids shifted by one, the embedding id replaced, no ids (SGLang's
+default list), ``fc`` blocks permuted.  Each must fall below the gate the
+correct draft clears, and the correct accept length must be at least
+:data:`POWER_RATIO` x the best miswired one.  One inner pytest run, one engine
+per draft (about 1-2 minutes each on 2 cores).  ``PYTEST_EAGLE3_CONTROLS_TP=2``
+runs the same at TP 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.inner_run import run_inner
+
+pytestmark = pytest.mark.e2e
+
+POWER_RATIO = 2.0
+TP = int(os.environ.get("PYTEST_EAGLE3_CONTROLS_TP", "1"))
+
+INNER = '''
+import json
+import pytest
+from pytest_eagle3.capture.declare import EngineRequest
+from pytest_eagle3.capture.spec_metrics import aggregate
+from pytest_eagle3.draft.power import load_examples
+
+DRAFTS = json.loads(open("drafts.json").read())
+
+
+@pytest.mark.tp({tp})
+@pytest.mark.parametrize("eagle3_case", ["kimi-embedding-first"])
+@pytest.mark.parametrize("control", sorted(DRAFTS))
+def test_control(control, eagle3_case, eagle3_capture, record_property):
+    draft = DRAFTS[control]
+    examples = load_examples(draft)
+    runs = eagle3_capture.speculate(EngineRequest(None, draft=draft), [list(e.prompt) for e in examples],
+                                    [len(e.continuation) for e in examples])
+    total = aggregate([r.metrics for r in runs])
+    print("RESULT", json.dumps({{"control": control, "accept_length": total.accept_length,
+                               "accept_rate": total.accept_rate, "verify_count": total.verify_count}}))
+'''
+
+
+def _copy(src: Path, dst: Path, edit_config=None, edit_weights=None) -> str:
+    shutil.copytree(src, dst)
+    if edit_config is not None:
+        cfg = json.loads((dst / "config.json").read_text())
+        edit_config(cfg)
+        (dst / "config.json").write_text(json.dumps(cfg, indent=2))
+    if edit_weights is not None:
+        from safetensors.torch import load_file, save_file
+
+        w = load_file(str(dst / "model.safetensors"))
+        edit_weights(w)
+        save_file(w, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return str(dst)
+
+
+def controls(src: Path, root: Path) -> dict[str, str]:
+    ids = json.loads((src / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+
+    def shifted(cfg):
+        cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [i + 1 for i in ids]
+
+    def no_embedding(cfg):
+        cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [1 if i == 0 else i for i in ids]
+
+    def no_ids(cfg):
+        del cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+
+    def permute_fc(w):
+        import torch
+
+        fc = w["fc.weight"]
+        h = fc.shape[1] // len(ids)
+        blocks = list(torch.split(fc, h, dim=1))
+        w["fc.weight"] = torch.cat(blocks[1:] + blocks[:1], dim=1).contiguous()
+
+    return {
+        "correct": _copy(src, root / "correct"),
+        "ids-shifted-by-one": _copy(src, root / "shifted", edit_config=shifted),
+        "embedding-id-replaced": _copy(src, root / "no-embedding", edit_config=no_embedding),
+        "no-ids-server-default": _copy(src, root / "no-ids", edit_config=no_ids),
+        "fc-blocks-permuted": _copy(src, root / "fc-permuted", edit_weights=permute_fc),
+    }
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    from pytest_eagle3.draft import shipped_draft_dir
+
+    work = tmp_path_factory.mktemp("controls")
+    drafts = controls(shipped_draft_dir("tiny-dsv3"), work / "drafts")
+    (work / "drafts.json").write_text(json.dumps(drafts))
+    run = run_inner(work, ["test_controls.py", "--tp", str(TP), "-s"],
+                    files={"test_controls.py": INNER.format(tp=TP)})
+    out = {}
+    for line in run.output.splitlines():
+        if line.startswith("RESULT "):
+            r = json.loads(line[len("RESULT "):])
+            out[r["control"]] = r
+    assert set(out) == set(drafts), run.output[-4000:]
+    (work / "results.json").write_text(json.dumps(out, indent=2))
+    return out
+
+
+def test_correct_draft_clears_the_gate(results) -> None:
+    from pytest_eagle3.draft import shipped_draft_dir
+    from pytest_eagle3.draft.power import read_gates
+
+    gates = read_gates(shipped_draft_dir("tiny-dsv3"))
+    assert results["correct"]["accept_length"] >= gates.min_accept_length, results
+
+
+@pytest.mark.parametrize("control", ["ids-shifted-by-one", "embedding-id-replaced", "no-ids-server-default",
+                                     "fc-blocks-permuted"])
+def test_miswired_draft_falls_below_the_gate(results, control: str) -> None:
+    from pytest_eagle3.draft import shipped_draft_dir
+    from pytest_eagle3.draft.power import read_gates
+
+    gates = read_gates(shipped_draft_dir("tiny-dsv3"))
+    assert results[control]["accept_length"] < gates.min_accept_length, results[control]
+
+
+def test_correct_is_at_least_twice_the_best_miswired(results) -> None:
+    best = max(r["accept_length"] for name, r in results.items() if name != "correct")
+    assert results["correct"]["accept_length"] >= POWER_RATIO * best, results

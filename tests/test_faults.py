@@ -1,0 +1,152 @@
+"""engine/faults.py without an engine: the switch, the catalog, each hook on small stand-ins.
+
+The real effect inside SGLang's workers is proven end to end by
+``tests/test_e2e_faults.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from pytest_eagle3.engine import faults, sglang_hooks
+from pytest_eagle3.engine.faults import CATALOG, FAULT_ENV, FaultError, describe, read_fault
+
+PUBLIC_KINDS = (
+    "offset-twice", "offset-missing", "ids-ignored", "reversed-order", "normalized-input", "no-residual",
+    "unreduced-embedding", "partial-sum", "dp-gather-scaled", "wrong-request-rows",
+)
+
+
+def test_catalog_lists_every_public_bug_class_with_its_source() -> None:
+    assert tuple(CATALOG) == PUBLIC_KINDS
+    for kind, (what, source) in CATALOG.items():
+        assert what and source, kind
+    assert "#25454" in CATALOG["offset-twice"][1]
+    assert "#22836" in CATALOG["ids-ignored"][1] and "#50170" in CATALOG["ids-ignored"][1]
+    assert "#14464" in CATALOG["no-residual"][1]
+    assert "#28343" in CATALOG["partial-sum"][1]
+    assert "#31699" in CATALOG["dp-gather-scaled"][1]
+    assert "#26163" in CATALOG["wrong-request-rows"][1]
+
+
+def test_diagnosis_tags_cover_the_catalog() -> None:
+    from pytest_eagle3.verdicts.diagnose import KINDS
+
+    assert set(CATALOG) <= set(KINDS)
+
+
+@pytest.mark.parametrize("raw", ["", "  "])
+def test_off_unless_asked(raw: str) -> None:
+    assert read_fault({}) is None
+    assert read_fault({FAULT_ENV: raw}) is None
+
+
+def test_read_fault_forms() -> None:
+    assert read_fault({FAULT_ENV: "partial-sum"}) == {"kind": "partial-sum"}
+    assert read_fault({FAULT_ENV: json.dumps({"kind": "dp-gather-scaled", "slots": [1]})}) == {
+        "kind": "dp-gather-scaled", "slots": [1]}
+    with pytest.raises(FaultError, match="unknown fault kind 'nope'; known: offset-twice, "):
+        read_fault({FAULT_ENV: "nope"})
+    with pytest.raises(FaultError, match="is not JSON"):
+        read_fault({FAULT_ENV: "{kind"})
+    assert describe({"kind": "partial-sum"}).startswith("partial-sum: a slot holds the post-attention residual")
+    assert describe({"kind": "offset-twice", "rank": 1}).startswith('offset-twice {"rank": 1}: ')
+
+
+def test_hooks_never_install_a_fault_outside_a_pytest_eagle3_engine(monkeypatch) -> None:
+    """A stray PYTEST_EAGLE3_FAULT in a production server's environment does nothing:
+    the hook module acts only when pytest-eagle3 started the engine (hook sets on)."""
+    calls = []
+    monkeypatch.setattr(faults, "install", lambda: calls.append(1))
+    monkeypatch.setenv(FAULT_ENV, "partial-sum")
+    monkeypatch.delenv(sglang_hooks.HOOKS_ENV, raising=False)
+    sglang_hooks.load()
+    assert calls == []
+
+
+def test_hooks_install_the_fault_before_the_recorder(monkeypatch) -> None:
+    from pytest_eagle3.engine import recorder_hook
+
+    order = []
+    monkeypatch.setattr(faults, "install", lambda: order.append("fault") or {"kind": "partial-sum"})
+    monkeypatch.setattr(recorder_hook, "install", lambda: order.append("record"))
+    monkeypatch.setenv(sglang_hooks.HOOKS_ENV, "record")
+    monkeypatch.setenv(FAULT_ENV, "partial-sum")
+    sglang_hooks.load()
+    assert order == ["fault", "record"]
+    order.clear()
+    monkeypatch.delenv(FAULT_ENV)
+    monkeypatch.setenv(sglang_hooks.HOOKS_ENV, "record,fault")
+    sglang_hooks.load()
+    assert order == ["fault", "record"]
+
+
+@pytest.fixture
+def registry():
+    hook_registry = pytest.importorskip("sglang.srt.plugins.hook_registry", exc_type=ImportError)
+    saved = {k: list(v) for k, v in hook_registry.HookRegistry._hooks.items()}
+    yield hook_registry.HookRegistry
+    hook_registry.HookRegistry._hooks.clear()
+    hook_registry.HookRegistry._hooks.update(saved)
+    faults._FAULT = None
+
+
+@pytest.mark.parametrize(("kind", "targets"), [
+    ("offset-twice", [faults.SET_LAYERS]),
+    ("ids-ignored", [faults.SET_LAYERS]),
+    ("reversed-order", [faults.PACKER_SLOT]),
+    ("partial-sum", [faults.MODEL_FORWARD, faults.LAYER_FORWARD]),
+    ("wrong-request-rows", [faults.MODEL_FORWARD]),
+])
+def test_install_registers_hooks_on_sglang_targets(registry, kind, targets) -> None:
+    before = {k: len(v) for k, v in registry._hooks.items()}
+    assert faults.install({"kind": kind}) == {"kind": kind}
+    added = sorted(k for k, v in registry._hooks.items() if len(v) > before.get(k, 0))
+    assert added == sorted(targets)
+
+
+def fake_model(layers_to_capture, num_layers=8):
+    return SimpleNamespace(model=SimpleNamespace(layers_to_capture=list(layers_to_capture)),
+                           config=SimpleNamespace(num_hidden_layers=num_layers), capture_aux_hidden_states=True)
+
+
+@pytest.mark.parametrize(("kind", "after"), [
+    ("offset-twice", [1, 4, 6]), ("offset-missing", [-1, 2, 4]), ("ids-ignored", [2, 4, 5]),
+])
+def test_id_faults_rewrite_layers_to_capture(monkeypatch, kind, after) -> None:
+    monkeypatch.setattr(faults, "_FAULT", {"kind": kind})
+    model = fake_model([0, 3, 5])
+    assert faults._after_set_layers(None, model, [0, 3, 5]) is None
+    assert model.model.layers_to_capture == after
+
+
+def test_packer_writes_in_reverse() -> None:
+    torch = pytest.importorskip("torch")
+    aux = pytest.importorskip("sglang.srt.layers.aux_hidden_states", exc_type=ImportError)
+    from pytest_eagle3.engine.faults import _around_packer_slot
+
+    original = aux.AuxHiddenStatePacker.slot
+    packer = aux.AuxHiddenStatePacker(3)
+    old = faults._FAULT
+    faults._FAULT = {"kind": "reversed-order"}
+    try:
+        for k in range(3):
+            _around_packer_slot(original, packer, torch.full((2, 4), float(k))).copy_(torch.full((2, 4), float(k)))
+    finally:
+        faults._FAULT = old
+    assert packer.finalize()[0].tolist() == [2.0] * 4 + [1.0] * 4 + [0.0] * 4
+
+
+def test_decode_rows_rotate_between_requests(monkeypatch) -> None:
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(faults, "_FAULT", {"kind": "wrong-request-rows"})
+    aux = torch.arange(3, dtype=torch.float32).unsqueeze(1).repeat(1, 4)
+    decode = SimpleNamespace(forward_mode=SimpleNamespace(is_decode=lambda: True))
+    faults._wrong_request_rows((None, aux), decode)
+    assert aux[:, 0].tolist() == [1.0, 2.0, 0.0]
+    extend = SimpleNamespace(forward_mode=SimpleNamespace(is_decode=lambda: False))
+    faults._wrong_request_rows((None, aux), extend)
+    assert aux[:, 0].tolist() == [1.0, 2.0, 0.0]
