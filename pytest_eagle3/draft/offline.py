@@ -182,7 +182,9 @@ def evaluate_wirings(
         stacks: snapshot stacks ``[L+2, >= N_j, H]`` (reference layout) of ``examples``' tokens.
         ids: the contract's hs indices (``[0, 3, 5]``).
         norms: target input RMSNorm weights, for ``after-input-layernorm``.
-        names: wirings to evaluate (default :data:`~pytest_eagle3.draft.wiring.ALL_WIRINGS`).
+        names: wirings to evaluate (default :data:`~pytest_eagle3.draft.wiring.ALL_WIRINGS`);
+            ``after-input-layernorm`` is left out without ``norms``, ``embedding-replaced``
+            when ``ids`` has no embedding slot.
 
     Returns:
         ``{wiring: Quality}``.
@@ -192,6 +194,8 @@ def evaluate_wirings(
     names = list(names) if names is not None else list(ALL_WIRINGS)
     if norms is None:
         names = [n for n in names if n != "after-input-layernorm"]
+    if 0 not in list(ids):  # no embedding slot: "embedding-replaced" would be the correct wiring
+        names = [n for n in names if n != "embedding-replaced"]
     out = {}
     for name in names:
         auxes = miswired(name, stacks, ids, norms=norms, eps=eps, seed=seed)

@@ -163,6 +163,8 @@ def miswired(
 #: Relative frequency of each training-negative family in :func:`corrupt`.
 CORRUPTION_FAMILIES: dict[str, int] = {
     "other-layers": 2,      # some slots read another hs index (incl. +-1, the final prenorm)
+    "shifted-ids": 1,       # every id +1 or +2 (older SGLang's +1, a doubled +1)
+    "embedding-slot": 2,    # the hs[0] slot reads hs[1] or hs[2] (embedding capture missing)
     "permuted": 1,          # a non-identity slot permutation
     "normed": 1,            # some slots after the layer's input RMSNorm
     "no-residual": 1,       # some slots hold hs[i] - hs[i-1]
@@ -213,6 +215,16 @@ def corrupt(
     if family == "other-layers":
         new = list(ids)
         for k in some_slots():
+            choices = [i for i in range(L2) if i != ids[k]]
+            new[k] = choices[ri(len(choices))]
+        return aux_rows(snaps, new)
+    if family == "shifted-ids":
+        d = 1 + ri(2)
+        return aux_rows(snaps, [min(i + d, L2 - 1) for i in ids])
+    if family == "embedding-slot":
+        new = [(1 + ri(2)) if i == 0 else i for i in ids]
+        if new == ids:  # no embedding slot in this contract: read another layer instead
+            k = ri(K)
             choices = [i for i in range(L2) if i != ids[k]]
             new[k] = choices[ri(len(choices))]
         return aux_rows(snaps, new)
