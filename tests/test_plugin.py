@@ -32,7 +32,7 @@ def test_header_names_versions_and_sources(
     result = pytester.runpytest_subprocess("--tp", "2", "--sglang-arg", "log_level=debug")
     assert result.ret == 0
     result.stdout.fnmatch_lines([
-        "eagle3: sglang * at *",
+        "eagle3: sglang *",
         "eagle3: torch *, transformers *",
         "eagle3: device cpu (auto: CUDA_VISIBLE_DEVICES=''), tp 2 (from cli), target tiny-dsv3",
         f"eagle3: cache {tmp_path / 'cache'} (from env), startup timeout 600 s",
