@@ -12,7 +12,9 @@ fault over the union of those selections must pass: the control.
 One engine per inner run.  Kinds that need TP > 1 (a vocab shard, a rank's
 partial MLP sum, the attention-TP size) run at TP 2, the others at TP 1
 (``PYTEST_EAGLE3_FAULT_TP=2`` runs those at TP 2 too, except ``offset-missing``,
-whose id list exists at TP 1 only).
+whose id list exists at TP 1 only): :func:`pytest_eagle3.engine.faults.self_test_plan`.
+Measured on 2 shared cores: about 13-20 minutes in all (one engine per fault, the
+control three), most of it engine starts.
 """
 
 from __future__ import annotations
@@ -20,51 +22,20 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
 
 import pytest
 
-from pytest_eagle3.engine.faults import CATALOG, NEEDS_TP
+from pytest_eagle3.engine.faults import CATALOG, NEEDS_TP, self_test_plan
 from tests.inner_run import InnerRun, run_inner
 
 pytestmark = pytest.mark.e2e
 
-WIDE = "kimi-embedding-first"
 #: TP of the kinds that need none (1 by default; the env var forces 2).
 NO_TP = int(os.environ.get("PYTEST_EAGLE3_FAULT_TP", "1"))
 
 
-@dataclass(frozen=True)
-class Case:
-    """What runs for one fault and which tests must fail naming it."""
-
-    tp: int
-    tests: tuple[str, ...]  # packaged test ids (names with parameters) that must fail
-
-    def select(self) -> str:
-        return " or ".join(self.tests)
-
-
-def capture_order(tp: int, case: str = WIDE) -> str:
-    return f"test_capture_order[tp{tp}-{case}]"
-
-
-CASES: dict[str, Case] = {
-    # The id faults change layers_to_capture: the capture-order test sees every slot move.
-    "offset-twice": Case(NO_TP, (capture_order(NO_TP),)),
-    # [0, 3, 5] would become [-1, 2, 4]: SGLang's packer then crashes the scheduler at the
-    # first forward ("captured 2 of 3"), so use a list without 0: [1, 3, 4] -> [2, 4, 5] -> [1, 3, 4].
-    "offset-missing": Case(1, (capture_order(1, "specforge-default-ids"),)),
-    "ids-ignored": Case(NO_TP, (capture_order(NO_TP),)),
-    "reversed-order": Case(NO_TP, (capture_order(NO_TP),)),
-    "normalized-input": Case(NO_TP, (capture_order(NO_TP),)),
-    "no-residual": Case(NO_TP, (capture_order(NO_TP),)),
-    "unreduced-embedding": Case(2, (capture_order(2), f"test_embedding_rows_complete_on_every_shard[tp2-{WIDE}]")),
-    "partial-sum": Case(2, (capture_order(2), f"test_every_rank_fully_reduced[tp2-{WIDE}]")),
-    "dp-gather-scaled": Case(2, (capture_order(2),)),
-    # Rows of one decode forward of several requests: the batched path variant.
-    "wrong-request-rows": Case(NO_TP, (f"test_captures_identical_through_path[tp{NO_TP}-batch]",)),
-}
+#: kind -> (TP size, packaged tests that must fail naming it).
+CASES = self_test_plan(NO_TP)
 
 TIMES: dict[str, float] = {}
 
@@ -80,24 +51,24 @@ def _run(tmp_path, tests: tuple[str, ...], tp: int, fault: str | None) -> InnerR
 
 def test_catalog_is_covered() -> None:
     assert set(CASES) == set(CATALOG)
-    assert all(CASES[k].tp == 2 for k in NEEDS_TP)
+    assert all(CASES[k][0] == 2 for k in NEEDS_TP)
 
 
 @pytest.mark.parametrize("kind", sorted(CASES))
 def test_fault_is_caught_and_named(kind: str, tmp_path) -> None:
-    case = CASES[kind]
-    run = _run(tmp_path, case.tests, case.tp, kind)
+    tp, tests = CASES[kind]
+    run = _run(tmp_path, tests, tp, kind)
     assert run.returncode == 1, run.output[-4000:]
-    assert set(run.outcomes) == set(case.tests), (run.outcomes, run.output[-3000:])
-    for name in case.tests:
+    assert set(run.outcomes) == set(tests), (run.outcomes, run.output[-3000:])
+    for name in tests:
         assert run.outcomes[name] == "failed", (name, run.outcomes[name], run.output[-3000:])
         assert f"[{kind}]" in run.messages[name], run.messages[name][:4000]
 
 
 def test_no_fault_passes(tmp_path) -> None:
     """The control: the union of the selections above, without a fault, passes."""
-    tests = sorted({t for c in CASES.values() for t in c.tests})
-    tp = max(c.tp for c in CASES.values())
+    tests = sorted({t for _, names in CASES.values() for t in names})
+    tp = max(tp for tp, _ in CASES.values())
     run = _run(tmp_path, tuple(tests), tp, None)
     assert run.returncode == 0, run.output[-4000:]
     assert run.outcomes == {t: "passed" for t in tests}, run.output[-4000:]

@@ -150,3 +150,22 @@ def test_decode_rows_rotate_between_requests(monkeypatch) -> None:
     extend = SimpleNamespace(forward_mode=SimpleNamespace(is_decode=lambda: False))
     faults._wrong_request_rows((None, aux), extend)
     assert aux[:, 0].tolist() == [1.0, 2.0, 0.0]
+
+
+def test_self_test_plan_names_collected_suite_tests(tmp_path) -> None:
+    """Every test the self-test expects to fail exists in the packaged suite at its TP."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("sglang", exc_type=ImportError)
+    plan = faults.self_test_plan()
+    assert set(plan) == set(CATALOG)
+    assert all(plan[k][0] == 2 for k in faults.NEEDS_TP)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--pyargs", "pytest_eagle3.suite", "--tp", "2", "--device", "cpu",
+         "--collect-only", "-q", "-p", "no:cacheprovider"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    collected = {line.split("::", 1)[1] for line in proc.stdout.splitlines() if "::" in line}
+    wanted = {name for _, names in plan.values() for name in names}
+    assert wanted <= collected, (sorted(wanted - collected), proc.stdout[-2000:], proc.stderr[-2000:])

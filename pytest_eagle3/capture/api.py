@@ -124,8 +124,13 @@ def engine_config(install: SGLangInstall, settings: "Settings", *, model_path: s
     args = capture_server_args(install, list(ids) if ids is not None else None, draft_path=draft)
     args.update(extra_args or {})
     cuda = cuda_recipe_for(install, settings, facts) if settings.device == "cuda" else None
+    extra_env = {}
+    if getattr(settings, "fault", None):
+        from pytest_eagle3.engine.faults import FAULT_ENV
+
+        extra_env[FAULT_ENV] = str(settings.fault)
     return build_engine_config(install, model_path=model_path, tp=tp, device=settings.device,
-                               test_args=args, user_args=settings.sglang_args, cuda=cuda)
+                               test_args=args, user_args=settings.sglang_args, cuda=cuda, extra_env=extra_env)
 
 
 def cuda_recipe_for(install: SGLangInstall, settings: "Settings", facts: "TargetFacts | None") -> "CudaRecipe":

@@ -173,6 +173,7 @@ def build_engine_config(
     test_args: Mapping[str, Any] | None = None,
     user_args: Iterable[tuple[str, Any]] = (),
     cuda: "CudaRecipe | None" = None,
+    extra_env: Mapping[str, str] | None = None,
 ) -> EngineConfig:
     """Compose an engine: base args, then device defaults, the test's args, the user's.
 
@@ -213,6 +214,8 @@ def build_engine_config(
                                   == recipe.SPECULATIVE_ATTENTION))
     elif device == "cuda" and cuda is not None:
         args.update(cuda.args)
+    # A self-test fault (engine/faults.py) is part of the engine's env, so of its key.
+    env.update(extra_env or {})
     # The per-rank recorder, idle until a test enables it (engine/recorder_hook.py).
     env[HOOKS_ENV] = ",".join(x for x in (env.get(HOOKS_ENV), "record") if x)
     args.update(layers)

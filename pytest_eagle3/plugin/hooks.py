@@ -51,6 +51,7 @@ HEADER_LIBS = "eagle3: torch {torch}, transformers {transformers}"
 HEADER_RUN = "eagle3: device {device}, tp {tp}, target {target}"
 HEADER_CACHE = "eagle3: cache {cache}{rebuild}, startup timeout {timeout:g} s"
 HEADER_SGLANG_ARGS = "eagle3: sglang args {args}"
+HEADER_FAULT = "eagle3: FAULT INJECTION ON (self-test; the suite must fail): {fault}"
 HEADER_GPU_BLOCKS = "eagle3: gpu blocks of {tp}: {blocks} (one leased per pytest process; locks in {lock_dir})"
 
 MSG_GPU_NONE = (
@@ -128,6 +129,12 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
             timeout=settings.startup_timeout,
         )
     )
+    if settings.fault:
+        from pytest_eagle3.engine.faults import describe, read_fault
+
+        fault = read_fault({"PYTEST_EAGLE3_FAULT": settings.fault})
+        if fault is not None:
+            lines.append(HEADER_FAULT.format(fault=describe(fault)) + _src(settings, "fault"))
     if settings.sglang_args:
         args = " ".join(f"{k}={v!r}" for k, v in settings.sglang_args)
         lines.append(HEADER_SGLANG_ARGS.format(args=args) + _src(settings, "sglang_args"))

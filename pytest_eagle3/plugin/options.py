@@ -37,6 +37,25 @@ CAPTURE_METHODS = ("auto", "capture-only", "eagle3-draft")
 MSG_BAD_GATE = "{flag}: expected {what}, got {value!r}"
 
 
+def _resolve_fault(value: str | None, sources: dict[str, str]) -> str | None:
+    """``--eagle3-fault`` (else env ``PYTEST_EAGLE3_FAULT``), checked against the catalog.
+
+    Raises:
+        pytest.UsageError: unknown kind or bad JSON (one line).
+    """
+    from pytest_eagle3.engine.faults import FAULT_ENV, FaultError, read_fault
+
+    raw, source = (value, "cli") if value else (os.environ.get(FAULT_ENV) or None, "env")
+    if not raw:
+        return None
+    try:
+        read_fault({FAULT_ENV: raw})
+    except FaultError as exc:
+        raise pytest.UsageError(f"--eagle3-fault: {exc}") from None
+    sources["fault"] = source
+    return raw
+
+
 def parse_accept_length(value: str) -> float:
     """``--eagle3-min-accept-length``: a number >= 1 (tokens per verify; 1 = no draft token accepted)."""
     try:
@@ -138,6 +157,8 @@ class Settings:
             (:mod:`pytest_eagle3.plugin.bisect`).
         report: ``--eagle3-report FILE``: the JSON report (:mod:`pytest_eagle3.plugin.report`).
         capture_method: ``--eagle3-capture-method``: ``auto``, ``capture-only`` or ``eagle3-draft``.
+        fault: ``--eagle3-fault`` (or env ``PYTEST_EAGLE3_FAULT``): a fault to inject into every
+            engine (:mod:`pytest_eagle3.engine.faults`), as the env value; ``None``: none.
         min_accept_length, min_accept_rate: the acceptance gates (``None``: the draft's own).
     """
 
@@ -157,6 +178,7 @@ class Settings:
     bisect: bool = False
     report: Path | None = None
     capture_method: str = "auto"
+    fault: str | None = None
     min_accept_length: float | None = None
     min_accept_rate: float | None = None
 
@@ -323,6 +345,12 @@ def add_options(parser: pytest.Parser) -> None:
         help="acceptance gate: minimum accept rate (accepted / proposed drafts, 0..1); default: the draft's gate",
     )
     group.addoption(
+        "--eagle3-fault", dest="eagle3_fault", metavar="KIND|JSON", default=None,
+        help="self-test: inject a wiring fault into SGLang's own computation in every engine of "
+        "this run (pytest_eagle3/engine/faults.py CATALOG); the suite must then fail and name it. "
+        "Env PYTEST_EAGLE3_FAULT",
+    )
+    group.addoption(
         "--eagle3-bisect", dest="eagle3_bisect", action="store_true", default=False,
         help="git bisect run mode: run the smallest set of tests that decides (the wide case's "
         "engine at the smallest TP) and exit 0 (wiring good), 1 (a wiring assertion failed) or "
@@ -482,6 +510,7 @@ def resolve_settings(config: pytest.Config, *, validate: bool = True) -> Setting
         slow=bool(getattr(opt, "eagle3_slow", False)), plan=plan,
         bisect=bool(getattr(opt, "eagle3_bisect", False)),
         capture_method=str(getattr(opt, "eagle3_capture_method", "auto") or "auto"),
+        fault=_resolve_fault(getattr(opt, "eagle3_fault", None), sources) if validate else getattr(opt, "eagle3_fault", None),
         min_accept_length=getattr(opt, "eagle3_min_accept_length", None),
         min_accept_rate=getattr(opt, "eagle3_min_accept_rate", None),
         report=Path(getattr(opt, "eagle3_report")).expanduser() if getattr(opt, "eagle3_report", None) else None,

@@ -106,7 +106,7 @@ class ReportWriter:
             "pytest_eagle3": _version("pytest-eagle3"),
             "sglang": sglang_identity(),
             "run": {"device": settings.device, "tp": settings.tp, "target": settings.target,
-                    "exit_status": int(session.exitstatus), "bisect": bisect},
+                    "exit_status": int(session.exitstatus), "bisect": bisect, "fault": settings.fault},
             "engines": [{"name": e.description.split(" ", 1)[0], "args": e.description,
                          "ready_seconds": round(e.start_seconds, 1)} for e in run.engines],
             "tests": list(self.tests.values()),
