@@ -154,8 +154,10 @@ def test_draft_path_agrees_with_capture_only(eagle3_engine_request, eagle3_captu
     except Eagle3CaptureUnsupported as exc:
         pytest.skip(f"only the draft path here: {exc}")
     req = eagle3_engine_request
-    via_draft = [r.captures for r in eagle3_capture.speculate(req, eagle3_prompts, [1] * len(eagle3_prompts))]
-    only = eagle3_capture(list(req.ids) if req.ids is not None else None)
+    ids = list(req.ids) if req.ids is not None else None
+    # One token each: the prefill rows only, from the acceptance engine (same config as speculate()).
+    via_draft = eagle3_capture(ids, draft=req.draft)
+    only = eagle3_capture(ids)
     for i, (a, b) in enumerate(zip(via_draft, only)):
         agreement = compare_captures(a, b)
         if not agreement.ok(rel_tol=tolerance(eagle3_settings)):
