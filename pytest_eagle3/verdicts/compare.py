@@ -25,6 +25,7 @@ from typing import Callable, Any
 
 import pytest
 
+from pytest_eagle3.verdicts.shards import VOCAB_PADDING, vocab_shard, vocab_shard_ranges  # noqa: F401
 from pytest_eagle3.verdicts.snapshots import describe, label
 
 #: A slot whose best match is farther than this (and than ``2 * tol``) "matches no snapshot".
@@ -64,8 +65,6 @@ EMB_OFF_ROW = (
 EMB_MORE = "... and {n} more rows (-v lists them all)"
 EMB_MAX_LINES = 8
 
-#: SGLang ``DEFAULT_VOCAB_PADDING_SIZE`` (sglang/srt/layers/vocab_parallel_embedding.py).
-VOCAB_PADDING = 64
 
 
 def fmt_err(x: float) -> str:
@@ -343,37 +342,6 @@ def slot_errors(captured: Any, reference: Any, hidden_size: int) -> list[list[fl
 
 
 # --- embedding completeness ---
-
-
-def vocab_shard_ranges(vocab_size: int, tp: int) -> list[tuple[int, int]]:
-    """Token-id range ``[start, end)`` each TP rank's ``VocabParallelEmbedding`` holds.
-
-    SGLang 0.5.23, ``sglang/srt/layers/vocab_parallel_embedding.py``: the
-    vocabulary is padded to a multiple of ``DEFAULT_VOCAB_PADDING_SIZE = 64``
-    (``pad_vocab_size``); when that padded size is not divisible by ``tp_size``
-    the padding becomes ``64 * tp_size`` (``VocabParallelEmbedding.__init__``);
-    rank ``r`` holds padded ids ``[r * P / tp, (r+1) * P / tp)``
-    (``vocab_range_from_global_vocab_size``), clipped to the real vocabulary
-    (``_get_indices``).  With ``SGLANG_ENABLE_EMBED_REPLICATION`` every rank holds
-    the whole table and there is no embedding all-reduce.
-    """
-    padding = VOCAB_PADDING
-    if _pad(vocab_size, padding) % tp:
-        padding *= tp
-    per_rank = _pad(vocab_size, padding) // tp
-    return [(min(r * per_rank, vocab_size), min((r + 1) * per_rank, vocab_size)) for r in range(tp)]
-
-
-def vocab_shard(token_id: int, vocab_size: int, tp: int) -> int | None:
-    """TP rank whose embedding shard holds ``token_id``; ``None`` outside the vocabulary."""
-    for rank, (start, end) in enumerate(vocab_shard_ranges(vocab_size, tp)):
-        if start <= token_id < end:
-            return rank
-    return None
-
-
-def _pad(n: int, to: int) -> int:
-    return (n + to - 1) // to * to
 
 
 @dataclass(frozen=True)

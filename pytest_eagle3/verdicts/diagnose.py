@@ -298,7 +298,7 @@ def _zero_rows(slot: "torch.Tensor", reference: "torch.Tensor", expected: int, e
     """Some rows exact zeros, the others right: an embedding before its all-reduce."""
     import torch
 
-    from pytest_eagle3.verdicts.compare import vocab_shard, vocab_shard_ranges
+    from pytest_eagle3.verdicts.shards import vocab_shard, vocab_shard_ranges
 
     zero = (slot == 0).all(dim=-1)
     n_zero = int(zero.sum())
