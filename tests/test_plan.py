@@ -306,3 +306,28 @@ def test_minus_m_gpu_tp8_plans_every_gpu_test_with_the_cuda_recipe(pytester: pyt
     assert "left out: acceptance needs a trained EAGLE-3 draft: target gpu-dsv3 ships none" in out
     assert "--dtype bfloat16" in out and "--disable-cuda-graph" not in out
     assert "run with --eagle3-slow" not in out
+
+
+@needs_sglang
+def test_acceptance_engine_sorts_next_to_the_capture_engine_of_its_ids(pytester: pytest.Pytester) -> None:
+    """With one engine alive at a time, the test that compares the draft path with
+    capture-only (acceptance engine, then the wide case's engine) must sit between
+    the acceptance tests and the wide case's tests, so neither engine starts twice
+    (CI of session 2: the wide case's TP 1 engine started twice)."""
+    result = pytester.runpytest_subprocess(
+        "--pyargs", "pytest_eagle3.suite", "--tp", "2", "--device", "cpu", "--collect-only", "-q",
+        f"--eagle3-cache={CACHE}", "-p", "no:cacheprovider",
+    )
+    ids = [line.split("::", 1)[1] for line in result.stdout.lines if "::" in line]
+    assert result.ret == 0 and ids, result.stdout.str() + result.stderr.str()
+    agree = ids.index("test_draft_path_agrees_with_capture_only[tp1-acceptance]")
+    acceptance = [i for i, name in enumerate(ids) if name.endswith("[tp1-acceptance]")]
+    assert acceptance == list(range(agree - len(acceptance) + 1, agree + 1)), ids
+    wide_engine = {"[tp1-kimi-embedding-first]", "[tp1-plain]", "[tp1-decode]", "[tp1-batch]"}
+    assert any(ids[agree + 1].endswith(tag) for tag in wide_engine), ids
+    # Every engine group is contiguous: no group resumes after another started.
+    wide_names = {tag.split("-", 1)[1] for tag in wide_engine}
+    tags = [name[name.index("[tp") + 1:-1].split("-", 1) for name in ids if "[tp" in name]
+    keys = [(tp, "wide" if rest + "]" in wide_names else rest) for tp, rest in tags]
+    groups = [k for i, k in enumerate(keys) if i == 0 or keys[i - 1] != k]
+    assert len(groups) == len(set(groups)), groups
