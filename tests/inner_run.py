@@ -9,13 +9,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
 import pytest
 
+from pytest_eagle3.cli.selftest import parse_junit
 from pytest_eagle3.plugin.options import default_cache_dir
 
 INNER_TIMEOUT_S = 40 * 60
@@ -29,25 +29,6 @@ class InnerRun:
     outcomes: dict[str, str]  # test name (with params) -> passed/failed/skipped/xfailed/error
     messages: dict[str, str]  # test name -> failure/skip message
     mark: str  # value of RUN_MARK in the inner run's environment
-
-
-def parse_junit(path: Path) -> tuple[dict[str, str], dict[str, str]]:
-    outcomes: dict[str, str] = {}
-    messages: dict[str, str] = {}
-    for case in ET.parse(path).getroot().iter("testcase"):
-        name = case.get("name", "")
-        outcome, message = "passed", ""
-        for tag in ("failure", "error", "skipped"):
-            node = case.find(tag)
-            if node is not None:
-                outcome = {"failure": "failed"}.get(tag, tag)
-                if tag == "skipped" and node.get("type") == "pytest.xfail":
-                    outcome = "xfailed"
-                message = (node.get("message") or "") + "\n" + (node.text or "")
-                break
-        outcomes[name] = outcome
-        messages[name] = message
-    return outcomes, messages
 
 
 def run_inner(work: Path, args: Sequence[str], files: Mapping[str, str] = {},

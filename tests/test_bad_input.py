@@ -370,7 +370,8 @@ def exits_during_startup(self, progress=None):
 @pytest.fixture(scope="session")
 def pool(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(server.SGLangServer, "start", exits_during_startup)
+        mp.setattr(server.SGLangServer, "spawn", lambda self: self)
+        mp.setattr(server.SGLangServer, "wait_ready", exits_during_startup)
         yield EnginePool(log_dir=tmp_path_factory.mktemp("sglang-logs"))
 
 
@@ -417,3 +418,21 @@ def test_bad_target_under_xdist(pytester: pytest.Pytester, tmp_path: Path) -> No
                        conftest=XDIST_STUB_SGLANG)
     message = UNKNOWN_TARGET_MSG.format(value="no-such-preset", known=", ".join(list_presets()))
     assert_each_setup_error_is(result, f"Eagle3ConfigError: {message}")
+
+
+@pytest.mark.parametrize(("name", "text", "error"), [
+    ("p.json", "{not json", "not JSON: "),
+    ("p.json", '{"prompts": 3}', 'expected {"prompts": [...]} or a JSON list of prompts'),
+    ("p.json", '{"prompts": []}', "no prompts"),
+    ("p.json", '{"prompts": [[1, 2], [3, -1]]}', "prompt 1 must be a non-empty list of non-negative token ids or text"),
+    ("p.json", '[[1, 2], [3, 999999]]', "prompt 1 has id 999999 >= the target's vocab_size 2048"),
+    ("p.txt", "hello world\n", "prompt 0 is text, but the target (a synthetic preset) has no tokenizer"),
+])
+def test_bad_prompts_file_is_one_line_before_any_engine(pytester: pytest.Pytester, tmp_path: Path,
+                                                         name: str, text: str, error: str) -> None:
+    prompts = tmp_path / name
+    prompts.write_text(text)
+    result = run_suite(pytester, tmp_path / "cache", "--eagle3-prompts", str(prompts))
+    line = next((x for x in result.errlines if x.startswith("ERROR: ")), output(result))
+    assert line.startswith(f"ERROR: --eagle3-prompts: prompts file {prompts} is invalid: ") and error in line, line
+    assert_usage_error(result, line[len("ERROR: "):])

@@ -52,6 +52,24 @@ def test_inspect_fix_is_what_sglang_captures(eagle3_case, eagle3_capture, eagle3
     report = compare_slots(cap.prefill, eagle3_reference[0], expected=contract,
                            num_layers=L, hidden_size=H, tol=1e-3)
     fail_if_bad(report)
+
+
+@pytest.mark.tp(1)
+@pytest.mark.parametrize("eagle3_case", ["kimi-embedding-first"])
+def test_server_info_proves_the_plain_path(eagle3_case, eagle3_capture, eagle3_model_config, eagle3_sglang):
+    """The path proof on the real engine's /server_info: the plain engine returns
+    every prompt row, and a variant flag this engine does not have is named."""
+    from pytest_eagle3.capture.declare import EngineRequest
+    from pytest_eagle3.engine.variants import path_not_taken, prefill_rows
+
+    f = eagle3_model_config
+    ids = tuple(cases.resolve(eagle3_case, f.num_layers, f.hidden_size, eagle3_sglang.version).ids)
+    caps = eagle3_capture(list(ids))
+    info = eagle3_capture.server_info(EngineRequest(ids=ids))
+    assert [c.prefill.shape[0] for c in caps] == [prefill_rows(len(c.prompt), info) for c in caps]
+    assert path_not_taken("plain", {"disable_radix_cache": True}, info) is None
+    msg = path_not_taken("chunked-prefill", {"chunked_prefill_size": 8}, info)
+    assert msg is not None and "but SGLang's /server_info reports chunked_prefill_size=" in msg, msg
 '''
 
 #: Per-rank detectors must fire on a deliberately wrong tensor recorded inside a
@@ -230,6 +248,11 @@ def test_faults_stay_in_the_recorder(inner: InnerRun) -> None:
     a partial sum in slot 1, the slot check fails under a broken embedding."""
     assert inner.outcomes[f"test_fault_fires[slots-unreduced-embedding-{WIDE}]"] == "failed"
     assert inner.outcomes[f"test_fault_fires[embedding-partial-sum-{WIDE}]"] == "passed"
+
+
+def test_path_proof_reads_the_real_server_info(inner: InnerRun) -> None:
+    name = "test_server_info_proves_the_plain_path[kimi-embedding-first]"
+    assert inner.outcomes[name] == "passed", inner.messages[name]
 
 
 def test_inspect_fix_confirmed_by_the_engine(inner: InnerRun) -> None:

@@ -328,8 +328,11 @@ class FakeServer:
     def alive(self) -> bool:
         return not self.stopped
 
-    def start(self, progress=None):
+    def spawn(self):
         FakeServer.started.append(self)
+        return self
+
+    def wait_ready(self, progress=None):
         return self
 
     def stop(self):

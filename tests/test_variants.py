@@ -257,3 +257,30 @@ def test_reduced_dsv3_has_production_widths() -> None:
     dims = Dims.from_config(cfg)
     assert [dims.is_moe(i) for i in range(dims.layers)] == [False, True, True, True]
     assert cache_key(spec) != cache_key(resolve_target("tiny-dsv3"))  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("T", "info", "repeat", "rows"), [
+    (13, {"chunked_prefill_size": 4096, "disable_radix_cache": True, "page_size": 1}, 1, 13),
+    (13, {"chunked_prefill_size": 8, "disable_radix_cache": True, "page_size": 1}, 1, 5),
+    (16, {"chunked_prefill_size": 8, "disable_radix_cache": True, "page_size": 1}, 1, 8),
+    (9, {"chunked_prefill_size": 8, "disable_radix_cache": True, "page_size": 1}, 1, 1),
+    (13, {"chunked_prefill_size": -1, "disable_radix_cache": True, "page_size": 1}, 1, 13),
+    (13, {"chunked_prefill_size": 4096, "disable_radix_cache": False, "page_size": 1}, 2, 1),
+    (13, {"chunked_prefill_size": 4096, "disable_radix_cache": False, "page_size": 64}, 2, 13),
+    (70, {"chunked_prefill_size": 4096, "disable_radix_cache": False, "page_size": 64}, 2, 6),
+    (13, {"chunked_prefill_size": 4096, "disable_radix_cache": False, "page_size": 1}, 1, 13),
+    (13, {"chunked_prefill_size": 4096, "disable_radix_cache": True, "page_size": 1}, 2, 13),
+])
+def test_prefill_rows_follow_the_engines_resolved_settings(T, info, repeat, rows) -> None:
+    assert V.prefill_rows(T, info, repeat=repeat) == rows
+
+
+def test_a_flag_sglang_resolved_away_means_the_path_was_not_taken() -> None:
+    info = {"chunked_prefill_size": 4096, "enable_dp_attention": True, "dp_size": 2, "disable_cuda_graph": True}
+    assert V.path_not_taken("dp-attention", {"enable_dp_attention": True, "dp_size": 2}, info) is None
+    assert V.path_not_taken("x", {"not_reported": 3}, info) is None
+    msg = V.path_not_taken("chunked-prefill", {"chunked_prefill_size": 8}, info)
+    assert msg == ("chunked-prefill: path not taken: the engine was started with chunked_prefill_size=8, but "
+                   "SGLang's /server_info reports chunked_prefill_size=4096 (it resolved the flag away; "
+                   "nothing was verified)")
+    assert "disable_cuda_graph=True" in V.path_not_taken("cuda-graph-on", {"disable_cuda_graph": False}, info)

@@ -7,6 +7,8 @@ Subcommands:
   draft ids will capture on a ``--layers``-layer target.
 * ``inspect``: a draft checkpoint's training contract against what an SGLang
   version captures for it, with a verdict and a fix (``preflight.py``).
+* ``self-test``: the packaged suite run once per fault injected into the
+  installed SGLang, and once clean (``selftest.py``; this one starts engines).
 
 Exit codes: 0 success, 1 a check failed, 2 usage error (argparse) or an
 environment problem (SGLang missing).  Usage errors are one line on stderr.
@@ -20,6 +22,7 @@ from typing import Sequence
 
 from pytest_eagle3.errors import Eagle3Error
 from pytest_eagle3.cli.inspect import add_inspect_parser, cmd_inspect
+from pytest_eagle3.cli.selftest import add_self_test_parser, cmd_self_test
 
 
 def _ids(value: str) -> list[int]:
@@ -40,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--layers", type=int, default=None, help="target layer count L (needed with --ids)")
     info.add_argument("--cache", default=None, help="cache dir for the SGLang flag probe (default: none)")
     add_inspect_parser(sub)
+    add_self_test_parser(sub)
     return parser
 
 
@@ -80,6 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_info(args)
         if args.command == "inspect":
             return cmd_inspect(args)
+        if args.command == "self-test":
+            return cmd_self_test(args)
     except Eagle3Error as exc:
         print(f"pytest-eagle3: {exc}", file=sys.stderr)
         return 2

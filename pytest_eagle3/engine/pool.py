@@ -5,7 +5,14 @@ every later test with the same config.  At most ``max_alive`` engines run at
 once (default 1: on a 2-core CPU machine an idle SGLang scheduler still
 competes for cores), the least recently used is stopped first, and every
 engine is stopped when the pool closes (session end, Ctrl-C, xdist worker
-exit).  A config that failed to start fails fast for later tests with the same
+exit).  With ``upcoming`` (the run's engines in the order its tests use
+them, from the plan), the pool starts the next engine in the background
+while the current one starts and serves its tests (prefetch): engine starts
+are mostly single-threaded Python imports, so on 2 cores two overlap well.  A
+prefetch happens only when the free memory covers the next engine
+(:data:`PREFETCH_GIB_BASE` + :data:`PREFETCH_GIB_PER_RANK` x TP, with margin),
+and never on ``--device cuda`` (two engines would share the GPU memory
+budget).  A config that failed to start fails fast for later tests with the same
 error instead of waiting for another timeout.  On ``--device cuda`` every
 engine of the pool runs on one block of GPUs leased for the pool's lifetime
 (:mod:`pytest_eagle3.engine.lease`): leased at the first start, released by
@@ -15,10 +22,11 @@ engine of the pool runs on one block of GPUs leased for the pool's lifetime
 from __future__ import annotations
 
 import atexit
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from pytest_eagle3.engine.config import EngineConfig
 from pytest_eagle3.engine.lease import GpuLeaser
@@ -30,6 +38,13 @@ from pytest_eagle3.errors import Eagle3EngineError
 #: line of its error; the full error with the log tail is in the report of the
 #: first test that used it.
 FAILED_BEFORE = "{error} [failed earlier in this run; its log tail is in the first failing test's report]"
+
+#: Peak RSS of a CPU engine's process tree is about BASE + PER_RANK x TP GiB
+#: (measured by benchmarks/bench_core.py: TP 1 3.3, TP 2 4.5, TP 4 6.8, TP 8 11.5).
+PREFETCH_GIB_BASE = 2.0
+PREFETCH_GIB_PER_RANK = 1.2
+#: Free memory must exceed the next engine's estimate by this factor to prefetch it.
+PREFETCH_MARGIN = 1.5
 
 
 @dataclass
@@ -45,7 +60,13 @@ class EnginePool:
     #: ``--device cuda``: this process's GPU block, leased at the first start and
     #: released by :meth:`close` (``None`` on cpu: no lease).
     lease: "GpuLeaser | None" = None
+    #: The run's engines in the order its tests use them (prefetch); empty: no prefetch.
+    upcoming: Sequence[EngineConfig] = ()
+    #: Results of deterministic runs, shared by the tests that read them (the
+    #: capture runner's speculative decoding), for the pool's lifetime.
+    results: dict = field(default_factory=dict)
     _alive: "OrderedDict[EngineConfig, SGLangServer]" = field(default_factory=OrderedDict)
+    _starting: dict[EngineConfig, SGLangServer] = field(default_factory=dict)
     _failed: dict[EngineConfig, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -70,6 +91,25 @@ class EnginePool:
         while len(self._alive) >= self.max_alive:
             _, oldest = self._alive.popitem(last=False)
             oldest.stop()
+        # A prefetched server that died while starting fails in wait_ready, with its log.
+        prefetched = self._starting.pop(config, None)
+        server = prefetched or self._spawn(config)
+        self._prefetch_after(config)
+        t0 = time.monotonic()
+        try:
+            server.wait_ready(progress=self.progress)
+        except Eagle3EngineError as exc:
+            self._failed[config] = str(exc)
+            raise
+        if self.progress:
+            waited = f" (prefetched: this run waited {time.monotonic() - t0:.0f} s for it)" if prefetched else ""
+            self.progress(f"SGLang {config.name} ready in {server.startup_seconds:.0f} s{waited}")
+        self._alive[config] = server
+        if self.on_start is not None:
+            self.on_start(config, server)
+        return server
+
+    def _spawn(self, config: EngineConfig, *, background: bool = False) -> SGLangServer:
         env = {**config.env_dict(), RECORD_DIR_ENV: str(self.record_dir(config))}
         args = config.args()
         if self.lease is not None:
@@ -83,18 +123,22 @@ class EnginePool:
         )
         if self.progress:
             where = f" on {self.lease.describe()}" if self.lease is not None else ""
-            self.progress(f"starting SGLang {config.describe()}{where} (log: {server.log_path})")
-        try:
-            server.start(progress=self.progress)
-        except Eagle3EngineError as exc:
-            self._failed[config] = str(exc)
-            raise
-        if self.progress:
-            self.progress(f"SGLang {config.name} ready in {server.startup_seconds:.0f} s")
-        self._alive[config] = server
-        if self.on_start is not None:
-            self.on_start(config, server)
-        return server
+            when = " in the background (the next engine of this run)" if background else ""
+            self.progress(f"starting SGLang {config.describe()}{where}{when} (log: {server.log_path})")
+        return server.spawn()
+
+    def _prefetch_after(self, config: EngineConfig) -> None:
+        """Spawn the engine that follows ``config`` in :attr:`upcoming`, if any,
+        not running, not failed, and the free memory covers it."""
+        if self.lease is not None or self._starting or config not in self.upcoming:
+            return
+        i = list(self.upcoming).index(config)
+        nxt = next((c for c in list(self.upcoming)[i + 1:] if c != config), None)
+        if nxt is None or nxt in self._alive or nxt in self._starting or nxt in self._failed:
+            return
+        if not enough_memory_for(nxt.tp):
+            return
+        self._starting[nxt] = self._spawn(nxt, background=True)
 
     def record_dir(self, config: EngineConfig) -> Path:
         """Where the engine's per-rank recorder writes (``rank<r>/`` inside)."""
@@ -105,8 +149,19 @@ class EnginePool:
 
     def close(self) -> None:
         """Stop every running engine (idempotent)."""
+        while self._starting:
+            _, server = self._starting.popitem()
+            server.stop()
         while self._alive:
             _, server = self._alive.popitem()
             server.stop()
         if self.lease is not None:
             self.lease.release()
+
+
+def enough_memory_for(tp: int) -> bool:
+    """Whether the free memory covers one more CPU engine at ``tp`` (with margin)."""
+    import psutil
+
+    need = (PREFETCH_GIB_BASE + PREFETCH_GIB_PER_RANK * tp) * PREFETCH_MARGIN * 2**30
+    return psutil.virtual_memory().available >= need

@@ -164,8 +164,18 @@ class SGLangServer:
         return argv
 
     def start(self, progress: Callable[[str], None] | None = None) -> "SGLangServer":
+        """Spawn the server and wait until ``/health`` answers (see :meth:`spawn`,
+        :meth:`wait_ready`)."""
         if self.alive:
             return self
+        self.spawn()
+        return self.wait_ready(progress)
+
+    def spawn(self) -> "SGLangServer":
+        """Start the server process without waiting for it (a no-op when it runs)."""
+        if self.proc is not None and self.proc.poll() is None:
+            return self
+        self.startup_seconds = None
         self.port = free_port(self.host)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.env}
@@ -185,12 +195,25 @@ class SGLangServer:
         from pytest_eagle3.engine.reaper import spawn
 
         self._reaper = spawn(self.proc.pid)
+        self._t0 = t0
+        return self
+
+    def wait_ready(self, progress: Callable[[str], None] | None = None) -> "SGLangServer":
+        """Wait for a spawned server's ``/health``; ``startup_seconds`` counts from the spawn.
+
+        Raises:
+            Eagle3EngineError: the server exited or timed out (it is stopped).
+        """
+        if self.startup_seconds is not None and self.alive:
+            return self
+        if self.proc is None:
+            raise RuntimeError(f"{self!r} was never spawned")
         try:
-            self._wait_ready(t0, progress)
+            self._wait_ready(self._t0, progress)
         except BaseException:
             self.stop()
             raise
-        self.startup_seconds = time.monotonic() - t0
+        self.startup_seconds = time.monotonic() - self._t0
         return self
 
     def _wait_ready(self, t0: float, progress: Callable[[str], None] | None) -> None:

@@ -428,6 +428,46 @@ VARIANTS: tuple[Variant, ...] = (
 )
 
 
+def prefill_rows(prompt_len: int, server_info: Mapping[str, Any], *, repeat: int = 1) -> int:
+    """Prefill rows SGLang returns for the last of ``repeat`` sends of a
+    ``prompt_len``-token prompt, from the engine's own resolved settings
+    (``/server_info``: ``chunked_prefill_size``, ``disable_radix_cache``,
+    ``page_size``), as measured on sglang 0.5.23 (module docstring):
+
+    * a radix-cache hit (cache on, ``repeat > 1``) returns the uncached tail:
+      the matched prefix is ``page_size * ((T - 1) // page_size)`` tokens
+      (``Req._compute_max_prefix_len``);
+    * chunked prefill returns the last chunk: ``T - C * ((T - 1) // C)`` rows;
+    * otherwise all ``T`` rows.
+    """
+    T = int(prompt_len)
+    page = max(1, int(server_info.get("page_size") or 1))
+    if repeat > 1 and not server_info.get("disable_radix_cache", True):
+        return T - page * ((T - 1) // page)
+    chunk = server_info.get("chunked_prefill_size")
+    if chunk is not None and int(chunk) > 0:
+        return T - int(chunk) * ((T - 1) // int(chunk))
+    return T
+
+
+MSG_PATH_OFF = ("{variant}: path not taken: the engine was started with {asked}, but SGLang's "
+                "/server_info reports {got} (it resolved the flag away; nothing was verified)")
+
+
+def path_not_taken(variant: str, server_args: Mapping[str, Any], server_info: Mapping[str, Any]) -> str | None:
+    """Why the engine did not enter the variant's path, from ``/server_info``
+    (SGLang's resolved server args, ``build_server_info`` in
+    ``srt/utils/common.py``), or ``None`` when every server arg the variant set
+    is in effect.  An arg ``/server_info`` does not report is not judged."""
+    for name, asked in server_args.items():
+        if name not in server_info:
+            continue
+        got = server_info[name]
+        if got != asked and not (isinstance(asked, bool) and bool(got) == asked):
+            return MSG_PATH_OFF.format(variant=variant, asked=f"{name}={asked!r}", got=f"{name}={got!r}")
+    return None
+
+
 def variant_names() -> list[str]:
     return [v.name for v in VARIANTS]
 

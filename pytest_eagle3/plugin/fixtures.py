@@ -112,8 +112,20 @@ def eagle3_model_config(eagle3_checkpoint: Path, eagle3_settings: Settings) -> "
 
 
 @pytest.fixture(scope="session")
-def eagle3_prompts(eagle3_model_config: "TargetFacts") -> list[list[int]]:
-    """Token-id prompts (``fixtures/prompts.json``), ids spread over every vocab shard."""
+def eagle3_prompts(eagle3_model_config: "TargetFacts", eagle3_settings: Settings,
+                   eagle3_checkpoint: Path) -> list[list[int]]:
+    """Token-id prompts: ``--eagle3-prompts FILE`` (text tokenized by the target's
+    tokenizer), else the packaged ``fixtures/prompts.json`` (ids spread over every
+    vocab shard).
+
+    Raises:
+        Eagle3ConfigError: a bad prompts file (normally caught before the run).
+    """
+    if eagle3_settings.prompts is not None:
+        from pytest_eagle3.target.prompts import load_prompts as load_user_prompts
+
+        return load_user_prompts(eagle3_settings.prompts, vocab_size=eagle3_model_config.vocab_size,
+                                 tokenizer_dir=eagle3_checkpoint)
     from pytest_eagle3.target.spec import load_prompts
 
     return load_prompts(vocab_size=eagle3_model_config.vocab_size)
@@ -161,8 +173,9 @@ def eagle3_gpu_lease(eagle3_settings: Settings, pytestconfig: pytest.Config,
 
 
 @pytest.fixture(scope="session")
-def eagle3_engine_pool(eagle3_settings: Settings, pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory,
-                       eagle3_gpu_lease: "GpuLeaser | None") -> Iterator["EnginePool"]:
+def eagle3_engine_pool(request: pytest.FixtureRequest, eagle3_settings: Settings, pytestconfig: pytest.Config,
+                       tmp_path_factory: pytest.TempPathFactory, eagle3_gpu_lease: "GpuLeaser | None",
+                       eagle3_sglang: "SGLangInstall") -> Iterator["EnginePool"]:
     """Running SGLang servers, one per engine config, reused across tests."""
     from pytest_eagle3.engine.pool import EnginePool
 
@@ -177,12 +190,24 @@ def eagle3_engine_pool(eagle3_settings: Settings, pytestconfig: pytest.Config, t
         progress=progress_writer(pytestconfig),
         on_start=on_start,
         lease=eagle3_gpu_lease,
+        upcoming=_engine_order(request.session, eagle3_settings, eagle3_sglang),
     )
     yield pool
     try:
         pool.close()
     except Exception as exc:  # teardown problems are warnings, not errors
         warnings.warn(f"pytest-eagle3: stopping SGLang engines failed: {exc}", stacklevel=1)
+
+
+def _engine_order(session: pytest.Session, settings: Settings, install: "SGLangInstall") -> "list[EngineConfig]":
+    """The run's engines in the order its (engine-sorted) tests use them, from the
+    same mapping ``--eagle3-plan`` prints; empty (no prefetch) on cuda, under
+    pytest-xdist (a worker runs only some of the items) or with ``--eagle3-no-prefetch``."""
+    if not settings.prefetch or settings.device != "cpu" or hasattr(session.config, "workerinput"):
+        return []
+    from pytest_eagle3.plugin.plan import build_plan
+
+    return [engine.config for engine in build_plan(session.items, settings, install=install).engines]
 
 
 @pytest.fixture
@@ -226,11 +251,22 @@ class CaptureRunner:
                      batch=request.batch, draft=request.draft) for _ in range(max(1, request.repeat))]
         return runs[-1]
 
+    def server_info(self, request: "EngineRequest") -> dict[str, Any]:
+        """``/server_info`` of ``request``'s engine: the server args as SGLang
+        resolved them plus its scheduler info (read once per engine)."""
+        server = self._server(request.ids, request.extra_args, request.draft)
+        info = getattr(server, "_eagle3_server_info", None)
+        if info is None:
+            info = server.server_info()
+            server._eagle3_server_info = info
+        return info
+
     def speculate(self, request: "EngineRequest", prompts: Sequence[Sequence[int]],
                   max_new_tokens: Sequence[int]) -> "list[DraftPathCaptures]":
         """Greedy speculative decoding of ``prompts`` on the engine of ``request``
         (which loads a draft): each request's output, captures and speculative
-        metrics (:mod:`pytest_eagle3.capture.draft_path`).
+        metrics (:mod:`pytest_eagle3.capture.draft_path`).  Run once per engine,
+        prompts and lengths in a session; later calls return the same results.
 
         Raises:
             Eagle3Error: the engine did not run speculative decoding (no metrics).
@@ -239,10 +275,16 @@ class CaptureRunner:
 
         assert request.draft is not None, "speculate() needs a request that loads a draft"
         server = self._server(request.ids, request.extra_args, request.draft)
-        out = []
-        for prompt, n in zip(prompts, max_new_tokens):
-            out += capture_draft_path(server, [prompt], decode_steps=max(0, int(n) - 1))
-        return out
+        assert self.last_config is not None
+        # Greedy decoding on one engine is deterministic: the tests that read the
+        # same run (the gate, its power check) share it instead of decoding twice.
+        key = ("speculate", self.last_config, tuple(map(tuple, prompts)), tuple(int(n) for n in max_new_tokens))
+        if key not in self.pool.results:
+            out = []
+            for prompt, n in zip(prompts, max_new_tokens):
+                out += capture_draft_path(server, [prompt], decode_steps=max(0, int(n) - 1))
+            self.pool.results[key] = out
+        return list(self.pool.results[key])
 
     def __call__(self, layer_ids: Sequence[int] | None, *, prompts: Sequence[Sequence[int]] | None = None,
                  decode_steps: int = 0, extra_args: Mapping[str, Any] | None = None,

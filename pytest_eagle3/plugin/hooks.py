@@ -292,12 +292,13 @@ def check_gpu_selection(config: pytest.Config, settings: options.Settings) -> No
 
 
 def check_target(settings: options.Settings) -> None:
-    """Resolve the target (JSON only, no torch) and check ``--tp`` against its heads.
+    """Resolve the target (JSON only, no torch), check ``--tp`` against its heads
+    and ``--eagle3-prompts`` against its vocabulary (and tokenizer, for text).
 
     Raises:
         pytest.UsageError: one line: unknown preset, directory without
-            ``config.json``, bad spec, ``--tp`` not dividing the heads, or an
-            unwritable default cache.
+            ``config.json``, bad spec, ``--tp`` not dividing the heads, a bad
+            prompts file, or an unwritable default cache.
     """
     from pytest_eagle3.target.spec import resolve_target
 
@@ -308,6 +309,15 @@ def check_target(settings: options.Settings) -> None:
     problem = options.check_tp_divides(settings.tp, target.facts.num_attention_heads)
     if problem:
         raise pytest.UsageError(problem)
+    if settings.prompts is not None:
+        from pytest_eagle3.target.prompts import load_prompts
+        from pytest_eagle3.target.spec import LocalTarget
+
+        try:
+            load_prompts(settings.prompts, vocab_size=target.facts.vocab_size,
+                         tokenizer_dir=target.path if isinstance(target, LocalTarget) else None)
+        except Eagle3Error as exc:
+            raise pytest.UsageError(f"--eagle3-prompts: {exc}") from None
     options.check_cache(settings)
 
 

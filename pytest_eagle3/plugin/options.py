@@ -160,6 +160,10 @@ class Settings:
         fault: ``--eagle3-fault`` (or env ``PYTEST_EAGLE3_FAULT``): a fault to inject into every
             engine (:mod:`pytest_eagle3.engine.faults`), as the env value; ``None``: none.
         min_accept_length, min_accept_rate: the acceptance gates (``None``: the draft's own).
+        prompts: ``--eagle3-prompts FILE``: the prompts every engine is sent instead of the
+            packaged ones (token ids or text: :mod:`pytest_eagle3.target.prompts`).
+        prefetch: on cpu, start the run's next engine while the current one starts
+            and serves (``--eagle3-no-prefetch`` turns it off; :mod:`pytest_eagle3.engine.pool`).
     """
 
     tp: int = 1
@@ -181,6 +185,8 @@ class Settings:
     fault: str | None = None
     min_accept_length: float | None = None
     min_accept_rate: float | None = None
+    prefetch: bool = True
+    prompts: Path | None = None
 
     def source(self, name: str) -> str:
         """Where ``name`` came from; ``"default"`` when unknown."""
@@ -299,6 +305,17 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption(
         "--eagle3-slow", dest="eagle3_slow", action="store_true", default=False,
         help="also run tests marked slow (path variants with an engine of their own, TP 8 on cpu)",
+    )
+    group.addoption(
+        "--eagle3-prompts", dest="eagle3_prompts", metavar="FILE", default=None,
+        help="prompts to send instead of the packaged ones: JSON {\"prompts\": [[ids...] | \"text\", ...]} "
+        "or a text file, one prompt per line (text needs the target's tokenizer); used by the capture "
+        "tests and by the acceptance test of a draft without continuations.json",
+    )
+    group.addoption(
+        "--eagle3-no-prefetch", dest="eagle3_prefetch", action="store_false", default=True,
+        help="on cpu, start each engine only when a test needs it (default: the next engine of "
+        "the run starts in the background while the current one serves, if memory allows)",
     )
     group.addoption(
         "--eagle3-draft", dest="eagle3_draft", metavar="PATH", default=None,
@@ -513,6 +530,8 @@ def resolve_settings(config: pytest.Config, *, validate: bool = True) -> Setting
         fault=_resolve_fault(getattr(opt, "eagle3_fault", None), sources) if validate else getattr(opt, "eagle3_fault", None),
         min_accept_length=getattr(opt, "eagle3_min_accept_length", None),
         min_accept_rate=getattr(opt, "eagle3_min_accept_rate", None),
+        prefetch=bool(getattr(opt, "eagle3_prefetch", True)),
+        prompts=Path(getattr(opt, "eagle3_prompts")).expanduser() if getattr(opt, "eagle3_prompts", None) else None,
         report=Path(getattr(opt, "eagle3_report")).expanduser() if getattr(opt, "eagle3_report", None) else None,
     )
     if validate:

@@ -5,10 +5,16 @@ need (:func:`pytest_eagle3.capture.declare.variant_needs`): the wide case's id
 list (or the variant's own ids) with the variant's server arguments and request
 shape.  Every returned row is compared with the reference row at its position:
 
-* prefill: ``n`` returned rows are positions ``T-n .. T-1`` (all ``T`` normally;
-  the last chunk under chunked prefill; the uncached tail on a radix-cache hit);
+* prefill: exactly the rows the engine's resolved settings make SGLang return
+  (:func:`~pytest_eagle3.engine.variants.prefill_rows` of ``/server_info``: all
+  ``T`` normally, the last chunk under chunked prefill, the uncached tail on a
+  radix-cache hit), positions ``T-n .. T-1``;
 * decode: row ``j`` is position ``T+j`` of the prompt extended by the generated
   tokens, compared with the reference of that extended sequence.
+
+Every path proves it was taken: each server arg the variant set must be in
+effect in SGLang's ``/server_info`` (its resolved server args); a flag SGLang
+resolved away skips the variant with that reason instead of passing it.
 
 Variants this machine or SGLang cannot run are left out at collection with the
 precise reason (``--eagle3-list-variants`` prints the matrix); on cpu, variants
@@ -20,11 +26,14 @@ from __future__ import annotations
 import pytest
 
 from pytest_eagle3.capture.declare import variant_needs
-from pytest_eagle3.engine.variants import VARIANTS
+from pytest_eagle3.engine.variants import VARIANTS, path_not_taken, prefill_rows
 from pytest_eagle3.suite.support import attention_tp, evidence, tolerance
 from pytest_eagle3.verdicts.compare import compare_slots, fail_if_bad
 
-ROWS_MISSING = "{variant}: prompt {i} ({T} tokens) returned {n} prefill rows and {d} decode rows; expected {want}"
+ROWS_MISSING = ("{variant}: prompt {i} ({T} tokens) returned {n} prefill rows and {d} decode rows; expected {want} "
+                "(SGLang's /server_info: {settings})")
+#: The resolved settings that decide how many prefill rows come back.
+ROW_SETTINGS = ("chunked_prefill_size", "disable_radix_cache", "page_size")
 
 
 @pytest.mark.gpu
@@ -38,6 +47,11 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_request, eag
     L, H = eagle3_model_config.num_layers, eagle3_model_config.hidden_size
     record_property("eagle3_variant_args", req.extra_args)
     captures = eagle3_capture.run(req)
+    info = eagle3_capture.server_info(req)
+    off = path_not_taken(name, req.extra_args, info)
+    if off:
+        pytest.skip(off)
+    settings = ", ".join(f"{k}={info.get(k)!r}" for k in ROW_SETTINGS)
     tol = tolerance(eagle3_settings)
     extended = extended_candidates = None
     attn_tp = attention_tp(eagle3_tp, req.extra_args)
@@ -50,9 +64,10 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_request, eag
         extended_candidates = evidence(eagle3_checkpoint, seqs, eagle3_model_config, eagle3_tp, attn_tp=attn_tp)
     for i, (cap, ref) in enumerate(zip(captures, eagle3_reference)):
         T, n, d = len(cap.prompt), cap.prefill.shape[0], cap.decode.shape[0]
-        if not 1 <= n <= T or d != req.decode_steps:
-            pytest.fail(ROWS_MISSING.format(variant=name, i=i, T=T, n=n, d=d,
-                                            want=f"1..{T} prefill rows and {req.decode_steps} decode rows"),
+        want = prefill_rows(T, info, repeat=req.repeat)
+        if n != want or d != req.decode_steps:
+            pytest.fail(ROWS_MISSING.format(variant=name, i=i, T=T, n=n, d=d, settings=settings,
+                                            want=f"{want} prefill rows and {req.decode_steps} decode rows"),
                         pytrace=False)
         report = compare_slots(cap.prefill, ref[:, T - n:T], expected=list(req.expected), num_layers=L,
                                hidden_size=H, tol=tol,

@@ -42,7 +42,6 @@ MISSING_CONFIG_MSG = (
 #: ``{path}``, ``{error}``.
 BAD_SPEC_MSG = "target spec {path} is invalid: {error}; fix the file or use a preset"
 #: ``{path}``, ``{error}``.
-BAD_PROMPTS_MSG = "prompts file {path} is invalid: {error}"
 
 #: Where a checkpoint's weights can be drawn (``init.build_device``).
 BUILD_DEVICES = ("cpu", "cuda")
@@ -382,30 +381,19 @@ def prompts_path() -> Path:
 
 
 def load_prompts(path: Path | None = None, *, vocab_size: int | None = None) -> list[list[int]]:
-    """Token-id prompts of the packaged suite (``fixtures/prompts.json`` by default).
+    """Token-id prompts of the packaged suite (``fixtures/prompts.json`` by default;
+    the formats of :mod:`pytest_eagle3.target.prompts`, token ids only).
 
     Args:
-        path: another prompts file with the same format.
+        path: another prompts file.
         vocab_size: if given, every id must be in ``[0, vocab_size)``.
 
     Returns:
         One list of token ids per prompt, in file order.
 
     Raises:
-        Eagle3ConfigError: unreadable file, bad format, or an id out of range.
+        Eagle3ConfigError: unreadable file, bad format, text, or an id out of range.
     """
-    path = prompts_path() if path is None else Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        entries = data["prompts"]
-        prompts: list[list[int]] = []
-        for i, entry in enumerate(entries):
-            ids = entry["ids"] if isinstance(entry, dict) else entry
-            if not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
-                raise ValueError(f"prompt {i} must be a non-empty list of non-negative ints")
-            if vocab_size is not None and max(ids) >= vocab_size:
-                raise ValueError(f"prompt {i} has id {max(ids)} >= vocab_size {vocab_size}")
-            prompts.append(list(ids))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise Eagle3ConfigError(BAD_PROMPTS_MSG.format(path=path, error=exc)) from None
-    return prompts
+    from pytest_eagle3.target.prompts import load_prompts as read
+
+    return read(prompts_path() if path is None else Path(path), vocab_size=vocab_size or 2**62)

@@ -87,4 +87,8 @@ def cpu_server_args(*, speculative: bool = False) -> dict[str, Any]:
         "mem_fraction_static": 0.05,
         "max_total_tokens": 4096,
         "skip_server_warmup": True,
+        # An idle scheduler otherwise polls its sockets at full speed: one core
+        # each for the engine waiting between tests and the prefetched one
+        # (engine/pool.py), on a 2-core machine.  Dropped where a fork lacks it.
+        "sleep_on_idle": True,
     }

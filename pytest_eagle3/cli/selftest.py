@@ -1,0 +1,252 @@
+"""``pytest-eagle3 self-test``: prove the packaged suite catches every wiring fault
+injected into the SGLang installed here.
+
+For each kind of the fault catalog (:data:`pytest_eagle3.engine.faults.CATALOG`)
+one child ``pytest --pyargs pytest_eagle3.suite --eagle3-fault KIND`` runs the
+smallest part of the suite that exercises it
+(:func:`pytest_eagle3.engine.faults.self_test_plan`: one engine per kind).  The
+fault is installed inside every SGLang process of that child (through the
+``sglang.srt.plugins`` hooks), so it changes SGLang's own computation, not
+pytest-eagle3's copy of its output.  A kind is **caught** when every selected
+test fails and each failure names the kind (the diagnosis tag ``[kind]`` of
+:mod:`pytest_eagle3.verdicts.diagnose`).  One more child runs the union of those
+selections with no fault: the **control**, which must pass (a suite that fails
+everything would otherwise "catch" every fault).
+
+Exit codes: 0 every kind caught and the control passed; 1 otherwise; 2 usage.
+Arguments after ``--`` go to every child pytest (``--device cuda``,
+``--eagle3-target PATH``, ``--eagle3-cache DIR``).
+
+Nothing here imports torch or sglang: the children do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+#: Verdicts of one kind.
+CAUGHT = "caught"
+MISSED = "MISSED"  # some selected test passed: the fault went unnoticed
+UNNAMED = "UNNAMED"  # failed, but the message does not name the kind
+NOT_RUN = "NOT RUN"  # the child collected or ran nothing it should have (error, skip, missing)
+
+DESCRIPTION = """\
+Run the packaged suite once per fault kind injected into the installed SGLang's
+own capture path (pytest-eagle3's fault catalog), and once without a fault.
+Each faulted run must fail naming its kind; the clean run must pass.  One
+SGLang engine per run: about 1-2 minutes per kind on 2 CPU cores."""
+
+EPILOG = """\
+exit: 0 every fault caught and named, control passed; 1 a fault missed or
+unnamed, or the control failed; 2 usage error.  Arguments after -- go to each
+child pytest, e.g.:  pytest-eagle3 self-test --tp 2 -- --device cuda"""
+
+
+@dataclass
+class ChildRun:
+    """One child pytest: its exit status, per-test outcome and message, its output."""
+
+    returncode: int
+    outcomes: dict[str, str]  # test name with params -> passed/failed/skipped/xfailed/error
+    messages: dict[str, str]  # test name -> failure/skip message (full text)
+    output: str
+    seconds: float
+
+
+@dataclass
+class KindResult:
+    """What one child with a fault (``kind``) or without (``kind`` is ``None``) showed."""
+
+    kind: str | None
+    tp: int
+    tests: tuple[str, ...]
+    verdict: str
+    detail: str
+    seconds: float
+    log: Path | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict == CAUGHT if self.kind else self.verdict == "passed"
+
+
+@dataclass
+class SelfTestResult:
+    kinds: list[KindResult] = field(default_factory=list)
+    control: KindResult | None = None
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.kinds) and all(k.ok for k in self.kinds) and self.control is not None and self.control.ok
+
+
+def parse_junit(path: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """Outcome and message of every ``testcase`` of a JUnit XML file (pytest's
+    ``--junitxml``), by test name with its parameters.  Outcomes: ``passed``,
+    ``failed``, ``error``, ``skipped``, ``xfailed``."""
+    outcomes: dict[str, str] = {}
+    messages: dict[str, str] = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = case.get("name", "")
+        outcome, message = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            node = case.find(tag)
+            if node is not None:
+                outcome = {"failure": "failed"}.get(tag, tag)
+                if tag == "skipped" and node.get("type") == "pytest.xfail":
+                    outcome = "xfailed"
+                message = (node.get("message") or "") + "\n" + (node.text or "")
+                break
+        outcomes[name] = outcome
+        messages[name] = message
+    return outcomes, messages
+
+
+def run_child(work: Path, tests: Sequence[str], tp: int, fault: str | None, extra: Sequence[str] = (),
+              env: dict[str, str] | None = None) -> ChildRun:
+    """``python -m pytest --pyargs pytest_eagle3.suite --tp TP -k TESTS [--eagle3-fault F]``
+    in ``work``, writing ``junit.xml`` and ``output.txt`` there."""
+    work.mkdir(parents=True, exist_ok=True)
+    junit = work / "junit.xml"
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", "pytest_eagle3.suite", "--tp", str(tp),
+           "-k", " or ".join(tests), "-p", "no:cacheprovider", "-rA", f"--junitxml={junit}", *extra]
+    if fault:
+        cmd += ["--eagle3-fault", fault]
+    child_env = {k: v for k, v in (os.environ if env is None else env).items()
+                 if k not in ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER", "PYTEST_EAGLE3_FAULT")}
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=work, env=child_env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    seconds = time.monotonic() - t0
+    output = proc.stdout + proc.stderr
+    (work / "output.txt").write_text(output)
+    outcomes, messages = parse_junit(junit) if junit.exists() else ({}, {})
+    return ChildRun(proc.returncode, outcomes, messages, output, seconds)
+
+
+def judge(kind: str | None, tests: Sequence[str], run: ChildRun) -> tuple[str, str]:
+    """``(verdict, detail)`` of a child run: for a fault, :data:`CAUGHT` only when
+    every selected test failed naming ``[kind]``; for the control, ``"passed"``
+    only when every selected test passed."""
+    missing = [t for t in tests if t not in run.outcomes]
+    if missing:
+        tail = run.output.strip().splitlines()[-1:] or ["no output"]
+        return NOT_RUN, f"{len(missing)} of {len(tests)} tests did not run ({missing[0]}); exit {run.returncode}: {tail[0]}"
+    if kind is None:
+        bad = [t for t in tests if run.outcomes[t] != "passed"]
+        if bad:
+            return "FAILED", f"{bad[0]} {run.outcomes[bad[0]]}: {_first_line(run.messages[bad[0]])}"
+        return "passed", f"{len(tests)} passed"
+    for t in tests:
+        outcome = run.outcomes[t]
+        if outcome == "passed":
+            return MISSED, f"{t} passed with the fault on"
+        if outcome != "failed":
+            return NOT_RUN, f"{t} {outcome}: {_first_line(run.messages[t])}"
+        if f"[{kind}]" not in run.messages[t]:
+            return UNNAMED, f"{t} failed without naming [{kind}]: {_first_line(run.messages[t])}"
+    first = tests[0]
+    return CAUGHT, f"{first}: {_tagged_line(run.messages[first], kind)}"
+
+
+def self_test(work: Path, *, no_tp: int = 1, kinds: Sequence[str] | None = None, extra: Sequence[str] = (),
+              progress: Callable[[str], None] = print,
+              runner: Callable[..., ChildRun] | None = None) -> SelfTestResult:
+    """Run every kind of the plan (or ``kinds``), then the control.
+
+    ``no_tp``: the TP size of kinds that need no TP > 1 (1 or 2); kinds in
+    :data:`pytest_eagle3.engine.faults.NEEDS_TP` always run at TP 2.
+    ``runner(work_dir, tests, tp, fault, extra) -> ChildRun`` runs one child
+    (default :func:`run_child`).
+
+    Raises:
+        ValueError: an unknown kind.
+    """
+    from pytest_eagle3.engine.faults import self_test_plan
+
+    runner = runner or run_child
+    plan = self_test_plan(no_tp)
+    chosen = sorted(plan) if not kinds else list(kinds)
+    unknown = [k for k in chosen if k not in plan]
+    if unknown:
+        raise ValueError(f"unknown fault kind {unknown[0]!r}; known: {', '.join(sorted(plan))}")
+    result = SelfTestResult()
+    total = len(chosen) + 1
+    for n, kind in enumerate(chosen, 1):
+        tp, tests = plan[kind]
+        progress(f"[{n}/{total}] fault {kind} at TP {tp}: {', '.join(tests)}")
+        run = runner(work / kind, tests, tp, kind, extra)
+        verdict, detail = judge(kind, tests, run)
+        result.kinds.append(KindResult(kind, tp, tests, verdict, detail, run.seconds, work / kind / "output.txt"))
+        progress(f"      {verdict} in {run.seconds:.0f} s: {detail}")
+    tests = tuple(sorted({t for k in chosen for t in plan[k][1]}))
+    tp = max(plan[k][0] for k in chosen)
+    progress(f"[{total}/{total}] control, no fault, at TP {tp}: {len(tests)} tests")
+    run = runner(work / "control", tests, tp, None, extra)
+    verdict, detail = judge(None, tests, run)
+    result.control = KindResult(None, tp, tests, verdict, detail, run.seconds, work / "control" / "output.txt")
+    progress(f"      {verdict} in {run.seconds:.0f} s: {detail}")
+    return result
+
+
+def render(result: SelfTestResult) -> list[str]:
+    """The summary table: fault | TP | verdict | the test that catches it | its message."""
+    lines = ["pytest-eagle3 self-test: fault -> test that catches it -> message"]
+    for k in result.kinds:
+        lines.append(f"  {k.kind:<20} TP {k.tp}  {k.verdict:<8} {k.detail}")
+    if result.control is not None:
+        c = result.control
+        lines.append(f"  {'(no fault)':<20} TP {c.tp}  {c.verdict:<8} {c.detail}")
+    bad = [k for k in result.kinds if not k.ok] + ([result.control] if result.control and not result.control.ok else [])
+    for k in bad:
+        lines.append(f"  log of {k.kind or 'the control'}: {k.log}")
+    caught = sum(k.ok for k in result.kinds)
+    control = "passed" if result.control is not None and result.control.ok else "FAILED"
+    lines.append(f"{caught} of {len(result.kinds)} faults caught and named; control {control}")
+    return lines
+
+
+def add_self_test_parser(sub: "argparse._SubParsersAction") -> None:
+    p = sub.add_parser("self-test", help="prove the suite catches each wiring fault injected into your SGLang",
+                       description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tp", type=int, choices=(1, 2), default=1,
+                   help="TP size of the kinds that need no TP > 1 (those that do always run at TP 2)")
+    p.add_argument("--kind", action="append", default=None, metavar="KIND",
+                   help="only this fault kind (repeatable; default: the whole catalog)")
+    p.add_argument("--work-dir", default=None,
+                   help="where each child run writes its output.txt and junit.xml (default: a new temp dir)")
+    p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: arguments for each child pytest")
+
+
+def cmd_self_test(args: argparse.Namespace) -> int:
+    from pytest_eagle3.engine.faults import self_test_plan
+
+    extra = [a for a in args.pytest_args if a != "--"] if args.pytest_args else []
+    unknown = [k for k in args.kind or () if k not in self_test_plan()]
+    if unknown:
+        print(f"pytest-eagle3 self-test: unknown fault kind {unknown[0]!r}; known: "
+              f"{', '.join(sorted(self_test_plan()))}", file=sys.stderr)
+        return 2
+    work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="pytest-eagle3-self-test-"))
+    print(f"pytest-eagle3 self-test: logs under {work}", flush=True)
+    result = self_test(work, no_tp=args.tp, kinds=args.kind, extra=extra, progress=lambda m: print(m, flush=True))
+    print("\n".join(render(result)))
+    return 0 if result.ok else 1
+
+
+def _first_line(message: str) -> str:
+    return next((line.strip() for line in message.splitlines() if line.strip()), "")[:300]
+
+
+def _tagged_line(message: str, kind: str) -> str:
+    """The first message line naming ``[kind]`` (the diagnosis), else the first line."""
+    tag = f"[{kind}]"
+    return next((line.strip() for line in message.splitlines() if tag in line), _first_line(message))[:300]

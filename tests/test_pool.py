@@ -1,0 +1,94 @@
+"""The engine pool's prefetch: the run's next engine starts in the background
+while the current one starts and serves, within the memory guard (stand-in
+servers; the real engines prefetch in every e2e run on cpu)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_eagle3.engine import pool as pool_module
+from pytest_eagle3.engine.config import EngineConfig
+from pytest_eagle3.errors import Eagle3EngineError
+from tests.test_lease import FakeServer
+
+
+def engine(key: str, tp: int = 1) -> EngineConfig:
+    return EngineConfig(model_path="/m", tp=tp, device="cpu", server_args=(("tp_size", tp), ("x", key)), env=())
+
+
+A, B, C = engine("a"), engine("b"), engine("c", tp=2)
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(pool_module, "SGLangServer", FakeServer)
+    monkeypatch.setattr(pool_module, "enough_memory_for", lambda tp: True)
+    FakeServer.started = []
+    return FakeServer
+
+
+def started(fake) -> list[str]:
+    return [s.name for s in fake.started]
+
+
+def test_the_next_engine_starts_while_the_current_one_starts(tmp_path: Path, fake) -> None:
+    messages: list[str] = []
+    pool = pool_module.EnginePool(log_dir=tmp_path, upcoming=[A, B, C], progress=messages.append)
+    a = pool.get(A)
+    assert started(fake) == [A.name, B.name]  # B spawned before A was waited for
+    assert any("in the background (the next engine of this run)" in m and B.name in m for m in messages)
+    pool.get(A)
+    assert started(fake) == [A.name, B.name]  # reuse starts nothing
+    b = pool.get(B)
+    assert a.stopped and not b.stopped  # one engine serves at a time
+    assert started(fake) == [A.name, B.name, C.name]
+    pool.get(C)
+    assert started(fake) == [A.name, B.name, C.name]
+    pool.close()
+    assert all(s.stopped for s in fake.started)
+
+
+def test_no_prefetch_without_an_order_or_without_memory(tmp_path: Path, fake, monkeypatch) -> None:
+    pool = pool_module.EnginePool(log_dir=tmp_path)
+    pool.get(A)
+    assert started(fake) == [A.name]
+    monkeypatch.setattr(pool_module, "enough_memory_for", lambda tp: tp < 2)
+    pool = pool_module.EnginePool(log_dir=tmp_path, upcoming=[A, B, C])
+    pool.get(B)  # the next one is TP 2: not enough memory for it here
+    assert started(fake) == [A.name, B.name]
+    pool.close()
+
+
+def test_prefetched_engine_left_unused_is_stopped_at_close(tmp_path: Path, fake) -> None:
+    pool = pool_module.EnginePool(log_dir=tmp_path, upcoming=[A, B])
+    pool.get(A)
+    pool.close()
+    assert [s.stopped for s in fake.started] == [True, True]
+
+
+def test_a_prefetched_engine_that_fails_fails_the_test_that_needs_it(tmp_path: Path, fake, monkeypatch) -> None:
+    def wait_ready(self, progress=None):
+        if self.server_args.get("x") == "b":
+            raise Eagle3EngineError("SGLang server b exited with code 1 during startup")
+        return self
+
+    monkeypatch.setattr(FakeServer, "wait_ready", wait_ready)
+    pool = pool_module.EnginePool(log_dir=tmp_path, upcoming=[A, B])
+    pool.get(A)
+    with pytest.raises(Eagle3EngineError, match="exited with code 1"):
+        pool.get(B)
+    with pytest.raises(Eagle3EngineError, match="failed earlier in this run"):
+        pool.get(B)
+
+
+def test_memory_guard_follows_the_measured_engine_sizes(monkeypatch) -> None:
+    import psutil
+
+    class Mem:
+        available = 8 * 2**30
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: Mem)
+    assert pool_module.enough_memory_for(1) and pool_module.enough_memory_for(2)
+    assert not pool_module.enough_memory_for(4) and not pool_module.enough_memory_for(8)

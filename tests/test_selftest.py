@@ -1,0 +1,90 @@
+"""``pytest-eagle3 self-test`` verdicts, table and exit codes, with a stand-in for
+the child pytest (the real children run in ``tests/test_e2e_faults.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_eagle3.cli import main as cli_main
+from pytest_eagle3.cli import selftest
+from pytest_eagle3.engine.faults import self_test_plan
+
+TESTS = ("test_capture_order[tp1-kimi-embedding-first]", "test_every_rank_fully_reduced[tp2-kimi-embedding-first]")
+
+
+def child(outcomes: dict[str, str], messages: dict[str, str] | None = None, rc: int = 1) -> selftest.ChildRun:
+    return selftest.ChildRun(rc, outcomes, messages or {t: "" for t in outcomes}, "last line of output", 3.0)
+
+
+@pytest.mark.parametrize(("outcomes", "messages", "verdict"), [
+    ({t: "failed" for t in TESTS}, {t: "aux hidden states: 1 of 3 slots wrong\nslot 1: ... [partial-sum]" for t in TESTS},
+     selftest.CAUGHT),
+    ({TESTS[0]: "failed", TESTS[1]: "passed"}, {t: "[partial-sum]" for t in TESTS}, selftest.MISSED),
+    ({t: "failed" for t in TESTS}, {TESTS[0]: "[partial-sum]", TESTS[1]: "matches no snapshot"}, selftest.UNNAMED),
+    ({TESTS[0]: "failed"}, {TESTS[0]: "[partial-sum]"}, selftest.NOT_RUN),
+    ({TESTS[0]: "failed", TESTS[1]: "skipped"}, {TESTS[0]: "[partial-sum]", TESTS[1]: "needs --tp 2"}, selftest.NOT_RUN),
+])
+def test_a_fault_is_caught_only_when_every_selected_test_fails_naming_it(outcomes, messages, verdict) -> None:
+    got, detail = selftest.judge("partial-sum", TESTS, child(outcomes, messages))
+    assert got == verdict, detail
+    if verdict == selftest.CAUGHT:
+        assert detail == f"{TESTS[0]}: slot 1: ... [partial-sum]"
+
+
+def test_the_control_passes_only_when_everything_passed() -> None:
+    assert selftest.judge(None, TESTS, child({t: "passed" for t in TESTS}, rc=0))[0] == "passed"
+    verdict, detail = selftest.judge(None, TESTS, child({TESTS[0]: "passed", TESTS[1]: "failed"},
+                                                        {TESTS[0]: "", TESTS[1]: "E boom"}))
+    assert verdict == "FAILED" and "boom" in detail
+
+
+def fake_runner(missed: str | None = None, control_fails: bool = False):
+    """A child that fails every test naming the fault, except ``missed``; the
+    control passes unless ``control_fails``."""
+    calls = []
+
+    def run(where: Path, tests, tp, fault, extra):
+        calls.append((where.name, tp, fault, tuple(extra)))
+        if fault is None:
+            return child({t: "failed" if control_fails else "passed" for t in tests}, rc=int(control_fails))
+        if fault == missed:
+            return child({t: "passed" for t in tests}, rc=0)
+        return child({t: "failed" for t in tests}, {t: f"slot 0 [{fault}]" for t in tests})
+
+    run.calls = calls
+    return run
+
+
+def test_every_kind_then_the_control_with_the_users_arguments(tmp_path) -> None:
+    runner = fake_runner()
+    result = selftest.self_test(tmp_path, no_tp=2, extra=["--device", "cuda"], progress=lambda m: None, runner=runner)
+    plan = self_test_plan(2)
+    assert result.ok and [k.kind for k in result.kinds] == sorted(plan)
+    assert runner.calls[-1][0] == "control" and runner.calls[-1][2] is None and runner.calls[-1][1] == 2
+    assert all(extra == ("--device", "cuda") for *_, extra in runner.calls)
+    assert {(k, tp) for k, tp, f, _ in runner.calls if f} == {(k, plan[k][0]) for k in plan}
+    table = selftest.render(result)
+    assert table[-1] == f"{len(plan)} of {len(plan)} faults caught and named; control passed"
+
+
+@pytest.mark.parametrize(("missed", "control_fails"), [("reversed-order", False), (None, True)])
+def test_a_missed_fault_or_a_failing_control_exits_1_and_points_at_the_log(
+        monkeypatch, tmp_path, capsys, missed, control_fails) -> None:
+    monkeypatch.setattr(selftest, "run_child", fake_runner(missed, control_fails))
+    rc = cli_main.main(["self-test", "--kind", "reversed-order", "--kind", "partial-sum",
+                        "--work-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    who = missed or "the control"
+    assert f"log of {who}: {tmp_path / (missed or 'control') / 'output.txt'}" in out
+    assert ("MISSED" in out) == bool(missed) and ("control FAILED" in out) == control_fails
+
+
+def test_an_unknown_kind_is_a_usage_error_before_anything_runs(tmp_path, capsys) -> None:
+    rc = cli_main.main(["self-test", "--kind", "nope", "--work-dir", str(tmp_path / "w")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "unknown fault kind 'nope'; known: dp-gather-scaled" in err
+    assert not (tmp_path / "w").exists()
+
