@@ -9,7 +9,12 @@ Each stage goes through the package functions the suite itself uses:
    (``capture_server_args`` with the every-TP case's ids, ``build_engine_config``,
    ``SGLangServer``): start time, one ``capture()`` call over all suite prompts, stop
    time, and the peak RSS summed over the server's process tree (psutil, every 0.5 s);
-4. the main job: ``python -m pytest --pyargs pytest_eagle3.suite --tp 2 -q
+4. acceptance, per TP size: the shipped draft's load and validation
+   (``validate_draft``, ``load_examples``), the EAGLE-3 speculative-decoding
+   engine start (the config the acceptance test uses: ``capture.api.engine_config``
+   with ``draft=``), and the acceptance run (greedy speculative decoding of the
+   draft's learnt prompts, ``capture_draft_path``) with its accept length;
+5. the main job: ``python -m pytest --pyargs pytest_eagle3.suite --tp 2 -q
    -p no:cacheprovider --eagle3-cache <cache>`` with the cache warmed above (~5 min).
 
 Run from the repository root in the dev environment, e.g.
@@ -154,6 +159,61 @@ def bench_engine(install: Any, ckpt: Path, prompts: list[list[int]], spec: Targe
     return row
 
 
+def bench_acceptance(install: Any, ckpt: Path, spec: TargetSpec, preset: str, tp: int, log_dir: Path,
+                     timeout: float) -> dict[str, Any]:
+    """Draft load, speculative-decoding engine start and acceptance run at ``tp``."""
+    from pytest_eagle3.capture.api import engine_config
+    from pytest_eagle3.capture.draft_path import capture_draft_path
+    from pytest_eagle3.capture.spec_metrics import aggregate
+    from pytest_eagle3.draft import shipped_draft_dir, validate_draft
+    from pytest_eagle3.draft.power import load_examples
+    from pytest_eagle3.engine.server import SGLangServer
+    from pytest_eagle3.errors import Eagle3Error
+    from pytest_eagle3.plugin.options import Settings
+
+    row: dict[str, Any] = dict.fromkeys(("draft_load_s", "start_s", "run_s", "tokens", "verifies",
+                                         "accept_length", "log", "error"))
+    row["tp"] = tp
+    draft = shipped_draft_dir(preset)
+
+    def load() -> Any:
+        validate_draft(draft, spec.facts.hidden_size, spec.facts.vocab_size)
+        return load_examples(draft)
+
+    try:
+        examples, row["draft_load_s"] = timed(load)
+    except Eagle3Error as exc:
+        row["error"] = str(exc).splitlines()[0]
+        return row
+    config = engine_config(install, Settings(tp=tp, device="cpu"), model_path=str(ckpt), tp=tp,
+                           ids=None, facts=spec.facts, draft=str(draft))
+    server = SGLangServer(config.name, config.args(), env=config.env_dict(), log_dir=log_dir,
+                          startup_timeout=timeout)
+    row["log"] = str(server.log_path)
+    log(f"acceptance tp{tp}: starting {config.describe()} (log: {server.log_path})")
+    try:
+        server.start(progress=log)
+        row["start_s"] = server.startup_seconds
+        log(f"acceptance tp{tp}: ready in {server.startup_seconds:.1f} s; decoding {len(examples)} prompts")
+
+        def run() -> list[Any]:
+            out: list[Any] = []
+            for e in examples:
+                out += capture_draft_path(server, [list(e.prompt)], decode_steps=max(0, len(e.continuation) - 1))
+            return out
+
+        runs, row["run_s"] = timed(run)
+        total = aggregate([r.metrics for r in runs])
+        row.update(tokens=total.completion_tokens, verifies=total.verify_count,
+                   accept_length=round(total.accept_length, 3))
+    except Eagle3Error as exc:
+        row["error"] = str(exc).splitlines()[0]
+        log(f"acceptance tp{tp}: FAILED: {row['error']}")
+    finally:
+        server.stop()
+    return row
+
+
 def run_main_job(cache: Path) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "pytest", "--pyargs", "pytest_eagle3.suite", "--tp",
            str(MAIN_JOB_TP), "-q", "-p", "no:cacheprovider", "--eagle3-cache", str(cache)]
@@ -192,6 +252,11 @@ def print_table(r: dict[str, Any]) -> None:
         note = f"peak tree RSS {rss} ({e['peak_procs']} procs), stop {fmt(e['stop_s'])} s"
         rows.append((f"engine start tp{e['tp']}", e["start_s"], e["error"] or note))
         rows.append((f"capture tp{e['tp']}", e["capture_s"], f"{r['reference']['prompts']} prompts"))
+    for a in r.get("acceptance", []):
+        rows.append((f"draft load tp{a['tp']}", a["draft_load_s"], "validate_draft + continuations.json"))
+        rows.append((f"spec engine start tp{a['tp']}", a["start_s"], a["error"] or "EAGLE-3, shipped draft"))
+        rows.append((f"acceptance run tp{a['tp']}", a["run_s"],
+                     f"{a['tokens']} tokens, {a['verifies']} verifies, accept length {a['accept_length']}"))
     m = r["main_job"]
     rows.append((f"main job (suite --tp {MAIN_JOB_TP})", m["seconds"],
                  "skipped" if m["skipped"] else f"rc {m['returncode']}: {m['summary']}"))
@@ -254,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
         r["engines"] = [bench_engine(install, ckpt, prompts, spec, tp, log_dir, opts.startup_timeout)
                         for tp in opts.tp]
 
+        r["acceptance"] = [bench_acceptance(install, ckpt, spec, preset, tp, log_dir, opts.startup_timeout)
+                           for tp in opts.tp]
+
         if opts.skip_main_job:
             r["main_job"] = {"seconds": None, "returncode": None, "summary": None,
                              "command": None, "skipped": True}
@@ -267,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     if opts.json:
         opts.json.write_text(json.dumps(r, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         log(f"wrote {opts.json}")
-    failed = any(e["error"] for e in r["engines"]) or r["main_job"]["returncode"] not in (0, None)
+    failed = any(e["error"] for e in r["engines"] + r["acceptance"]) or r["main_job"]["returncode"] not in (0, None)
     return 1 if failed else 0
 
 

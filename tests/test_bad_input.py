@@ -436,3 +436,19 @@ def test_bad_prompts_file_is_one_line_before_any_engine(pytester: pytest.Pyteste
     line = next((x for x in result.errlines if x.startswith("ERROR: ")), output(result))
     assert line.startswith(f"ERROR: --eagle3-prompts: prompts file {prompts} is invalid: ") and error in line, line
     assert_usage_error(result, line[len("ERROR: "):])
+
+
+def test_an_empty_prompts_path_is_a_usage_error(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    result = run_suite(pytester, tmp_path / "cache", "--eagle3-prompts", "")
+    assert_usage_error(result, "--eagle3-prompts: expected a file of prompts, got an empty path")
+
+
+def test_a_draft_whose_config_is_not_json_is_one_line_before_collection(pytester: pytest.Pytester,
+                                                                       tmp_path: Path) -> None:
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_text("{\n oops")
+    result = run_suite(pytester, tmp_path / "cache", "--eagle3-draft", str(draft), "--eagle3-stack", "speculators")
+    line = next((x for x in result.errlines if x.startswith("ERROR: ")), output(result))
+    assert line.startswith(f"ERROR: --eagle3-draft: draft config {draft / 'config.json'} is invalid: "), line
+    assert_usage_error(result, line[len("ERROR: "):])

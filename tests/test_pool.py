@@ -24,7 +24,7 @@ A, B, C = engine("a"), engine("b"), engine("c", tp=2)
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(pool_module, "SGLangServer", FakeServer)
-    monkeypatch.setattr(pool_module, "enough_memory_for", lambda tp: True)
+    monkeypatch.setattr(pool_module, "enough_memory_for", lambda tp, also=0: True)
     FakeServer.started = []
     return FakeServer
 
@@ -54,7 +54,7 @@ def test_no_prefetch_without_an_order_or_without_memory(tmp_path: Path, fake, mo
     pool = pool_module.EnginePool(log_dir=tmp_path)
     pool.get(A)
     assert started(fake) == [A.name]
-    monkeypatch.setattr(pool_module, "enough_memory_for", lambda tp: tp < 2)
+    monkeypatch.setattr(pool_module, "enough_memory_for", lambda tp, also=0: tp < 2)
     pool = pool_module.EnginePool(log_dir=tmp_path, upcoming=[A, B, C])
     pool.get(B)  # the next one is TP 2: not enough memory for it here
     assert started(fake) == [A.name, B.name]
@@ -84,11 +84,50 @@ def test_a_prefetched_engine_that_fails_fails_the_test_that_needs_it(tmp_path: P
 
 
 def test_memory_guard_follows_the_measured_engine_sizes(monkeypatch) -> None:
-    import psutil
-
-    class Mem:
-        available = 8 * 2**30
-
-    monkeypatch.setattr(psutil, "virtual_memory", lambda: Mem)
+    monkeypatch.setattr(pool_module, "available_bytes", lambda: 8 * 2**30)
     assert pool_module.enough_memory_for(1) and pool_module.enough_memory_for(2)
     assert not pool_module.enough_memory_for(4) and not pool_module.enough_memory_for(8)
+    # The engine that was only just spawned counts too: two TP 1 engines need 9.6 GiB.
+    assert not pool_module.enough_memory_for(1, also=1)
+    monkeypatch.setattr(pool_module, "available_bytes", lambda: 10 * 2**30)
+    assert pool_module.enough_memory_for(1, also=1)
+
+
+def test_an_engine_prefetched_for_a_test_that_did_not_come_is_stopped(tmp_path: Path, fake) -> None:
+    pool = pool_module.EnginePool(log_dir=tmp_path, upcoming=[A, B, C])
+    pool.get(A)  # B prefetched
+    pool.get(C)  # B's tests were deselected or skipped: B must not keep running
+    b = next(s for s in fake.started if s.name == B.name)
+    assert b.stopped and started(fake) == [A.name, B.name, C.name]
+
+
+def test_a_prefetched_server_that_is_healthy_is_used_however_long_ago_it_started(tmp_path: Path) -> None:
+    """The startup timeout counts from when the run needs the server, not from its
+    background spawn (a ready engine is never killed as a timeout)."""
+    import http.server
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from pytest_eagle3.engine.server import SGLangServer
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's naming
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    server = SGLangServer("prefetched", {}, log_dir=tmp_path, startup_timeout=5)
+    server.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    server.port = httpd.server_address[1]
+    server._t0 = time.monotonic() - 1000  # spawned long before it was needed
+    try:
+        assert server.wait_ready() is server and server.startup_seconds >= 1000
+    finally:
+        server.proc.kill()
+        httpd.shutdown()

@@ -23,8 +23,14 @@ def test_every_entry_form(tmp_path: Path) -> None:
     f.write_text(json.dumps({"prompts": [[1, 2], {"ids": [3]}, {"text": "a b"}, "c"]}))
     assert read_entries(f) == [[1, 2], [3], "a b", "c"]
     f = tmp_path / "p.txt"
-    f.write_text("first prompt\n\n  second  \n")
+    f.write_text("\ufefffirst prompt\n\n  second  \n", encoding="utf-8")
     assert read_entries(f) == ["first prompt", "second"]
+    f = tmp_path / "P.JSON"
+    f.write_text("\ufeff" + json.dumps([[1, 2], {"ids": None, "text": "x"}], indent=2), encoding="utf-8")
+    assert read_entries(f) == [[1, 2], "x"]
+    f = tmp_path / "p.jsonl"
+    f.write_text('[1, 2, 3]\n\n{"text": "y"}\n"z"\n')
+    assert read_entries(f) == [[1, 2, 3], "y", "z"]
 
 
 def test_the_packaged_prompts_read_through_the_same_code() -> None:

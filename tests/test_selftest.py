@@ -88,3 +88,36 @@ def test_an_unknown_kind_is_a_usage_error_before_anything_runs(tmp_path, capsys)
     assert rc == 2 and "unknown fault kind 'nope'; known: dp-gather-scaled" in err
     assert not (tmp_path / "w").exists()
 
+
+
+def test_a_child_that_did_not_run_is_never_caught_even_with_an_old_junit_xml(tmp_path, monkeypatch) -> None:
+    """A junit.xml left by an earlier run must not be read as this run's; a child
+    that exits with a usage error makes the verb exit 2 with pytest's line."""
+    old = tmp_path / "offset-twice"
+    old.mkdir()
+    (old / "junit.xml").write_text('<testsuites><testsuite><testcase name="test_capture_order[tp1-kimi-embedding-first]">'
+                                   '<failure message="[offset-twice]"/></testcase></testsuite></testsuites>')
+    monkeypatch.chdir(tmp_path)
+    rc = cli_main.main(["self-test", "--kind", "offset-twice", "--work-dir", str(tmp_path), "--", "--tp", "3"])
+    assert rc == 2
+    assert not (old / "junit.xml").exists()
+    assert "ERROR: --tp" in (old / "output.txt").read_text()
+
+
+def test_children_run_from_the_callers_directory_with_a_relative_work_dir(tmp_path, monkeypatch) -> None:
+    """Relative paths after -- and a relative --work-dir mean what they mean to the user."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p.json").write_text("[[1, 2, 3]]")
+    run = selftest.run_child(Path("rel") / "kind", ("test_capture_order[tp1-kimi-embedding-first]",), 1, None,
+                             ["--co", "--eagle3-prompts", "p.json", "--device", "cpu"])
+    assert (tmp_path / "rel" / "kind" / "junit.xml").is_file(), run.output[-2000:]
+    assert run.returncode == 0, run.output[-2000:]
+    assert selftest.judge(None, ("test_capture_order[tp1-kimi-embedding-first]",), run)[0] == selftest.NOT_RUN
+
+
+def test_a_work_dir_that_is_a_file_is_one_line(tmp_path, capsys) -> None:
+    f = tmp_path / "file"
+    f.write_text("")
+    assert cli_main.main(["self-test", "--work-dir", str(f / "sub")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"pytest-eagle3 self-test: --work-dir {f / 'sub'}: "), err

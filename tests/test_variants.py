@@ -284,3 +284,30 @@ def test_a_flag_sglang_resolved_away_means_the_path_was_not_taken() -> None:
                    "SGLang's /server_info reports chunked_prefill_size=4096 (it resolved the flag away; "
                    "nothing was verified)")
     assert "disable_cuda_graph=True" in V.path_not_taken("cuda-graph-on", {"disable_cuda_graph": False}, info)
+
+
+def test_a_row_shaping_path_that_changed_no_rows_was_not_exercised() -> None:
+    info = {"chunked_prefill_size": 8, "disable_radix_cache": True, "page_size": 1}
+    assert V.path_not_exercised("chunked-prefill", {"chunked_prefill_size": 8}, 1, [9, 13], info) is None
+    msg = V.path_not_exercised("chunked-prefill", {"chunked_prefill_size": 8}, 1, [5, 8], info)
+    assert msg.startswith("chunked-prefill: path not exercised: with SGLang's resolved chunked_prefill_size=8, "
+                          "page_size=1, every prompt (5..8 tokens)")
+    radix = {"chunked_prefill_size": 4096, "disable_radix_cache": False, "page_size": 64}
+    assert V.path_not_exercised("radix-cache-hit", {"disable_radix_cache": False}, 2, [13, 40], radix) is not None
+    assert V.path_not_exercised("radix-cache-hit", {"disable_radix_cache": False}, 2, [13, 70], radix) is None
+    assert V.path_not_exercised("plain", {}, 1, [3], info) is None
+
+
+def test_cuda_graphs_must_be_engaged_not_only_asked_for() -> None:
+    """sglang 0.5.23 echoes --cuda-graph-backend-decode as given; the backend it uses
+    is the resolved cuda_graph_config.decode.backend ('disabled' on cpu)."""
+    on = V.get_variant("cuda-graph-on")
+    info = {"cuda_graph_backend_decode": "full", "cuda_graph_config": {"decode": {"backend": "disabled"}}}
+    msg = V.path_not_taken(on.name, dict(on.server_args), info, on.engaged)
+    assert msg == ("cuda-graph-on: path not taken: SGLang's /server_info reports "
+                   "cuda_graph_config.decode.backend='disabled', the path needs != 'disabled' (nothing was verified)")
+    info["cuda_graph_config"]["decode"]["backend"] = "full"
+    assert V.path_not_taken(on.name, dict(on.server_args), info, on.engaged) is None
+    off = V.get_variant("cuda-graph-off")
+    assert V.path_not_taken(off.name, {}, info, off.engaged) is not None
+    assert V.path_not_taken(on.name, {}, {}, on.engaged) is None  # an SGLang that does not report it

@@ -13,7 +13,8 @@ test fails and each failure names the kind (the diagnosis tag ``[kind]`` of
 selections with no fault: the **control**, which must pass (a suite that fails
 everything would otherwise "catch" every fault).
 
-Exit codes: 0 every kind caught and the control passed; 1 otherwise; 2 usage.
+Exit codes: 0 every kind caught and the control passed; 1 otherwise; 2 usage
+(ours, or the child pytest's: the arguments after ``--`` are passed to each).
 Arguments after ``--`` go to every child pytest (``--device cuda``,
 ``--eagle3-target PATH``, ``--eagle3-cache DIR``).
 
@@ -38,6 +39,9 @@ CAUGHT = "caught"
 MISSED = "MISSED"  # some selected test passed: the fault went unnoticed
 UNNAMED = "UNNAMED"  # failed, but the message does not name the kind
 NOT_RUN = "NOT RUN"  # the child collected or ran nothing it should have (error, skip, missing)
+
+#: pytest's exit status for a usage error (``pytest.ExitCode.USAGE_ERROR``).
+USAGE_ERROR = 4
 
 DESCRIPTION = """\
 Run the packaged suite once per fault kind injected into the installed SGLang's
@@ -83,6 +87,9 @@ class KindResult:
 class SelfTestResult:
     kinds: list[KindResult] = field(default_factory=list)
     control: KindResult | None = None
+    #: The first line of a child's usage error (pytest exit 4), if any: the
+    #: arguments after ``--`` are wrong, and every child would say the same.
+    usage_error: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -114,9 +121,13 @@ def parse_junit(path: Path) -> tuple[dict[str, str], dict[str, str]]:
 def run_child(work: Path, tests: Sequence[str], tp: int, fault: str | None, extra: Sequence[str] = (),
               env: dict[str, str] | None = None) -> ChildRun:
     """``python -m pytest --pyargs pytest_eagle3.suite --tp TP -k TESTS [--eagle3-fault F]``
-    in ``work``, writing ``junit.xml`` and ``output.txt`` there."""
+    from the current directory (so relative paths in ``extra`` mean what they
+    mean to the user), writing ``junit.xml`` and ``output.txt`` into ``work``.
+    A ``junit.xml`` left there by an earlier run is removed first."""
+    work = Path(work).absolute()
     work.mkdir(parents=True, exist_ok=True)
     junit = work / "junit.xml"
+    junit.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "pytest", "--pyargs", "pytest_eagle3.suite", "--tp", str(tp),
            "-k", " or ".join(tests), "-p", "no:cacheprovider", "-rA", f"--junitxml={junit}", *extra]
     if fault:
@@ -124,7 +135,7 @@ def run_child(work: Path, tests: Sequence[str], tp: int, fault: str | None, extr
     child_env = {k: v for k, v in (os.environ if env is None else env).items()
                  if k not in ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER", "PYTEST_EAGLE3_FAULT")}
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=work, env=child_env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    proc = subprocess.run(cmd, env=child_env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
     seconds = time.monotonic() - t0
     output = proc.stdout + proc.stderr
     (work / "output.txt").write_text(output)
@@ -136,10 +147,12 @@ def judge(kind: str | None, tests: Sequence[str], run: ChildRun) -> tuple[str, s
     """``(verdict, detail)`` of a child run: for a fault, :data:`CAUGHT` only when
     every selected test failed naming ``[kind]``; for the control, ``"passed"``
     only when every selected test passed."""
+    tail = (run.output.strip().splitlines()[-1:] or ["no output"])[0]
+    if run.returncode not in (0, 1):  # interrupted, internal or usage error, nothing collected, killed
+        return NOT_RUN, f"the child pytest exited {run.returncode}: {tail}"
     missing = [t for t in tests if t not in run.outcomes]
     if missing:
-        tail = run.output.strip().splitlines()[-1:] or ["no output"]
-        return NOT_RUN, f"{len(missing)} of {len(tests)} tests did not run ({missing[0]}); exit {run.returncode}: {tail[0]}"
+        return NOT_RUN, f"{len(missing)} of {len(tests)} tests did not run ({missing[0]}); exit {run.returncode}: {tail}"
     if kind is None:
         bad = [t for t in tests if run.outcomes[t] != "passed"]
         if bad:
@@ -174,7 +187,7 @@ def self_test(work: Path, *, no_tp: int = 1, kinds: Sequence[str] | None = None,
 
     runner = runner or run_child
     plan = self_test_plan(no_tp)
-    chosen = sorted(plan) if not kinds else list(kinds)
+    chosen = sorted(plan) if not kinds else list(dict.fromkeys(kinds))
     unknown = [k for k in chosen if k not in plan]
     if unknown:
         raise ValueError(f"unknown fault kind {unknown[0]!r}; known: {', '.join(sorted(plan))}")
@@ -184,6 +197,9 @@ def self_test(work: Path, *, no_tp: int = 1, kinds: Sequence[str] | None = None,
         tp, tests = plan[kind]
         progress(f"[{n}/{total}] fault {kind} at TP {tp}: {', '.join(tests)}")
         run = runner(work / kind, tests, tp, kind, extra)
+        if run.returncode == USAGE_ERROR:
+            result.usage_error = _usage_line(run.output)
+            return result
         verdict, detail = judge(kind, tests, run)
         result.kinds.append(KindResult(kind, tp, tests, verdict, detail, run.seconds, work / kind / "output.txt"))
         progress(f"      {verdict} in {run.seconds:.0f} s: {detail}")
@@ -235,11 +251,29 @@ def cmd_self_test(args: argparse.Namespace) -> int:
         print(f"pytest-eagle3 self-test: unknown fault kind {unknown[0]!r}; known: "
               f"{', '.join(sorted(self_test_plan()))}", file=sys.stderr)
         return 2
-    work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="pytest-eagle3-self-test-"))
+    try:
+        if args.work_dir:
+            work = Path(args.work_dir).expanduser().absolute()
+            work.mkdir(parents=True, exist_ok=True)
+        else:
+            work = Path(tempfile.mkdtemp(prefix="pytest-eagle3-self-test-"))
+    except OSError as exc:
+        print(f"pytest-eagle3 self-test: --work-dir {args.work_dir}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     print(f"pytest-eagle3 self-test: logs under {work}", flush=True)
     result = self_test(work, no_tp=args.tp, kinds=args.kind, extra=extra, progress=lambda m: print(m, flush=True))
+    if result.usage_error is not None:
+        print(f"pytest-eagle3 self-test: the child pytest rejected its arguments: {result.usage_error}",
+              file=sys.stderr)
+        return 2
     print("\n".join(render(result)))
     return 0 if result.ok else 1
+
+
+def _usage_line(output: str) -> str:
+    """pytest's ``ERROR: ...`` usage line of a child's output (else its last line)."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    return next((line for line in lines if line.startswith("ERROR: ")), lines[-1] if lines else "no output")
 
 
 def _first_line(message: str) -> str:

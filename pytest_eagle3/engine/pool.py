@@ -93,8 +93,11 @@ class EnginePool:
             oldest.stop()
         # A prefetched server that died while starting fails in wait_ready, with its log.
         prefetched = self._starting.pop(config, None)
+        while self._starting:  # prefetched for a test that did not come: it would only compete
+            _, unused = self._starting.popitem()
+            unused.stop()
         server = prefetched or self._spawn(config)
-        self._prefetch_after(config)
+        self._prefetch_after(config, starting=prefetched is None)
         t0 = time.monotonic()
         try:
             server.wait_ready(progress=self.progress)
@@ -127,16 +130,17 @@ class EnginePool:
             self.progress(f"starting SGLang {config.describe()}{where}{when} (log: {server.log_path})")
         return server.spawn()
 
-    def _prefetch_after(self, config: EngineConfig) -> None:
+    def _prefetch_after(self, config: EngineConfig, *, starting: bool = True) -> None:
         """Spawn the engine that follows ``config`` in :attr:`upcoming`, if any,
-        not running, not failed, and the free memory covers it."""
+        not running, not failed, and the free memory covers it (and ``config``
+        too when it was only just spawned: it has not allocated yet)."""
         if self.lease is not None or self._starting or config not in self.upcoming:
             return
         i = list(self.upcoming).index(config)
         nxt = next((c for c in list(self.upcoming)[i + 1:] if c != config), None)
         if nxt is None or nxt in self._alive or nxt in self._starting or nxt in self._failed:
             return
-        if not enough_memory_for(nxt.tp):
+        if not enough_memory_for(nxt.tp, also=config.tp if starting else 0):
             return
         self._starting[nxt] = self._spawn(nxt, background=True)
 
@@ -159,9 +163,30 @@ class EnginePool:
             self.lease.release()
 
 
-def enough_memory_for(tp: int) -> bool:
-    """Whether the free memory covers one more CPU engine at ``tp`` (with margin)."""
+def engine_gib(tp: int) -> float:
+    """Estimated peak RSS of a CPU engine's process tree at ``tp`` (GiB)."""
+    return PREFETCH_GIB_BASE + PREFETCH_GIB_PER_RANK * tp
+
+
+def enough_memory_for(tp: int, *, also: int = 0) -> bool:
+    """Whether the free memory covers one more CPU engine at ``tp``, plus an
+    engine at ``also`` that is starting and has not allocated yet (0: none),
+    with :data:`PREFETCH_MARGIN`."""
+    need = (engine_gib(tp) + (engine_gib(also) if also else 0.0)) * PREFETCH_MARGIN * 2**30
+    return available_bytes() >= need
+
+
+def available_bytes() -> int:
+    """Memory this process tree may still use: the host's available memory, or
+    less under a cgroup v2 limit (a CI container)."""
     import psutil
 
-    need = (PREFETCH_GIB_BASE + PREFETCH_GIB_PER_RANK * tp) * PREFETCH_MARGIN * 2**30
-    return psutil.virtual_memory().available >= need
+    free = int(psutil.virtual_memory().available)
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
+    except (OSError, ValueError):
+        return free
+    if limit.isdigit():
+        free = min(free, int(limit) - used)
+    return free

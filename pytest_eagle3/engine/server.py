@@ -47,11 +47,22 @@ REQUEST_FAILED = (
 )
 
 
+#: Ports this process handed out: a server binds its port only after seconds of
+#: imports, and a prefetched one starts meanwhile, so none is handed out twice.
+_HANDED_OUT: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago on ``host``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A TCP port that was free a moment ago on ``host`` and that this process
+    has not handed out before."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise OSError("no free TCP port this process has not used before")
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -209,7 +220,9 @@ class SGLangServer:
         if self.proc is None:
             raise RuntimeError(f"{self!r} was never spawned")
         try:
-            self._wait_ready(self._t0, progress)
+            # The startup timeout counts from the spawn, or from now for a server
+            # spawned in the background long before anyone needed it (prefetch).
+            self._wait_ready(max(self._t0, time.monotonic() - 1.0), progress)
         except BaseException:
             self.stop()
             raise
@@ -228,6 +241,12 @@ class SGLangServer:
                         n=LOG_TAIL_LINES, tail=log_tail(self.log_path),
                     )
                 )
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, OSError):
+                pass
             elapsed = time.monotonic() - t0
             if elapsed > self.startup_timeout:
                 raise Eagle3EngineError(
@@ -237,12 +256,6 @@ class SGLangServer:
                         tail=log_tail(self.log_path),
                     )
                 )
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as resp:
-                    if resp.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, OSError):
-                pass
             if progress is not None and time.monotonic() - last_note >= 15:
                 last_note = time.monotonic()
                 progress(f"waiting for SGLang server {self.name}: {elapsed:.0f} s")

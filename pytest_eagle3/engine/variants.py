@@ -133,6 +133,10 @@ class Variant:
             installed SGLang lacks a flag of the preferred one (forks, older versions).
         ids: the layer ids the test asks for, from ``(L, first_k_dense_replace)``;
             ``None``: the test's usual ids.
+        engaged: what SGLang's ``/server_info`` must show when the path is really
+            on, beyond echoing the flags: ``(dotted key, "==" or "!=", value)``,
+            e.g. the resolved ``cuda_graph_config.decode.backend``; a key the
+            installed SGLang does not report is not judged.
     """
 
     name: str
@@ -143,6 +147,7 @@ class Variant:
     request: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     alternatives: tuple[Mapping[str, Any], ...] = ()
     ids: Callable[[int, int], tuple[int, ...]] | None = field(default=None, compare=False)
+    engaged: tuple[tuple[str, str, Any], ...] = ()
 
     def spellings(self) -> tuple[Mapping[str, Any], ...]:
         """``server_args`` and then each alternative."""
@@ -385,7 +390,9 @@ VARIANTS: tuple[Variant, ...] = (
         alternatives=(MappingProxyType({"disable_cuda_graph": False}),),
         request=MappingProxyType({"decode_steps": 4}),
         needs=Needs(summary="CUDA graphs need CUDA", devices=("cuda",)),
-        source="PR #22836",
+        source="PR #22836; the flag is echoed as given, the effective backend is "
+        "cuda_graph_config.decode.backend (ServerArgs.resolved_dict, sglang 0.5.23)",
+        engaged=(("cuda_graph_config.decode.backend", "!=", "disabled"),),
     ),
     Variant(
         name="cuda-graph-off",
@@ -396,6 +403,7 @@ VARIANTS: tuple[Variant, ...] = (
         request=MappingProxyType({"decode_steps": 4}),
         needs=Needs(summary="CUDA graphs off differs from plain only on CUDA (the CPU tier never "
                     "uses them)", devices=("cuda",)),
+        engaged=(("cuda_graph_config.decode.backend", "==", "disabled"),),
         source="srt/server_args.py --disable-cuda-graph (deprecated in 0.5.23)",
     ),
     Variant(
@@ -454,18 +462,53 @@ MSG_PATH_OFF = ("{variant}: path not taken: the engine was started with {asked},
                 "/server_info reports {got} (it resolved the flag away; nothing was verified)")
 
 
-def path_not_taken(variant: str, server_args: Mapping[str, Any], server_info: Mapping[str, Any]) -> str | None:
+MSG_NOT_ENGAGED = ("{variant}: path not taken: SGLang's /server_info reports {key}={got!r}, "
+                   "the path needs {op} {value!r} (nothing was verified)")
+
+
+def path_not_taken(variant: str, server_args: Mapping[str, Any], server_info: Mapping[str, Any],
+                   engaged: Sequence[tuple[str, str, Any]] = ()) -> str | None:
     """Why the engine did not enter the variant's path, from ``/server_info``
     (SGLang's resolved server args, ``build_server_info`` in
     ``srt/utils/common.py``), or ``None`` when every server arg the variant set
-    is in effect.  An arg ``/server_info`` does not report is not judged."""
+    is in effect and every ``engaged`` rule holds (:attr:`Variant.engaged`).
+    An arg or key ``/server_info`` does not report is not judged."""
     for name, asked in server_args.items():
         if name not in server_info:
             continue
         got = server_info[name]
         if got != asked and not (isinstance(asked, bool) and bool(got) == asked):
             return MSG_PATH_OFF.format(variant=variant, asked=f"{name}={asked!r}", got=f"{name}={got!r}")
+    for key, op, value in engaged:
+        node: Any = server_info
+        for part in key.split("."):
+            node = node.get(part, _ABSENT) if isinstance(node, Mapping) else _ABSENT
+        if node is _ABSENT:
+            continue
+        if (node == value) != (op == "=="):
+            return MSG_NOT_ENGAGED.format(variant=variant, key=key, got=node, op=op, value=value)
     return None
+
+
+_ABSENT = object()
+
+
+MSG_NOT_EXERCISED = ("{variant}: path not exercised: with SGLang's resolved {settings}, every prompt "
+                     "({lengths} tokens) returns all its rows, as without the path (nothing was verified)")
+
+
+def path_not_exercised(variant: str, server_args: Mapping[str, Any], repeat: int, prompt_lens: Sequence[int],
+                       server_info: Mapping[str, Any]) -> str | None:
+    """Why a row-shaping path (chunked prefill, a radix-cache hit) changed no
+    prompt's rows, or ``None``: e.g. every prompt fits in one chunk, or the KV
+    page (``page_size``, 64 with trtllm_mla) is longer than every prompt."""
+    if repeat <= 1 and "chunked_prefill_size" not in server_args:
+        return None
+    if any(prefill_rows(T, server_info, repeat=repeat) < T for T in prompt_lens):
+        return None
+    settings = ", ".join(f"{k}={server_info.get(k)!r}" for k in ("chunked_prefill_size", "page_size"))
+    return MSG_NOT_EXERCISED.format(variant=variant, settings=settings,
+                                    lengths=f"{min(prompt_lens)}..{max(prompt_lens)}")
 
 
 def variant_names() -> list[str]:

@@ -88,6 +88,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # `pytest --help` / `--version` must work whatever the machine looks like.
     validate = not (getattr(config.option, "help", False) or getattr(config.option, "version", False))
     config.stash[options.SETTINGS_KEY] = settings = options.resolve_settings(config, validate=validate)
+    if validate and settings.draft is not None:
+        check_user_draft(settings)
     session.get_session(config)
     if settings.plan:
         from pytest_eagle3.plugin import plan
@@ -135,6 +137,10 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         fault = read_fault({"PYTEST_EAGLE3_FAULT": settings.fault})
         if fault is not None:
             lines.append(HEADER_FAULT.format(fault=describe(fault)) + _src(settings, "fault"))
+    if settings.prompts is not None:
+        lines.append(f"eagle3: prompts {settings.prompts} (--eagle3-prompts)")
+    if not settings.prefetch:
+        lines.append("eagle3: engine prefetch off (--eagle3-no-prefetch)")
     if settings.sglang_args:
         args = " ".join(f"{k}={v!r}" for k, v in settings.sglang_args)
         lines.append(HEADER_SGLANG_ARGS.format(args=args) + _src(settings, "sglang_args"))
@@ -289,6 +295,24 @@ def check_gpu_selection(config: pytest.Config, settings: options.Settings) -> No
     markexpr = getattr(config.option, "markexpr", "") or ""
     if re.search(r"\bgpu\b", markexpr) and settings.device == "cpu" and settings.source("device") == "default":
         raise pytest.UsageError(MSG_GPU_NONE.format(how=settings.gpu.how))
+
+
+def check_user_draft(settings: options.Settings) -> None:
+    """``--eagle3-draft PATH`` must be a directory with a readable ``config.json``
+    (JSON only: collection reads its ids; the full check against the target,
+    weights included, runs before its engine starts).
+
+    Raises:
+        pytest.UsageError: one line naming the problem.
+    """
+    from pytest_eagle3.draft.validate import NOT_DIR_MSG, read_config
+
+    if not settings.draft.is_dir():
+        raise pytest.UsageError(f"--eagle3-draft: {NOT_DIR_MSG.format(path=settings.draft)}")
+    try:
+        read_config(settings.draft)
+    except Eagle3Error as exc:
+        raise pytest.UsageError(f"--eagle3-draft: {exc}") from None
 
 
 def check_target(settings: options.Settings) -> None:

@@ -56,6 +56,17 @@ def _resolve_fault(value: str | None, sources: dict[str, str]) -> str | None:
     return raw
 
 
+def _prompts_path(value: str | None, validate: bool) -> Path | None:
+    """``--eagle3-prompts``: a path (``~`` expanded); an empty value is a usage error."""
+    if value is None:
+        return None
+    if not value.strip():
+        if validate:
+            raise pytest.UsageError("--eagle3-prompts: expected a file of prompts, got an empty path")
+        return None
+    return Path(value).expanduser()
+
+
 def parse_accept_length(value: str) -> float:
     """``--eagle3-min-accept-length``: a number >= 1 (tokens per verify; 1 = no draft token accepted)."""
     try:
@@ -531,7 +542,7 @@ def resolve_settings(config: pytest.Config, *, validate: bool = True) -> Setting
         min_accept_length=getattr(opt, "eagle3_min_accept_length", None),
         min_accept_rate=getattr(opt, "eagle3_min_accept_rate", None),
         prefetch=bool(getattr(opt, "eagle3_prefetch", True)),
-        prompts=Path(getattr(opt, "eagle3_prompts")).expanduser() if getattr(opt, "eagle3_prompts", None) else None,
+        prompts=_prompts_path(getattr(opt, "eagle3_prompts", None), validate),
         report=Path(getattr(opt, "eagle3_report")).expanduser() if getattr(opt, "eagle3_report", None) else None,
     )
     if validate:

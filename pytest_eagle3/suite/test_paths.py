@@ -14,7 +14,9 @@ shape.  Every returned row is compared with the reference row at its position:
 
 Every path proves it was taken: each server arg the variant set must be in
 effect in SGLang's ``/server_info`` (its resolved server args); a flag SGLang
-resolved away skips the variant with that reason instead of passing it.
+resolved away, or a row-shaping path that changed no prompt's rows (every
+prompt within one chunk or one KV page), skips the variant with that reason
+instead of passing it.
 
 Variants this machine or SGLang cannot run are left out at collection with the
 precise reason (``--eagle3-list-variants`` prints the matrix); on cpu, variants
@@ -26,7 +28,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_eagle3.capture.declare import variant_needs
-from pytest_eagle3.engine.variants import VARIANTS, path_not_taken, prefill_rows
+from pytest_eagle3.engine.variants import VARIANTS, path_not_exercised, path_not_taken, prefill_rows
 from pytest_eagle3.suite.support import attention_tp, evidence, tolerance
 from pytest_eagle3.verdicts.compare import compare_slots, fail_if_bad
 
@@ -48,7 +50,8 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_request, eag
     record_property("eagle3_variant_args", req.extra_args)
     captures = eagle3_capture.run(req)
     info = eagle3_capture.server_info(req)
-    off = path_not_taken(name, req.extra_args, info)
+    off = path_not_taken(name, req.extra_args, info, eagle3_need.variant.engaged) or path_not_exercised(
+        name, req.extra_args, req.repeat, [len(c.prompt) for c in captures], info)
     if off:
         pytest.skip(off)
     settings = ", ".join(f"{k}={info.get(k)!r}" for k in ROW_SETTINGS)

@@ -3,10 +3,13 @@
 
 Formats (the packaged ``fixtures/prompts.json`` is the first):
 
-* JSON ``{"prompts": [ENTRY, ...]}`` or a bare JSON list of entries, where an
-  entry is a list of token ids, ``{"ids": [...]}``, ``{"text": "..."}`` or a
-  string (text);
-* any other file: UTF-8 text, one prompt per non-empty line.
+* ``.json``: ``{"prompts": [ENTRY, ...]}`` or a bare JSON list of entries,
+  where an entry is a list of token ids, ``{"ids": [...]}``, ``{"text": "..."}``
+  or a string (text);
+* ``.jsonl``: one ENTRY per line;
+* any other file: UTF-8 text, one prompt per non-empty line (``1 2 3`` is text).
+
+Suffixes are matched case-insensitively; a UTF-8 byte-order mark is ignored.
 
 Text is tokenized with the target's own tokenizer (``AutoTokenizer`` of the
 target directory, without special tokens); a target without one (the
@@ -39,10 +42,11 @@ def read_entries(path: Path) -> list[list[int] | str]:
     """
     path = Path(path)
     try:
-        raw = path.read_text(encoding="utf-8")
+        raw = path.read_text(encoding="utf-8-sig")  # a leading BOM is not part of the first prompt
     except (OSError, UnicodeDecodeError) as exc:
         raise Eagle3ConfigError(BAD_PROMPTS_MSG.format(path=path, error=exc)) from None
-    if path.suffix == ".json":
+    suffix = path.suffix.lower()
+    if suffix == ".json":
         try:
             data: Any = json.loads(raw)
         except ValueError as exc:
@@ -51,6 +55,15 @@ def read_entries(path: Path) -> list[list[int] | str]:
         if not isinstance(entries, list):
             raise Eagle3ConfigError(BAD_PROMPTS_MSG.format(
                 path=path, error='expected {"prompts": [...]} or a JSON list of prompts'))
+    elif suffix == ".jsonl":
+        entries = []
+        for n, line in enumerate(raw.splitlines(), 1):
+            if line.strip():
+                try:
+                    entries.append(json.loads(line))
+                except ValueError as exc:
+                    raise Eagle3ConfigError(BAD_PROMPTS_MSG.format(
+                        path=path, error=f"line {n} is not JSON: {exc}")) from None
     else:
         entries = [line.strip() for line in raw.splitlines() if line.strip()]
     if not entries:
@@ -58,7 +71,7 @@ def read_entries(path: Path) -> list[list[int] | str]:
     out: list[list[int] | str] = []
     for i, entry in enumerate(entries):
         if isinstance(entry, dict):
-            entry = entry.get("ids", entry.get("text"))
+            entry = entry.get("ids") if entry.get("ids") is not None else entry.get("text")
         if isinstance(entry, str) and entry.strip():
             out.append(entry)
         elif isinstance(entry, list) and entry and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
