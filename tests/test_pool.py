@@ -131,3 +131,52 @@ def test_a_prefetched_server_that_is_healthy_is_used_however_long_ago_it_started
     finally:
         server.proc.kill()
         httpd.shutdown()
+
+
+def test_a_server_whose_port_was_taken_during_startup_starts_again(tmp_path: Path, monkeypatch) -> None:
+    """SGLang binds its HTTP port only after seconds of imports; when another
+    process took it meanwhile (uvicorn: "[Errno 98] ... address already in use"),
+    the server starts again on another port instead of failing the run."""
+    from pytest_eagle3.engine import server as server_module
+
+    srv = server_module.SGLangServer("s", {}, log_dir=tmp_path)
+    spawns, waits = [], []
+
+    def spawn(self):
+        self.port = 40000 + len(spawns)
+        self.proc = object()
+        self._t0 = 0.0
+        spawns.append(self.port)
+        return self
+
+    def wait(self, t0, progress):
+        waits.append(self.port)
+        if len(waits) == 1:
+            self.log_path.write_text(f"ERROR: [Errno 98] error while attempting to bind on address "
+                                     f"('127.0.0.1', {self.port}): address already in use\n")
+            raise server_module.Eagle3EngineError("exited with code 3 during startup")
+
+    monkeypatch.setattr(server_module.SGLangServer, "spawn", spawn)
+    monkeypatch.setattr(server_module.SGLangServer, "_wait_ready", wait)
+    monkeypatch.setattr(server_module.SGLangServer, "stop", lambda self: None)
+    messages: list[str] = []
+    srv.spawn()
+    assert srv.wait_ready(messages.append) is srv
+    assert spawns == [40000, 40001] and waits == [40000, 40001]
+    assert messages == ["SGLang server s: port 40000 was taken while it started; starting it again on another port"]
+
+
+def test_other_startup_failures_are_not_retried(tmp_path: Path, monkeypatch) -> None:
+    from pytest_eagle3.engine import server as server_module
+
+    srv = server_module.SGLangServer("s", {}, log_dir=tmp_path)
+    srv.port, srv.proc, srv._t0 = 40000, object(), 0.0
+    srv.log_path.write_text("RuntimeError: something else\n")
+
+    def wait(self, t0, progress):
+        raise server_module.Eagle3EngineError("exited with code 1 during startup")
+
+    monkeypatch.setattr(server_module.SGLangServer, "_wait_ready", wait)
+    monkeypatch.setattr(server_module.SGLangServer, "stop", lambda self: None)
+    with pytest.raises(server_module.Eagle3EngineError, match="code 1"):
+        srv.wait_ready()

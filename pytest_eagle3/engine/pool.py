@@ -62,8 +62,9 @@ class EnginePool:
     lease: "GpuLeaser | None" = None
     #: The run's engines in the order its tests use them (prefetch); empty: no prefetch.
     upcoming: Sequence[EngineConfig] = ()
-    #: Results of deterministic runs, shared by the tests that read them (the
-    #: capture runner's speculative decoding), for the pool's lifetime.
+    #: Results of deterministic runs and of engine facts, shared by the tests that
+    #: read them (the capture runner's speculative decoding, ``/server_info``),
+    #: for the pool's lifetime.
     results: dict = field(default_factory=dict)
     _alive: "OrderedDict[EngineConfig, SGLangServer]" = field(default_factory=OrderedDict)
     _starting: dict[EngineConfig, SGLangServer] = field(default_factory=dict)

@@ -47,6 +47,9 @@ REQUEST_FAILED = (
 )
 
 
+#: Restarts on a new port when the chosen one was taken during startup.
+PORT_RETRIES = 2
+
 #: Ports this process handed out: a server binds its port only after seconds of
 #: imports, and a prefetched one starts meanwhile, so none is handed out twice.
 _HANDED_OUT: set[int] = set()
@@ -219,15 +222,34 @@ class SGLangServer:
             return self
         if self.proc is None:
             raise RuntimeError(f"{self!r} was never spawned")
-        try:
-            # The startup timeout counts from the spawn, or from now for a server
-            # spawned in the background long before anyone needed it (prefetch).
-            self._wait_ready(max(self._t0, time.monotonic() - 1.0), progress)
-        except BaseException:
-            self.stop()
-            raise
-        self.startup_seconds = time.monotonic() - self._t0
+        first_t0 = self._t0
+        for attempt in range(PORT_RETRIES + 1):
+            try:
+                # The startup timeout counts from the spawn, or from now for a server
+                # spawned in the background long before anyone needed it (prefetch).
+                self._wait_ready(max(self._t0, time.monotonic() - 1.0), progress)
+                break
+            except Eagle3EngineError:
+                port = self.port
+                self.stop()
+                if attempt == PORT_RETRIES or not self.port_taken(port):
+                    raise
+                # The port was free when chosen, but SGLang binds it only after
+                # seconds of imports; another process (or another engine's
+                # internal port) took it meanwhile.  Start again on a new one.
+                if progress is not None:
+                    progress(f"SGLang server {self.name}: port {port} was taken while it started; "
+                             "starting it again on another port")
+                self.spawn()
+            except BaseException:
+                self.stop()
+                raise
+        self.startup_seconds = time.monotonic() - first_t0
         return self
+
+    def port_taken(self, port: int | None) -> bool:
+        """Whether the log says the server could not bind its HTTP ``port``."""
+        return port is not None and f"('{self.host}', {port}): address already in use" in log_tail(self.log_path)
 
     def _wait_ready(self, t0: float, progress: Callable[[str], None] | None) -> None:
         last_note = t0

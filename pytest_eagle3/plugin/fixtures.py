@@ -255,11 +255,10 @@ class CaptureRunner:
         """``/server_info`` of ``request``'s engine: the server args as SGLang
         resolved them plus its scheduler info (read once per engine)."""
         server = self._server(request.ids, request.extra_args, request.draft)
-        info = getattr(server, "_eagle3_server_info", None)
-        if info is None:
-            info = server.server_info()
-            server._eagle3_server_info = info
-        return info
+        key = ("server_info", self.last_config)
+        if key not in self.pool.results:
+            self.pool.results[key] = server.server_info()
+        return self.pool.results[key]
 
     def speculate(self, request: "EngineRequest", prompts: Sequence[Sequence[int]],
                   max_new_tokens: Sequence[int]) -> "list[DraftPathCaptures]":
