@@ -50,3 +50,16 @@ def test_default_ids_collapse_on_six_layers() -> None:
 def test_plus_one_past_the_last_layer_fails_at_first_forward() -> None:
     p = predict([1, 4, 7], 8, "0.5.23")
     assert p.missing == (8,) and p.fails_at_first_forward
+
+
+@pytest.mark.parametrize("ids, version, fails", [
+    ([0, 3, 5], "0.5.13", True),    # first-id rule, but layer 0 still raises (deepseek_v2.py:2453)
+    ([0, 3, 5], "0.5.14", False),   # captured after prepare_attn sets the residual
+    ([0, 3, 5], "0.5.23", False),
+    ([-1, 2, 4], "0.5.9", True),    # +1 -> layers [0, 3, 5]: TypeError at the first forward (measured)
+    ([0, 3, 5], "0.5.9", False),    # +1 -> layers [1, 4, 6]: serves, one layer late (measured)
+])
+def test_layer_zero_capture_fails_before_0_5_14(ids, version, fails):
+    p = predict(ids, 8, version)
+    assert p.fails_at_first_forward is fails
+    assert p.embedding_fails is fails

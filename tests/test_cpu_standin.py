@@ -49,8 +49,8 @@ def _naive(q, k, v, scale, causal_from=None):
 
 
 def test_torch_ops_exposed_and_amx_probe_stays_off(sk):
-    assert torch.ops.sgl_kernel.decode_attention_cpu is sk.decode_attention_cpu
-    assert torch.ops.sgl_kernel.extend_attention_cpu is sk.extend_attention_cpu
+    assert torch.ops.sgl_kernel.decode_attention_cpu.__wrapped__ is sk.decode_attention_cpu
+    assert torch.ops.sgl_kernel.extend_attention_cpu.__wrapped__ is sk.extend_attention_cpu
     # SGLang's AMX probe for linear/MoE/norm layers looks for this op: it must stay absent.
     assert not hasattr(torch.ops.sgl_kernel, "convert_weight_packed")
 
@@ -83,6 +83,37 @@ def test_decode_attention_writes_kv_then_attends(sk, heads, kv_heads):
         idx = req_to_token[b, : seq_lens[b]].long()
         want = _naive(q[b : b + 1], kb[idx], vb[idx], 0.3)
         torch.testing.assert_close(out[b : b + 1], want)
+
+
+def test_torch_op_accepts_the_argument_list_without_kv_scales(sk):
+    """sglang 0.5.9-0.5.12 call the op without k_scale/v_scale (sgl-kernel 0.3.21):
+    same result as the new list with unit scales; a wrong list is not silently accepted."""
+    g = torch.Generator().manual_seed(2)
+    D, slots = 8, 16
+    kb = torch.randn(slots, 2, D, generator=g)
+    req_to_token = torch.arange(16, dtype=torch.int32).view(1, 16)
+    q = torch.randn(1, 2, D, generator=g)
+    outs = []
+    for old in (True, False):
+        out = torch.empty(1, 2, D)
+        common = (out, None, None, torch.tensor([0]), torch.zeros(1, 2, 8, D + 1), req_to_token,
+                  torch.tensor([0]), torch.tensor([6]), 0.4, 0.0)
+        args = (q, kb, kb) + ((1.0, 1.0) if not old else ()) + common
+        torch.ops.sgl_kernel.decode_attention_cpu(*args)
+        outs.append(out)
+    torch.testing.assert_close(outs[0], outs[1])
+    with pytest.raises(TypeError):
+        torch.ops.sgl_kernel.decode_attention_cpu(q, kb, kb, out)
+
+
+def test_kvcacheio_submodule_is_a_loud_stub(sk):
+    import importlib
+
+    kvcacheio = importlib.import_module("sgl_kernel.kvcacheio")
+    with pytest.raises(NotImplementedError, match="kvcacheio.transfer_kv_per_layer"):
+        kvcacheio.transfer_kv_per_layer(None)
+    with pytest.raises(ImportError):
+        importlib.import_module("sgl_kernel.no_such_submodule")
 
 
 def test_decode_attention_mla_shared_buffer(sk):

@@ -148,8 +148,20 @@ def test_kimi_embedding_on_old_sglang_cannot_be_fixed_by_ids(tmp_path: Path, cap
     code, out, _ = run(capsys, "--draft", str(draft), "--stack", "raw", "--layers", "8", "--sglang-version", OLD)
     assert code == 1
     assert "  slot 0: sglang captures out(L0); the contract says embedding" in out
-    assert "fix:       this SGLang cannot capture the embedding (always +1 rule, <= 0.5.12); upgrade to >= 0.5.13" in out
+    assert ("fix:       this SGLang cannot capture the embedding (always +1 rule, <= 0.5.12, and no layer-0 "
+            "capture); upgrade to >= 0.5.14") in out
     assert "write ids [0, 3, 5]" in out and "recheck:" not in out
+    assert "right for SGLang >= 0.5.14 only" in out
+
+
+def test_embedding_on_0_5_13_is_not_servable_either(tmp_path: Path, capsys) -> None:
+    """0.5.13 has the first-id rule but still fails capturing layer 0 (deepseek_v2.py:2453)."""
+    fx = FIXTURES["kimi-embedding-first"]
+    draft = make_draft(tmp_path / "kimi", fx.ids)
+    code, out, _ = run(capsys, "--draft", str(draft), "--stack", "raw", "--layers", "8", "--sglang-version", "0.5.13")
+    assert code == 1
+    assert "fails capturing layer 0 (residual is None there) before 0.5.14); upgrade to >= 0.5.14" in out
+    assert "layers_to_capture [0, 3, 5] has layer 0, which this SGLang cannot capture" in out
 
 
 def test_human_form(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -139,3 +139,16 @@ def test_fewer_records_than_prompts_is_a_failure() -> None:
     report = check_rank_slots({0: [rec]}, [ref, ref], expected=[1], num_layers=2, hidden_size=H)
     assert not report.ok
     assert "rank 0 recorded 1 prefill forwards of the test's requests for 2 prompts" in report.message()
+
+
+def test_recorder_packs_a_per_layer_list(record_dir: Path) -> None:
+    """Releases before 0.5.23 return aux hidden states as one [tokens, H] tensor per
+    captured layer (0.5.9 deepseek_v2.py): the record is their concatenation."""
+    (hidden, packed), model, ids, pos, batch = _forward([1, 2, 3])
+    per_layer = [packed[:, :H].clone(), packed[:, H:].clone()]
+    with Recorder(record_dir).recording():
+        recorder_hook._after_forward((hidden, per_layer), model, ids, pos, batch)
+    (path,) = (record_dir / "rank1").glob("*.safetensors")
+    from safetensors.torch import load_file
+
+    assert torch.equal(load_file(str(path))["aux"], packed)

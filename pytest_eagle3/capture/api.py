@@ -172,11 +172,29 @@ class Captures:
         return int(self.prefill.shape[-1])
 
 
+DECODE_ROWS_NOT_PER_TOKEN = (
+    "prompt {index}: SGLang returned {rows} decode hidden-state rows for {tokens} generated tokens "
+    "(one per token but the last is {want}) after {verifies} verify steps: this SGLang keeps one row per "
+    "verify step, not per accepted token (seen on sglang 0.5.9), so decode rows cannot be attributed to "
+    "positions once a draft token is accepted"
+)
+
+
+class Eagle3DecodeRowsNotPerToken(Eagle3Error):
+    """A speculative response whose decode rows are not one per generated token."""
+
+
 def parse_response(response: dict[str, Any], prompt: Sequence[int], index: int = 0) -> Captures:
     """Turn one ``/generate`` response into :class:`Captures`.
 
+    ``decode`` rows are one per generated token but the last.  A speculative
+    response (it has ``spec_verify_ct``) whose row count differs is refused:
+    some releases return one row per verify step instead, which cannot be
+    mapped to positions (:data:`DECODE_ROWS_NOT_PER_TOKEN`).
+
     Raises:
         Eagle3Error: the response carries no hidden states.
+        Eagle3DecodeRowsNotPerToken: decode rows are not one per token.
     """
     import torch
 
@@ -189,6 +207,10 @@ def parse_response(response: dict[str, Any], prompt: Sequence[int], index: int =
         prefill = prefill.unsqueeze(0)
     rows = [torch.tensor(row, dtype=torch.float32).reshape(-1) for row in states[1:]]
     decode = torch.stack(rows) if rows else prefill.new_zeros((0, prefill.shape[-1]))
+    tokens = len(response.get("output_ids") or [])
+    if "spec_verify_ct" in meta and tokens and len(rows) != tokens - 1:
+        raise Eagle3DecodeRowsNotPerToken(DECODE_ROWS_NOT_PER_TOKEN.format(
+            index=index, rows=len(rows), tokens=tokens, want=tokens - 1, verifies=meta.get("spec_verify_ct")))
     rid = meta.get("id")
     return Captures(list(prompt), prefill, decode, list(response.get("output_ids") or []),
                     str(rid) if rid is not None else None)

@@ -67,6 +67,14 @@ COLLAPSES = (
     "first forward (pytest-eagle3 inspect reports this before any engine starts)"
 )
 NO_CONTRACT = "{case}: no contract on a {L}-layer target: {error}"
+NO_DEEPSEEK_EAGLE3 = (
+    "{sglang} cannot serve DeepSeek EAGLE-3: its srt/models/deepseek_v2.py has no "
+    "set_eagle3_layers_to_capture (no aux hidden state capture in its DeepSeek model)"
+)
+NO_DRAFT_PATH = (
+    "{sglang} has neither --enable-return-aux-hidden-states nor --enable-return-hidden-states: "
+    "its captures cannot be read"
+)
 NO_EMBEDDING_ID = "{sglang} cannot capture the embedding with {rule}: no id list yields hs[0]"
 NO_ACCEPTANCE_DRAFT = (
     "acceptance needs a trained EAGLE-3 draft: target {target} ships none; pass --eagle3-draft PATH"
@@ -265,6 +273,12 @@ def collect_reason(need: EngineNeed, ctx: NeedContext) -> str | None:
                 return OWN_ENGINE_TP1_ON_CPU
             if not s.slow:
                 return SLOW
+    if ctx.install is not None:
+        if ctx.install.deepseek_eagle3 is False:
+            return NO_DEEPSEEK_EAGLE3.format(sglang=ctx.install.describe())
+        if ctx.install.flags and not (ctx.install.has_arg("enable_return_aux_hidden_states")
+                                      or ctx.install.has_arg("enable_return_hidden_states")):
+            return NO_DRAFT_PATH.format(sglang=ctx.install.describe())
     if need.case == USER_DRAFT or ctx.install is None or ctx.facts is None:
         return None
     try:
@@ -322,15 +336,46 @@ def resolve(need: EngineNeed, ctx: NeedContext) -> EngineRequest:
     expected = tuple(case.contract.to_snapshot_indices(L))
     xfail = None
     if expected != predicted:
-        xfail = (f"{need.case}: known incompatibility of {ctx.install.describe()}: contract {case.contract}; "
-                 f"its rule captures {['hs[%d]' % i for i in predicted]}")
+        xfail = known_incompatibility(need.case, case.contract, ids, predicted, L, ctx.install)
     return EngineRequest(ids, expected=expected, predicted=predicted, xfail_reason=xfail, contract=str(case.contract),
                          draft=draft)
 
 
+NOT_SERVABLE = (
+    "{what}: known incompatibility of {sglang}: trained on {contract} = {wanted}, declared ids {ids}; "
+    "its id rule ({rule}) captures {got}: {verdict}; fix: {fix}"
+)
+
+
+def known_incompatibility(what: str, contract: Any, ids: Sequence[int] | None, predicted: Sequence[int],
+                          num_layers: int, install: "SGLangInstall") -> str:
+    """The XFAIL reason of a contract the installed SGLang's rule cannot serve with
+    these ids, with the fix ``pytest-eagle3 inspect`` proposes
+    (:func:`pytest_eagle3.cli.idfix.plan_fix`): other ids, or why none exist."""
+    from pytest_eagle3.cli.idfix import plan_fix
+    from pytest_eagle3.verdicts.conventions import rule_for
+
+    L = num_layers
+    fix = plan_fix(contract, L, install.version, key="eagle_config.eagle_aux_hidden_state_layer_ids",
+                   prefer=list(ids) if ids is not None else None)
+    verdict = ("not servable on this SGLang (no id list captures it)" if fix.ids is None
+               else "servable with other ids")
+    return NOT_SERVABLE.format(what=what, sglang=install.describe(), contract=contract,
+                               wanted=", ".join(f"hs[{i}]" for i in contract.to_snapshot_indices(L)),
+                               ids=list(ids) if ids is not None else "(none: SGLang's default)",
+                               rule=rule_for(install.version),
+                               got=", ".join(f"hs[{i}]" for i in predicted), verdict=verdict, fix=fix.text)
+
+
 def _acceptance_request(ctx: NeedContext) -> EngineRequest:
     """Speculative decoding with the trained draft; SGLang reads the draft's ids
-    from its ``config.json``, and its captures are the draft path's."""
+    from its ``config.json``, and its captures are the draft path's.
+
+    A draft built by pytest-eagle3 records the contract it was trained on
+    (``config.json`` ``pytest_eagle3.contract``); when the installed SGLang's
+    rule feeds it other layers, the request carries that known incompatibility
+    (``xfail_reason``) and the acceptance test expects the collapse.
+    """
     from pytest_eagle3.capture.draft_path import draft_layer_ids
     from pytest_eagle3.verdicts.conventions import predict
 
@@ -339,9 +384,32 @@ def _acceptance_request(ctx: NeedContext) -> EngineRequest:
     assert draft is not None
     declared = draft_layer_ids(draft)
     ids = tuple(declared) if declared is not None else None
-    predicted = tuple(predict(list(ids) if ids is not None else None, ctx.facts.num_layers,
-                              ctx.install.version).snapshots)
-    return EngineRequest(ids, expected=predicted, predicted=predicted, draft=str(draft))
+    L = ctx.facts.num_layers
+    predicted = tuple(predict(list(ids) if ids is not None else None, L, ctx.install.version).snapshots)
+    contract = _trained_contract(draft, L, ctx.facts.hidden_size, ctx.install.version)
+    xfail = None
+    expected = predicted
+    if contract is not None:
+        expected = tuple(contract.to_snapshot_indices(L))
+        if expected != predicted:
+            xfail = known_incompatibility(f"draft {draft.name}", contract, ids, predicted, L, ctx.install)
+    return EngineRequest(ids, expected=expected, predicted=predicted, draft=str(draft), xfail_reason=xfail,
+                         contract=str(contract) if contract is not None else None)
+
+
+def _trained_contract(draft: Path, num_layers: int, hidden_size: int, version: str) -> Any:
+    """The contract a pytest-eagle3-built draft records in its ``config.json``
+    (``pytest_eagle3.contract``, the name of a contract fixture), or ``None``."""
+    import json
+
+    try:
+        meta = json.loads((draft / "config.json").read_text(encoding="utf-8")).get("pytest_eagle3") or {}
+        name = meta.get("contract")
+        if not name or name not in cases.case_names():
+            return None
+        return cases.resolve(name, num_layers, hidden_size, version).contract
+    except (OSError, ValueError, KeyError, Eagle3ConfigError):
+        return None
 
 
 def _ids(ids: Sequence[int] | None) -> tuple[int, ...] | None:

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from pytest_eagle3.capture.api import Captures, parse_response
+from pytest_eagle3.capture.api import Captures, Eagle3DecodeRowsNotPerToken, parse_response
 from pytest_eagle3.capture.spec_metrics import SpecMetrics, has_spec_metrics, read_spec_metrics
 from pytest_eagle3.engine.config import speculative_server_args
 from pytest_eagle3.engine.install import SGLangInstall
@@ -82,6 +82,9 @@ class DraftPathCaptures:
 
     captures: Captures
     metrics: SpecMetrics
+    #: Why ``captures.decode`` is empty although tokens were generated (this
+    #: SGLang's decode rows are not one per token), else ``None``.
+    decode_note: str | None = None
 
     @property
     def output_ids(self) -> list[int]:
@@ -134,7 +137,17 @@ def parse_draft_response(response: dict[str, Any], prompt: Sequence[int], index:
     meta = response.get("meta_info") or {}
     if not has_spec_metrics(meta):
         raise Eagle3Error(NOT_SPECULATIVE.format(index=index))
-    return DraftPathCaptures(parse_response(response, prompt, index), read_spec_metrics(meta))
+    try:
+        captures = parse_response(response, prompt, index)
+        note = None
+    except Eagle3DecodeRowsNotPerToken as exc:
+        # The prefill rows and the metrics still hold; the decode rows are dropped.
+        trimmed = dict(response, meta_info=dict(meta, hidden_states=meta["hidden_states"][:1]),
+                       output_ids=list(response.get("output_ids") or [])[:1])
+        captures = parse_response(trimmed, prompt, index)
+        captures.output_ids = list(response.get("output_ids") or [])
+        note = str(exc)
+    return DraftPathCaptures(captures, read_spec_metrics(meta), decode_note=note)
 
 
 def capture_draft_path(

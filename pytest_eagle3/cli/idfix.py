@@ -24,17 +24,28 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from pytest_eagle3.contracts.contract import Contract, entry_text
-from pytest_eagle3.verdicts.conventions import ALWAYS_PLUS_ONE, FIRST_ID_RULE_SINCE, predict, rule_for
+from pytest_eagle3.verdicts.conventions import (
+    ALWAYS_PLUS_ONE,
+    EMBEDDING_CAPTURE_SINCE,
+    FIRST_ID_RULE_SINCE,
+    captures_embedding,
+    predict,
+    rule_for,
+)
 from pytest_eagle3.verdicts.snapshots import describe
 
 #: A version under the old rule and one under the new rule, to test portability.
 OLD_RULE_VERSION = "0.5.12"
 NEW_RULE_VERSION = str(FIRST_ID_RULE_SINCE)
+#: The first version that captures the embedding (layer 0).
+EMBEDDING_VERSION = str(EMBEDDING_CAPTURE_SINCE)
 
 # Message templates (tests import these).
 WRITE_IDS = "write ids {ids} under {key}"
 PORTABLE_NOTE = "a list starting with 1 gets +1 on every SGLang version, so it means the same on all of them"
 ONLY_NEW_NOTE = "right for SGLang >= " + NEW_RULE_VERSION + " only: older versions add 1 to every id"
+ONLY_EMBEDDING_NOTE = ("right for SGLang >= " + str(EMBEDDING_CAPTURE_SINCE) + " only: older versions add 1 to "
+                       "every id (<= " + OLD_RULE_VERSION + ") or fail capturing layer 0")
 ONLY_OLD_NOTE = "right for SGLang <= " + OLD_RULE_VERSION + " only: newer versions add 1 only when the first id is 1"
 NOT_FIRST_NOTE = (
     "1 is not listed first on purpose: a list starting with 1 gets +1 on this SGLang, "
@@ -46,9 +57,10 @@ UNREACHABLE_FIX = (
     "(it captures layer inputs only, hs[0]..hs[{last}]); retrain the draft on layers it can capture"
 )
 EMBEDDING_FIX = (
-    "this SGLang cannot capture the embedding (always +1 rule, <= {old}); upgrade to >= {new} "
-    "(PR #25454), then {write}"
+    "this SGLang cannot capture the embedding ({why}); upgrade to >= {new}, then {write}"
 )
+EMBEDDING_WHY_RULE = "always +1 rule, <= " + OLD_RULE_VERSION + ", and no layer-0 capture"
+EMBEDDING_WHY_LAYER0 = "its DeepSeek model fails capturing layer 0 (residual is None there) before " + EMBEDDING_VERSION
 ONE_ALONE_FIX = (
     "no id list works on SGLang {version}: [1] always gets +1, so out(L0) alone cannot be captured; "
     "SGLang <= {old} captures it with ids [0]"
@@ -146,6 +158,8 @@ def _write(ids: tuple[int, ...], key: str, num_layers: int, version: str, keep_t
         notes.append(PORTABLE_NOTE)
     elif rule_for(version) == ALWAYS_PLUS_ONE:
         notes.append(ONLY_OLD_NOTE)
+    elif 0 in (predict(list(ids), num_layers, version).layers_to_capture):
+        notes.append(ONLY_EMBEDDING_NOTE)
     else:
         notes.append(ONLY_NEW_NOTE)
     if keep_top_level:
@@ -177,11 +191,12 @@ def plan_fix(
     order = tuple(sorted(wanted))
     ids = ids_for(order, L, version, prefer=prefer)
     if ids is None:
-        if 0 in order and rule_for(version) == ALWAYS_PLUS_ONE:
-            new_ids = ids_for(order, L, NEW_RULE_VERSION, prefer=prefer)
-            write = (_write(new_ids, key, L, NEW_RULE_VERSION, keep_top_level) if new_ids is not None
-                     else NO_IDS_FIX.format(version=NEW_RULE_VERSION, human=contract.human(L)))
-            return Fix(None, key, EMBEDDING_FIX.format(old=OLD_RULE_VERSION, new=NEW_RULE_VERSION, write=write))
+        if 0 in order and not captures_embedding(version):
+            new_ids = ids_for(order, L, EMBEDDING_VERSION, prefer=prefer)
+            write = (_write(new_ids, key, L, EMBEDDING_VERSION, keep_top_level) if new_ids is not None
+                     else NO_IDS_FIX.format(version=EMBEDDING_VERSION, human=contract.human(L)))
+            why = EMBEDDING_WHY_RULE if rule_for(version) == ALWAYS_PLUS_ONE else EMBEDDING_WHY_LAYER0
+            return Fix(None, key, EMBEDDING_FIX.format(why=why, new=EMBEDDING_VERSION, write=write))
         if order == (1,):
             return Fix(None, key, ONE_ALONE_FIX.format(version=version, old=OLD_RULE_VERSION))
         return Fix(None, key, NO_IDS_FIX.format(version=version, human=contract.human(L)))

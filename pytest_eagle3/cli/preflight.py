@@ -77,6 +77,10 @@ FAILS_AT_FIRST_FORWARD = (
 )
 NEVER_REACHED = "has {layers}, which a target of {L} layers never reaches (0..{last})"
 NAMED_TWICE = "names {layers} twice"
+LAYER0_TYPEERROR = (
+    "has layer 0, which this SGLang cannot capture (TypeError: residual is None before layer 0; "
+    "fixed in 0.5.14)"
+)
 SLOT_COUNT = (
     "SGLang captures {got} slot{s} but the draft's fc takes {want}: it fails loading the draft or "
     "at the first forward"
@@ -313,6 +317,11 @@ def _fails_reason(p: Prediction, num_layers: int) -> str:
     dups = sorted({i for i in p.layers_to_capture if p.layers_to_capture.count(i) > 1})
     if dups:
         problems.append(NAMED_TWICE.format(layers=_layers(dups)))
+    if p.embedding_fails:
+        problems.append(LAYER0_TYPEERROR)
+        # It stops at layer 0: nothing is captured.
+        return FAILS_AT_FIRST_FORWARD.format(layers=list(p.layers_to_capture), problem=" and ".join(problems),
+                                             n=0, k=len(p.layers_to_capture))
     return FAILS_AT_FIRST_FORWARD.format(layers=list(p.layers_to_capture), problem=" and ".join(problems),
                                          n=len(p.snapshots), k=len(p.layers_to_capture))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -16,7 +17,7 @@ from typing import Any, Iterable, Mapping
 from pytest_eagle3.engine.cpu import recipe
 from pytest_eagle3.engine.cuda.recipe import CudaRecipe
 from pytest_eagle3.engine.install import SGLangInstall
-from pytest_eagle3.engine.sglang_hooks import HOOKS_ENV
+from pytest_eagle3.engine.sglang_hooks import HOOKS_ENV, SITE_HOOK_DIR
 from pytest_eagle3.errors import Eagle3ConfigError
 
 UNKNOWN_ARG = (
@@ -218,6 +219,10 @@ def build_engine_config(
     env.update(extra_env or {})
     # The per-rank recorder, idle until a test enables it (engine/recorder_hook.py).
     env[HOOKS_ENV] = ",".join(x for x in (env.get(HOOKS_ENV), "record") if x)
+    if not install.general_plugins:
+        # No sglang.srt.plugins: the hooks come in through our sitecustomize.
+        base = env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+        env["PYTHONPATH"] = str(SITE_HOOK_DIR) + (os.pathsep + base if base else "")
     args.update(layers)
     for name in list(args):
         if not install.has_arg(name):

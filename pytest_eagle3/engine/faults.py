@@ -420,7 +420,14 @@ def install(fault: dict[str, Any] | None = None) -> dict[str, Any] | None:
     if fault is None:
         return None
     _FAULT = fault
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    try:
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    except ImportError:
+        raise RuntimeError(
+            "pytest-eagle3 fault injection needs SGLang's HookRegistry "
+            "(sglang.srt.plugins.hook_registry); this SGLang has none, so faults "
+            "cannot be injected into it (self-test runs on releases that have it)"
+        ) from None
 
     kind = fault["kind"]
     if kind in ("offset-twice", "offset-missing", "ids-ignored"):

@@ -58,6 +58,36 @@ class SGLangInstall:
     def describe(self) -> str:
         return f"sglang {self.version} ({self.location})"
 
+    @property
+    def general_plugins(self) -> bool:
+        """Whether this SGLang loads general plugins in every process
+        (``srt/plugins/__init__.py`` defines ``load_plugins``; sglang 0.5.13 on).
+        Without it pytest-eagle3's hooks reach the workers through its
+        ``sitecustomize`` import hook (:mod:`pytest_eagle3.engine.sglang_hooks`)."""
+        init = Path(self.location) / "srt" / "plugins" / "__init__.py"
+        try:
+            return "def load_plugins" in init.read_text(encoding="utf-8")
+        except OSError:
+            return False
+
+    @property
+    def deepseek_eagle3(self) -> bool | None:
+        """Whether this SGLang's DeepSeek model can capture EAGLE-3 aux hidden states
+        (``srt/models/deepseek_v2.py`` defines ``set_eagle3_layers_to_capture``;
+        absent in 0.5.4).  ``None`` when the file cannot be read (not decided here)."""
+        path = Path(self.location) / "srt" / "models" / "deepseek_v2.py"
+        try:
+            return "def set_eagle3_layers_to_capture" in path.read_text(encoding="utf-8")
+        except OSError:
+            return None
+
+    @property
+    def hook_loader(self) -> str:
+        """How pytest-eagle3's hooks reach SGLang's processes (for the report header)."""
+        from pytest_eagle3.engine.sglang_hooks import IMPORT_HOOK_LOADER, PLUGIN_LOADER
+
+        return PLUGIN_LOADER if self.general_plugins else IMPORT_HOOK_LOADER
+
 
 def locate() -> tuple[str, str]:
     """``(version, package directory)`` of SGLang, without importing it.

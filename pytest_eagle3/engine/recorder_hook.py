@@ -3,7 +3,7 @@
 Installed by :mod:`pytest_eagle3.engine.sglang_hooks` when the hook set
 ``record`` is enabled.  It wraps ``DeepseekV2Model.forward``
 (``srt/models/deepseek_v2.py``, which returns ``(hidden_states, aux)`` when
-captures are on) with an *after* hook through SGLang's own
+captures are on; ``aux`` a list of per-layer tensors before 0.5.23) with an *after* hook through SGLang's own
 ``HookRegistry`` (``srt/plugins/hook_registry.py``) and writes a copy of each
 rank's packed aux hidden states to ``$PYTEST_EAGLE3_RECORD_DIR/rank<r>/``.
 It observes: the tensor SGLang uses is never modified.
@@ -94,6 +94,14 @@ def _after_forward(result: Any, model: Any, input_ids: Any = None, positions: An
     if not (isinstance(result, tuple) and len(result) == 2):
         return None
     aux = result[1]
+    if isinstance(aux, (list, tuple)):
+        # Releases before 0.5.23 return one [tokens, H] tensor per captured
+        # layer; the logits processor concatenates them (0.5.9 deepseek_v2.py).
+        if not aux:
+            return None
+        import torch
+
+        aux = torch.cat(list(aux), dim=-1)
     mode = getattr(getattr(forward_batch, "forward_mode", None), "name", "UNKNOWN")
     if mode == "IDLE" or aux is None or aux.shape[0] == 0:
         return None
@@ -136,7 +144,8 @@ def _after_forward(result: Any, model: Any, input_ids: Any = None, positions: An
 def install() -> None:
     """Register the after-hook with SGLang's HookRegistry (applied by ``load_plugins``).
 
-    Where the registry is missing, patch the class attribute directly.
+    Where the registry is missing (releases before 0.5.11), wrap the class
+    attribute directly.
     """
     try:
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType

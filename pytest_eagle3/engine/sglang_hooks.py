@@ -20,12 +20,19 @@ pytest-eagle3's ``pyproject.toml`` and does nothing unless the engine host set
   other hook set is active (an engine pytest-eagle3 started, e.g. inside a
   self-test run); never without it.  Installed before the recorder, so the
   recorder and the HTTP API see the faulted captures.
+
+Where the installed SGLang has no ``sglang.srt.plugins`` (releases before
+0.5.13), nothing calls :func:`load`; the engine host then puts
+``engine/site_hook`` on the workers' ``PYTHONPATH`` and its ``sitecustomize``
+calls :func:`load_on_import` (:data:`LOADERS` names both ways; the report
+header says which one a run used).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 HOOKS_ENV = "PYTEST_EAGLE3_SGLANG_HOOKS"
 #: Same as :data:`pytest_eagle3.engine.faults.FAULT_ENV` (kept here: this module
@@ -34,17 +41,42 @@ FAULT_ENV = "PYTEST_EAGLE3_FAULT"
 
 logger = logging.getLogger("pytest_eagle3.sglang_hooks")
 
+#: How the hooks reach SGLang's processes: SGLang's general-plugin entry point,
+#: or pytest-eagle3's ``sitecustomize`` import hook (no ``sglang.srt.plugins``).
+PLUGIN_LOADER = "sglang.srt.plugins entry point"
+IMPORT_HOOK_LOADER = "sitecustomize import hook (this SGLang has no sglang.srt.plugins)"
+LOADERS = (PLUGIN_LOADER, IMPORT_HOOK_LOADER)
+#: The directory whose ``sitecustomize`` is the import hook.
+SITE_HOOK_DIR = Path(__file__).with_name("site_hook")
+
+#: The module whose import triggers :func:`load` under the import hook: every
+#: SGLang process imports it before resolving arguments or building a model.
+TRIGGER_MODULE = "sglang.srt.server_args"
+
 
 def enabled_hook_sets() -> set[str]:
     """Hook sets named in :data:`HOOKS_ENV`."""
     return {x.strip() for x in os.environ.get(HOOKS_ENV, "").split(",") if x.strip()}
 
 
+def load_on_import() -> None:
+    """Call :func:`load` right after :data:`TRIGGER_MODULE` is imported (the
+    ``sitecustomize`` hook loader's way in)."""
+    from pytest_eagle3.engine.post_import import when_imported
+
+    when_imported(TRIGGER_MODULE, lambda _module: load())
+
+
+_loaded = False
+
+
 def load() -> None:
-    """Entry point called by SGLang's ``load_plugins()`` in every process."""
+    """Entry point called by SGLang's ``load_plugins()`` in every process (once)."""
+    global _loaded
     sets = enabled_hook_sets()
-    if not sets:
+    if not sets or _loaded:
         return
+    _loaded = True
     if "cpu" in sets:
         from pytest_eagle3.engine.cpu import patches
 

@@ -420,4 +420,7 @@ def _sglang_line() -> str:
     location, version = sglang_location_and_version()
     if location is None:
         return HEADER_NO_SGLANG
-    return HEADER_SGLANG.format(version=version, location=location)
+    from pytest_eagle3.engine.install import SGLangInstall
+
+    loader = SGLangInstall(str(version), str(location), frozenset(), "").hook_loader
+    return HEADER_SGLANG.format(version=version, location=location) + f"; hooks via {loader}"

@@ -39,6 +39,14 @@ OUTPUT_DIVERGES = (
     "{name}: speculative output leaves the greedy continuation at token {j} ({got} != {want}); "
     "speculative decoding must equal greedy decoding at temperature 0"
 )
+COLLAPSED = ("{reason}; measured at TP {tp}: accept length {length:.3f} (rate {rate:.3f}), below the gate "
+             "{gate}: the draft's acceptance collapses as the rule predicts")
+PREDICTED_COLLAPSE_HELD = (
+    "accept length {length:.3f} clears the gate {gate} although the installed SGLang's id rule predicts a "
+    "miswired draft ({reason}): pytest_eagle3/verdicts/conventions.py is out of date for this SGLang"
+)
+OFFLINE_COLLAPSE = ("{reason}; offline, the draft reaches accept length {got:.2f} on what SGLang captures and "
+                    "{ref:.2f} on its training contract's layers of the reference (gate {gate})")
 NO_CONTINUATIONS = "{draft} ships no continuations.json: replaying the suite prompts for {n} tokens each"
 USER_TOKENS = 32
 
@@ -89,7 +97,16 @@ def test_draft_acceptance_meets_the_gate(eagle3_engine_request, eagle3_capture, 
     record_property("eagle3_gates", {"min_accept_length": gates.min_accept_length,
                                      "min_accept_rate": gates.min_accept_rate, "source": gates.source})
     low_rate = total.accept_rate is not None and total.accept_rate < gates.min_accept_rate
-    if total.accept_length < gates.min_accept_length or low_rate:
+    below = total.accept_length < gates.min_accept_length or low_rate
+    if req.xfail_reason is not None:
+        # The installed SGLang's rule feeds this draft other layers than it was
+        # trained on: acceptance must collapse; holding means the rule is wrong.
+        if not below:
+            pytest.fail(PREDICTED_COLLAPSE_HELD.format(length=total.accept_length, gate=gates.min_accept_length,
+                                                       reason=req.xfail_reason), pytrace=False)
+        pytest.xfail(COLLAPSED.format(reason=req.xfail_reason, length=total.accept_length, rate=rate,
+                                      gate=gates.min_accept_length, tp=eagle3_tp))
+    if below:
         pytest.fail(GATE_FAILED.format(length=total.accept_length, rate=rate, draft=draft.name,
                                        tp=eagle3_tp, gate_length=gates.min_accept_length,
                                        gate_rate=gates.min_accept_rate, source=gates.source, per=per),
@@ -125,6 +142,14 @@ def test_acceptance_gate_has_power(eagle3_engine_request, eagle3_capture, eagle3
     import torch
 
     captured = [torch.cat([r.captures.prefill, r.captures.decode]) for r in runs]
+    if any(r.decode_note for r in runs):
+        # This SGLang's decode rows are not one per token: read every position
+        # of prompt + continuation from a prefill of the whole sequence instead
+        # (same engine; a position's capture is the same in prefill and decode).
+        record_property("eagle3_note", next(r.decode_note for r in runs if r.decode_note))
+        full = eagle3_capture(list(req.ids) if req.ids is not None else None,
+                              prompts=[list(e.tokens) for e in examples], draft=req.draft)
+        captured = [c.prefill for c in full]
     stacks = ensure_reference(eagle3_checkpoint, [e.tokens for e in examples])
     hs_ids = list(req.expected)
     on_reference = offline_power(draft, eagle3_checkpoint, examples, stacks, hs_ids)
@@ -134,6 +159,18 @@ def test_acceptance_gate_has_power(eagle3_engine_request, eagle3_capture, eagle3
                                            "reference_accept_length": round(on_reference[n].accept_length, 4)}
                                        for n, q in on_sglang.items()})
     problems = power_problems(on_sglang, gates, on_reference[CORRECT])
+    if req.xfail_reason is not None:
+        # SGLang feeds the draft other layers than its contract (hs_ids): in the
+        # contract's slots the draft must collapse offline too, while the
+        # reference's own layers clear the gate.
+        collapsed = on_sglang[CORRECT].accept_length < gates.min_accept_length
+        if collapsed and not power_problems(on_reference, gates):
+            pytest.xfail(OFFLINE_COLLAPSE.format(reason=req.xfail_reason, got=on_sglang[CORRECT].accept_length,
+                                                 ref=on_reference[CORRECT].accept_length,
+                                                 gate=gates.min_accept_length))
+        problems = problems or [PREDICTED_COLLAPSE_HELD.format(length=on_sglang[CORRECT].accept_length,
+                                                               gate=gates.min_accept_length,
+                                                               reason=req.xfail_reason)]
     if problems:
         pytest.fail("\n".join(problems), pytrace=False)
 

@@ -41,4 +41,11 @@ def test_capture_order(eagle3_engine_request, eagle3_capture, eagle3_reference, 
         report = compare_slots(cap.prefill, ref, expected=list(req.predicted), num_layers=L, hidden_size=H,
                                tol=tolerance(eagle3_settings),
                                side_names=("SGLang", f"{eagle3_sglang.version} rule"), evidence=ev)
+        # The measured id rule (tests/data/measured_id_rules.json pins
+        # conventions.py and `inspect` against these): the snapshot each slot holds.
+        record_property("eagle3_measured_rule", {
+            "sglang": eagle3_sglang.version, "num_layers": L,
+            "ids": list(req.ids) if req.ids is not None else None,
+            "measured": [v.best if v.matched else None for v in report.slots],
+            "predicted": list(req.predicted)})
         fail_if_bad(report, config=eagle3_capture.request.config)

@@ -11,7 +11,13 @@ layer order, so ``layers_to_capture = [i, ...]`` yields snapshots ``hs[i]``
   else ``ids`` unchanged;
 * no ids: ``[2, L // 2, L - 3]`` (no offset).
 
-Measured by reading ``srt/models/deepseek_v2.py`` of every wheel 0.5.8-0.5.23.
+Layer 0 (the embedding) can be captured only since sglang 0.5.14: before, the
+capture adds ``hidden_states + residual`` while ``residual`` is still None
+before layer 0, a TypeError at the first forward (0.5.9 ``deepseek_v2.py:2728``,
+0.5.13 ``:2453``; 0.5.14 captures after ``prepare_attn`` sets the residual).
+
+Read from ``srt/models/deepseek_v2.py`` of every wheel 0.5.8-0.5.23 and
+measured on sglang 0.5.9 and 0.5.23 (``tests/data/measured_id_rules.json``).
 This module is the *prediction*; the suite always measures what the running
 engine captures and reports when the two disagree.
 """
@@ -25,6 +31,8 @@ from packaging.version import InvalidVersion, Version
 
 #: First release with the first-id rule of PR #25454.
 FIRST_ID_RULE_SINCE = Version("0.5.13")
+#: First release whose DeepSeek model can capture layer 0 (the embedding).
+EMBEDDING_CAPTURE_SINCE = Version("0.5.14")
 
 ALWAYS_PLUS_ONE = "always +1 (sglang <= 0.5.12)"
 PLUS_ONE_IF_FIRST_IS_ONE = "+1 only when the first id is 1 (sglang >= 0.5.13, PR #25454)"
@@ -42,16 +50,29 @@ class Prediction:
         missing: layers in ``layers_to_capture`` that are never reached
             (``>= L``): SGLang fails at the first forward with
             "captured k of K aux hidden states".
+        embedding_fails: layer 0 is in ``layers_to_capture`` on a release
+            that cannot capture it (TypeError at the first forward).
     """
 
     rule: str
     layers_to_capture: tuple[int, ...]
     snapshots: tuple[int, ...]
     missing: tuple[int, ...]
+    embedding_fails: bool = False
 
     @property
     def fails_at_first_forward(self) -> bool:
-        return bool(self.missing) or len(set(self.layers_to_capture)) != len(self.layers_to_capture)
+        return (bool(self.missing) or self.embedding_fails
+                or len(set(self.layers_to_capture)) != len(self.layers_to_capture))
+
+
+def captures_embedding(version: str) -> bool:
+    """Whether SGLang ``version``'s DeepSeek model can capture layer 0 (unknown or
+    dev versions: yes, as the newest releases)."""
+    try:
+        return Version(version).release >= EMBEDDING_CAPTURE_SINCE.release
+    except InvalidVersion:
+        return True
 
 
 def rule_for(version: str) -> str:
@@ -74,4 +95,5 @@ def predict(ids: Sequence[int] | None, num_layers: int, version: str) -> Predict
         layers = list(ids)
     reached = sorted({i for i in layers if 0 <= i < num_layers})
     missing = tuple(i for i in layers if not 0 <= i < num_layers)
-    return Prediction(rule, tuple(layers), tuple(reached), missing)
+    embedding_fails = 0 in layers and not captures_embedding(version)
+    return Prediction(rule, tuple(layers), tuple(reached), missing, embedding_fails)

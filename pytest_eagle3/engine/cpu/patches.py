@@ -31,8 +31,14 @@ def install() -> None:
     _installed = True
     _route_torch_native_mla()
     _torch_native_dp_padding()
-    if os.environ.get(AMX_ATTENTION_ENV, "") not in ("", "0"):
+    speculative = os.environ.get(AMX_ATTENTION_ENV, "") not in ("", "0")
+    if speculative:
         _amx_attention_platform()
+    # Kernel stand-ins and backend entries older releases lack; each checks
+    # its own gap in the installed SGLang and is a no-op on 0.5.23.
+    from pytest_eagle3.engine.cpu import older_releases
+
+    older_releases.install(speculative=speculative)
 
 
 def _amx_attention_platform() -> None:
@@ -55,9 +61,7 @@ def _amx_attention_platform() -> None:
     """
     try:
         from sglang.srt.runtime_context import override_platform
-    except ImportError:  # no platform facts: the fallback reads something else
-        logger.warning("pytest-eagle3: no sglang runtime_context.override_platform; "
-                       "intel_amx attention may fall back to torch_native")
+    except ImportError:  # no platform facts (before 0.5.13): older_releases.amx_platform_fact
         return
     override_platform(has_amx=True).install()
     logger.info("pytest-eagle3: platform fact has_amx forced on for the intel_amx attention backend")

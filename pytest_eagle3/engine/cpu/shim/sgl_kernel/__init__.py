@@ -15,6 +15,10 @@ computing something wrong.
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
+import sys
+import types
 from typing import Any, Callable
 
 import torch
@@ -56,10 +60,31 @@ from ._speculative import (  # noqa: E402,F401
     verify_tree_greedy_cpu,
 )
 
+def _with_kv_scales(op: Callable[..., Any], scale_at: int) -> Callable[..., Any]:
+    """Accept both argument lists SGLang releases pass to ``op``.
+
+    sgl-kernel 0.3.21 (pinned by sglang 0.5.9-0.5.12) has no ``k_scale``/``v_scale``
+    arguments; later ones take them at position ``scale_at`` (SGLang
+    ``srt/layers/attention/intel_amx_backend.py`` of each release).  The old
+    list has a tensor where the new one has ``k_scale``; unit scales are then
+    inserted (no fp8 KV cache on the CPU tier).
+    """
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if len(args) > scale_at and isinstance(args[scale_at], torch.Tensor):
+            args = (*args[:scale_at], 1.0, 1.0, *args[scale_at:])
+        return op(*args, **kwargs)
+
+    call.__name__ = op.__name__
+    call.__doc__ = op.__doc__
+    call.__wrapped__ = op  # type: ignore[attr-defined]
+    return call
+
+
 #: Ops SGLang reaches through ``torch.ops.sgl_kernel`` rather than by import.
 TORCH_OPS = {
-    "decode_attention_cpu": decode_attention_cpu,
-    "extend_attention_cpu": extend_attention_cpu,
+    "decode_attention_cpu": _with_kv_scales(decode_attention_cpu, 3),
+    "extend_attention_cpu": _with_kv_scales(extend_attention_cpu, 6),
 }
 
 
@@ -103,3 +128,40 @@ def assign_req_to_token_pool_cpu(
             req_to_token.dtype
         )
         offset += n
+
+
+class _CpuImportedSubmodules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves ``sgl_kernel.<sub>`` submodules some releases import unconditionally on CPU.
+
+    sglang 0.5.9-0.5.12 import ``sgl_kernel.kvcacheio`` at module level
+    (``srt/mem_cache/memory_pool_host.py``) though the CPU tier never calls it.
+    Their names resolve to the loud stubs above.  Any other submodule keeps
+    raising ImportError (SGLang falls back on that elsewhere).
+    """
+
+    SUBMODULES = ("kvcacheio",)
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        prefix = __name__ + "."
+        if not name.startswith(prefix) or name[len(prefix):] not in self.SUBMODULES:
+            return None
+        return importlib.machinery.ModuleSpec(name, self)
+
+    def create_module(self, spec: Any) -> Any:
+        module = types.ModuleType(spec.name)
+        sub = spec.name.rsplit(".", 1)[1]
+
+        def __getattr__(attr: str, _sub: str = sub) -> Any:
+            if attr.startswith("__"):
+                raise AttributeError(attr)
+            return _missing(f"{_sub}.{attr}")
+
+        module.__getattr__ = __getattr__  # type: ignore[attr-defined]
+        return module
+
+    def exec_module(self, module: Any) -> None:
+        return None
+
+
+if not any(isinstance(f, _CpuImportedSubmodules) for f in sys.meta_path):
+    sys.meta_path.append(_CpuImportedSubmodules())

@@ -1,0 +1,55 @@
+"""pytest_eagle3.engine.post_import: callbacks run once, right after a module executes."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from pytest_eagle3.engine import post_import
+
+
+@pytest.fixture
+def module_dir(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    for name in [n for n in sys.modules if n.startswith("eagle3_postimport_")]:
+        del sys.modules[name]
+
+
+def test_callback_runs_after_the_module_executes(module_dir):
+    (module_dir / "eagle3_postimport_a.py").write_text("VALUE = 1\n")
+    seen = []
+    post_import.when_imported("eagle3_postimport_a", lambda m: seen.append(m.VALUE))
+    assert seen == []
+    import eagle3_postimport_a  # noqa: F401
+
+    assert seen == [1]
+    import eagle3_postimport_a  # noqa: F401,F811  (a second import runs nothing)
+
+    assert seen == [1]
+
+
+def test_already_imported_module_runs_at_once(module_dir):
+    (module_dir / "eagle3_postimport_b.py").write_text("VALUE = 2\n")
+    import eagle3_postimport_b  # noqa: F401
+
+    seen = []
+    post_import.when_imported("eagle3_postimport_b", lambda m: seen.append(m.VALUE))
+    assert seen == [2]
+
+
+def test_callback_registered_by_a_callback_of_the_same_module_runs(module_dir):
+    """The import hook loader registers fixes for the very module that triggered it
+    (sglang.srt.server_args): they must run, not wait for an import that never comes."""
+    (module_dir / "eagle3_postimport_c.py").write_text("VALUE = 3\n")
+    seen = []
+
+    def first(module):
+        seen.append("first")
+        post_import.when_imported("eagle3_postimport_c", lambda m: seen.append(("second", m.VALUE)))
+
+    post_import.when_imported("eagle3_postimport_c", first)
+    import eagle3_postimport_c  # noqa: F401
+
+    assert seen == ["first", ("second", 3)]
