@@ -75,11 +75,13 @@ def test_hooks_install_the_fault_before_the_recorder(monkeypatch) -> None:
     monkeypatch.setattr(recorder_hook, "install", lambda: order.append("record"))
     monkeypatch.setenv(sglang_hooks.HOOKS_ENV, "record")
     monkeypatch.setenv(FAULT_ENV, "partial-sum")
+    monkeypatch.setattr(sglang_hooks, "_loaded", False)
     sglang_hooks.load()
     assert order == ["fault", "record"]
     order.clear()
     monkeypatch.delenv(FAULT_ENV)
     monkeypatch.setenv(sglang_hooks.HOOKS_ENV, "record,fault")
+    monkeypatch.setattr(sglang_hooks, "_loaded", False)  # once per process: a new one
     sglang_hooks.load()
     assert order == ["fault", "record"]
 

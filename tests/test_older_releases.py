@@ -128,3 +128,18 @@ def test_sitecustomize_still_runs_the_environments_own(tmp_path):
     own.mkdir()
     (own / "sitecustomize.py").write_text("import sys\nsys.eagle3_chained = True\n")
     assert _run_python(tmp_path, CHECK, {}, extra_path=[own]).endswith("True")
+
+
+def test_seed_era_xfail_names_the_late_slots_and_the_missing_embedding():
+    """What 0.5.9 serves the embedding-first contract (measured: hs[1], hs[4], hs[6] for
+    hs[0], hs[3], hs[5]), as the contracts test words it."""
+    import torch
+
+    from pytest_eagle3.suite.test_contracts import NO_EMBEDDING_SLOT, _diagnosis
+    from pytest_eagle3.verdicts.compare import compare_slots
+
+    ref = torch.randn(10, 5, 4, generator=torch.Generator().manual_seed(0))
+    served = torch.cat([ref[1], ref[4], ref[6]], dim=-1)
+    text = _diagnosis(compare_slots(served, ref, expected=[0, 3, 5], num_layers=8, hidden_size=4, tol=1e-4))
+    assert "3 of 3 slots wrong" in text and "[offset-twice]" in text and "one layer after" in text
+    assert text.endswith(NO_EMBEDDING_SLOT)

@@ -213,6 +213,8 @@ def build_engine_config(
         env.update(recipe.cpu_env(tp, amx_attention=speculative
                                   and layers.get("attention_backend", recipe.SPECULATIVE_ATTENTION)
                                   == recipe.SPECULATIVE_ATTENTION))
+        if speculative and install.spec_v2_cpu_gap:
+            env[recipe.SPEC_V2_ENV] = "False"
     elif device == "cuda" and cuda is not None:
         args.update(cuda.args)
     # A self-test fault (engine/faults.py) is part of the engine's env, so of its key.

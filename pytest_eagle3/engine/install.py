@@ -82,6 +82,25 @@ class SGLangInstall:
             return None
 
     @property
+    def spec_v2_cpu_gap(self) -> bool:
+        """Whether this SGLang's overlap scheduler for speculative decoding v2 calls
+        ``record_stream`` with no CPU branch (sglang 0.5.12
+        ``srt/managers/overlap_utils.py`` ``FutureMap.resolve_future``: "unknown
+        parameter type" on CPU; 0.5.23 skips it on CPU).  The CPU tier then runs
+        EAGLE-3 through SGLang's v1 worker (``SGLANG_ENABLE_SPEC_V2=False``)."""
+        path = Path(self.location) / "srt" / "managers" / "overlap_utils.py"
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError:
+            return False
+        start = text.find("def resolve_future")
+        if start < 0:
+            return False
+        end = text.find("\n    def ", start + 1)
+        body = text[start:end if end > 0 else len(text)]
+        return "record_stream" in body and "cpu" not in body.lower()
+
+    @property
     def hook_loader(self) -> str:
         """How pytest-eagle3's hooks reach SGLang's processes (for the report header)."""
         from pytest_eagle3.engine.sglang_hooks import IMPORT_HOOK_LOADER, PLUGIN_LOADER

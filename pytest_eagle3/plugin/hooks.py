@@ -48,6 +48,7 @@ LEFT_OUT_MARK = "eagle3_left_out"
 HEADER_SGLANG = "eagle3: sglang {version} at {location}"
 HEADER_NO_SGLANG = "eagle3: sglang not importable (install pytest-eagle3[cpu] or your SGLang fork)"
 HEADER_LIBS = "eagle3: torch {torch}, transformers {transformers}"
+HEADER_HOOKS = "eagle3: hooks reach SGLang's processes via the {loader}"
 HEADER_RUN = "eagle3: device {device}, tp {tp}, target {target}"
 HEADER_CACHE = "eagle3: cache {cache}{rebuild}, startup timeout {timeout:g} s"
 HEADER_SGLANG_ARGS = "eagle3: sglang args {args}"
@@ -114,6 +115,9 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_report_header(config: pytest.Config) -> list[str]:
     settings = options.get_settings(config)
     lines = [_sglang_line(), HEADER_LIBS.format(torch=_version("torch"), transformers=_version("transformers"))]
+    hooks = _hooks_line()
+    if hooks is not None:
+        lines.append(hooks)
     device = settings.device + _src(settings, "device")
     if settings.source("device") == "default":
         device = f"{settings.device} (auto: {settings.gpu.how})"
@@ -420,7 +424,14 @@ def _sglang_line() -> str:
     location, version = sglang_location_and_version()
     if location is None:
         return HEADER_NO_SGLANG
-    from pytest_eagle3.engine.install import SGLangInstall
+    return HEADER_SGLANG.format(version=version, location=location)
 
-    loader = SGLangInstall(str(version), str(location), frozenset(), "").hook_loader
-    return HEADER_SGLANG.format(version=version, location=location) + f"; hooks via {loader}"
+
+def _hooks_line() -> str | None:
+    """How pytest-eagle3's hooks reach the installed SGLang's processes (detected from its files)."""
+    from pytest_eagle3.engine.install import SGLangInstall, sglang_location_and_version
+
+    location, version = sglang_location_and_version()
+    if location is None:
+        return None
+    return HEADER_HOOKS.format(loader=SGLangInstall(str(version), str(location), frozenset(), "").hook_loader)

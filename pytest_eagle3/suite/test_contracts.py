@@ -21,6 +21,7 @@ from pytest_eagle3.suite.support import evidence, tolerance
 from pytest_eagle3.verdicts.compare import compare_slots, fail_if_bad
 
 KNOWN_MISMATCH = "{reason}; {diagnosis}"
+NO_EMBEDDING_SLOT = "no slot holds the embedding hs[0] the contract starts with"
 PREDICTION_WRONG = (
     "{sglang} captured the contract {contract}, but its rule predicted {predicted}: "
     "pytest_eagle3/verdicts/conventions.py is out of date for this SGLang"
@@ -49,6 +50,16 @@ def test_draft_receives_its_training_contract(eagle3_engine_request, eagle3_capt
             as_predicted = compare_slots(cap.prefill, ref, expected=list(req.predicted), num_layers=L,
                                          hidden_size=H, tol=tol)
             if as_predicted.ok:
-                pytest.xfail(KNOWN_MISMATCH.format(reason=req.xfail_reason,
-                                                   diagnosis="; ".join(report.message().splitlines()[:2])))
+                pytest.xfail(KNOWN_MISMATCH.format(reason=req.xfail_reason, diagnosis=_diagnosis(report)))
         fail_if_bad(report, config=eagle3_capture.request.config)
+
+
+def _diagnosis(report) -> str:
+    """The verdict, the named cause across slots (else the first wrong slot), and
+    whether the embedding the contract wants is missing from every slot."""
+    lines = [report.verdict()]
+    d = report.diagnosis
+    lines += (list(d.pattern_lines) or d.lines[:1]) if d is not None else report.message().splitlines()[1:2]
+    if 0 in report.expected and all(v.best != 0 or not v.matched for v in report.slots):
+        lines.append(NO_EMBEDDING_SLOT)
+    return "; ".join(lines)

@@ -42,6 +42,10 @@ PLAIN_ATTENTION = "torch_native"
 #: the stand-in ``sgl_kernel`` (plain torch) and the platform fact ``has_amx``
 #: is forced on for attention only (:func:`pytest_eagle3.engine.cpu.patches._amx_attention_platform`).
 SPECULATIVE_ATTENTION = "intel_amx"
+#: SGLang's switch between its speculative workers (``srt/environ.py``); set to
+#: ``False`` on releases whose v2 overlap path has no CPU branch
+#: (:attr:`pytest_eagle3.engine.install.SGLangInstall.spec_v2_cpu_gap`).
+SPEC_V2_ENV = "SGLANG_ENABLE_SPEC_V2"
 
 
 def cpu_env(tp: int, *, pythonpath: str | None = None, amx_attention: bool = False) -> dict[str, str]:
