@@ -143,3 +143,24 @@ def test_seed_era_xfail_names_the_late_slots_and_the_missing_embedding():
     text = _diagnosis(compare_slots(served, ref, expected=[0, 3, 5], num_layers=8, hidden_size=4, tol=1e-4))
     assert "3 of 3 slots wrong" in text and "[offset-twice]" in text and "one layer after" in text
     assert text.endswith(NO_EMBEDDING_SLOT)
+
+
+def _response(decode_rows: int, tokens: int, verifies: int) -> dict:
+    return {"output_ids": list(range(tokens)),
+            "meta_info": {"hidden_states": [[[0.0] * 6] * 3] + [[1.0] * 6] * decode_rows,
+                          "spec_verify_ct": verifies, "spec_accept_length": tokens / verifies,
+                          "spec_accept_rate": 0.5, "completion_tokens": tokens, "id": "r"}}
+
+
+def test_decode_rows_per_verify_step_are_refused_not_misattributed():
+    """0.5.9 returns one decode row per verify step: 8 tokens from 5 verifies give 5
+    rows, not 7; mapping them to positions would compare the wrong rows."""
+    from pytest_eagle3.capture.api import Eagle3DecodeRowsNotPerToken, parse_response
+    from pytest_eagle3.capture.draft_path import parse_draft_response
+
+    assert parse_response(_response(7, 8, 7), [1, 2, 3]).decode.shape == (7, 6)
+    with pytest.raises(Eagle3DecodeRowsNotPerToken, match="5 decode hidden-state rows for 8 generated tokens"):
+        parse_response(_response(5, 8, 5), [1, 2, 3])
+    run = parse_draft_response(_response(5, 8, 5), [1, 2, 3])
+    assert run.captures.prefill.shape == (3, 6) and run.captures.decode.shape[0] == 0
+    assert run.output_ids == list(range(8)) and "one row per verify step" in run.decode_note

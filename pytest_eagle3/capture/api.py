@@ -175,8 +175,8 @@ class Captures:
 DECODE_ROWS_NOT_PER_TOKEN = (
     "prompt {index}: SGLang returned {rows} decode hidden-state rows for {tokens} generated tokens "
     "(one per token but the last is {want}) after {verifies} verify steps: this SGLang keeps one row per "
-    "verify step, not per accepted token (seen on sglang 0.5.9), so decode rows cannot be attributed to "
-    "positions once a draft token is accepted"
+    "verify step, not per accepted token (measured on sglang 0.5.9 and 0.5.12), so decode rows cannot be "
+    "attributed to positions once a draft token is accepted"
 )
 
 
