@@ -164,3 +164,19 @@ def test_decode_rows_per_verify_step_are_refused_not_misattributed():
     run = parse_draft_response(_response(5, 8, 5), [1, 2, 3])
     assert run.captures.prefill.shape == (3, 6) and run.captures.decode.shape[0] == 0
     assert run.output_ids == list(range(8)) and "one row per verify step" in run.decode_note
+
+
+def test_portable_acceptance_draft_runs_only_where_the_shipped_one_cannot(tmp_path):
+    """Seed era: the shipped draft's collapse is an XFAIL, so the portable draft (ids [1, 3, 4],
+    hs[2], hs[4], hs[5] under every rule) gives that release an acceptance gate that must hold."""
+    portable = declare.acceptance_need(portable=True)
+    old = _ctx(fake_sglang(tmp_path / "a", plugins=False))
+    new = _ctx(fake_sglang(tmp_path / "b", plugins=True, version="0.5.23"))
+    assert declare.collect_reason(portable, old) is None
+    request = declare.resolve(portable, old)
+    assert request.ids == (1, 3, 4) and request.expected == request.predicted == (2, 4, 5)
+    assert request.xfail_reason is None and request.draft.endswith("tiny-dsv3-portable")
+    assert declare.collect_reason(portable, new) == declare.PORTABLE_NOT_NEEDED.format(
+        sglang=new.install.describe())
+    mine = declare.NeedContext(Settings(tp=2, device="cpu", draft=str(tmp_path)), 1, old.install, old.facts)
+    assert declare.collect_reason(portable, mine) == declare.PORTABLE_USER_DRAFT

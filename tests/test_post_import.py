@@ -53,3 +53,20 @@ def test_callback_registered_by_a_callback_of_the_same_module_runs(module_dir):
     import eagle3_postimport_c  # noqa: F401
 
     assert seen == ["first", ("second", 3)]
+
+
+def test_a_module_mid_import_that_cannot_be_hooked_is_an_error(module_dir):
+    """A module whose import began before the hook existed cannot be hooked at its end:
+    refusing is better than a fix that silently never runs."""
+    (module_dir / "eagle3_postimport_e.py").write_text("import eagle3_postimport_f\n")
+    (module_dir / "eagle3_postimport_f.py").write_text(
+        "from pytest_eagle3.engine import post_import\n"
+        "try:\n"
+        "    post_import.when_imported('eagle3_postimport_e', lambda m: None)\n"
+        "    OUTCOME = 'registered'\n"
+        "except RuntimeError as exc:\n"
+        "    OUTCOME = str(exc)\n")
+    import eagle3_postimport_e  # noqa: F401
+    import eagle3_postimport_f
+
+    assert "cannot hook eagle3_postimport_e" in eagle3_postimport_f.OUTCOME

@@ -180,6 +180,12 @@ DECODE_ROWS_NOT_PER_TOKEN = (
 )
 
 
+DECODE_ROWS_UNEXPLAINED = (
+    "prompt {index}: SGLang returned {rows} decode hidden-state rows for {tokens} generated tokens "
+    "(one per token but the last is {want}; {verifies} verify steps): they cannot be attributed to positions"
+)
+
+
 class Eagle3DecodeRowsNotPerToken(Eagle3Error):
     """A speculative response whose decode rows are not one per generated token."""
 
@@ -209,7 +215,9 @@ def parse_response(response: dict[str, Any], prompt: Sequence[int], index: int =
     decode = torch.stack(rows) if rows else prefill.new_zeros((0, prefill.shape[-1]))
     tokens = len(response.get("output_ids") or [])
     if "spec_verify_ct" in meta and tokens and len(rows) != tokens - 1:
-        raise Eagle3DecodeRowsNotPerToken(DECODE_ROWS_NOT_PER_TOKEN.format(
+        template = (DECODE_ROWS_NOT_PER_TOKEN if len(rows) == meta.get("spec_verify_ct")
+                    else DECODE_ROWS_UNEXPLAINED)
+        raise Eagle3DecodeRowsNotPerToken(template.format(
             index=index, rows=len(rows), tokens=tokens, want=tokens - 1, verifies=meta.get("spec_verify_ct")))
     rid = meta.get("id")
     return Captures(list(prompt), prefill, decode, list(response.get("output_ids") or []),

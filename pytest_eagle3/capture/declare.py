@@ -103,6 +103,9 @@ class EngineNeed:
             engine run back to back (default: ``name``).
         acceptance: the engine runs EAGLE-3 speculative decoding with a trained
             draft (the user's ``--eagle3-draft`` or the preset's shipped one).
+        portable_draft: with ``acceptance``: the preset's portable draft
+            (:data:`PORTABLE_CASE`), generated only where the installed SGLang
+            cannot serve the shipped draft's contract.
     """
 
     name: str
@@ -113,6 +116,7 @@ class EngineNeed:
     needs_embedding: bool = False
     needs_contract: bool = False
     acceptance: bool = False
+    portable_draft: bool = False
 
     def __str__(self) -> str:
         return self.name
@@ -201,21 +205,56 @@ def variant_needs(variants: "Sequence[Variant]") -> list[EngineNeed]:
     return out
 
 
-def acceptance_need() -> EngineNeed:
+#: The contract of the portable draft (``fixtures/drafts/<preset>-portable``):
+#: ids ``[1, 3, 4]`` mean ``hs[2], hs[4], hs[5]`` under every id rule SGLang has had.
+PORTABLE_CASE = "specforge-default-ids"
+PORTABLE_SUFFIX = "-portable"
+PORTABLE_NOT_NEEDED = (
+    "the shipped draft's contract is servable on {sglang}: the portable draft runs only where it is not"
+)
+PORTABLE_USER_DRAFT = "--eagle3-draft is the acceptance draft: the portable draft is not used"
+NO_PORTABLE_DRAFT = "target {target} ships no portable draft (fixtures/drafts/<preset>-portable)"
+
+
+def acceptance_need(*, portable: bool = False) -> EngineNeed:
     """The need of the acceptance tests: speculative decoding with a trained draft,
-    at every TP size of the test's marker; its engine also serves draft-path captures."""
+    at every TP size of the test's marker; its engine also serves draft-path captures.
+
+    ``portable``: the preset's portable draft, whose contract every release
+    serves, so a release that cannot serve the shipped draft (the seed era:
+    its acceptance collapse is an XFAIL) still has an acceptance gate that must
+    hold on its draft path.
+    """
+    if portable:
+        return EngineNeed("acceptance-portable", PORTABLE_CASE, every_tp=True, acceptance=True,
+                          group="acceptance-portable", portable_draft=True)
     return EngineNeed("acceptance", cases.WIDE_CASE, every_tp=True, acceptance=True, group="acceptance")
 
 
-def acceptance_draft(settings: "Settings") -> Path | None:
+def acceptance_draft(settings: "Settings", *, portable: bool = False) -> Path | None:
     """The trained draft the acceptance tests load: ``--eagle3-draft``, else the
-    target preset's shipped draft (``fixtures/drafts/<preset>``), else ``None``."""
-    if settings.draft is not None:
+    target preset's shipped draft (``fixtures/drafts/<preset>``; ``portable``:
+    ``fixtures/drafts/<preset>-portable``), else ``None``."""
+    if settings.draft is not None and not portable:
         return Path(settings.draft)
     from pytest_eagle3.draft import shipped_draft_dir
 
-    shipped = shipped_draft_dir(settings.target)
+    shipped = shipped_draft_dir(f"{settings.target}{PORTABLE_SUFFIX if portable else ''}")
     return shipped if (shipped / "config.json").is_file() else None
+
+
+def _portable_reason(ctx: NeedContext) -> str | None:
+    """Why the portable acceptance draft is not generated in this run (``None``: it is)."""
+    s = ctx.settings
+    if s.draft is not None:
+        return PORTABLE_USER_DRAFT
+    if acceptance_draft(s, portable=True) is None:
+        return NO_PORTABLE_DRAFT.format(target=s.target)
+    if ctx.install is None or ctx.facts is None or acceptance_draft(s) is None:
+        return None
+    if _acceptance_request(ctx).xfail_reason is None:
+        return PORTABLE_NOT_NEEDED.format(sglang=ctx.install.describe())
+    return None
 
 
 def uses_draft_path(ctx: NeedContext) -> bool:
@@ -249,7 +288,11 @@ def collect_reason(need: EngineNeed, ctx: NeedContext) -> str | None:
     s = ctx.settings
     if need.case == USER_DRAFT and s.draft is None:
         return NO_USER_DRAFT
-    if need.acceptance and acceptance_draft(s) is None:
+    if need.acceptance and need.portable_draft:
+        reason = _portable_reason(ctx)
+        if reason is not None:
+            return reason
+    elif need.acceptance and acceptance_draft(s) is None:
         return NO_ACCEPTANCE_DRAFT.format(target=s.target)
     if ctx.tp > s.tp:
         return TP_ABOVE.format(needed=ctx.tp, tp=s.tp)
@@ -316,7 +359,7 @@ def resolve(need: EngineNeed, ctx: NeedContext) -> EngineRequest:
     if need.case == USER_DRAFT:
         return _user_draft_request(ctx)
     if need.acceptance:
-        return _acceptance_request(ctx)
+        return _acceptance_request(ctx, portable=need.portable_draft)
     case = cases.resolve(need.case, L, H, version)
     if v is not None:
         ids = tuple(v.ids(L, ctx.facts.first_k_dense_replace)) if v.ids is not None else _ids(case.ids)
@@ -367,7 +410,7 @@ def known_incompatibility(what: str, contract: Any, ids: Sequence[int] | None, p
                                got=", ".join(f"hs[{i}]" for i in predicted), verdict=verdict, fix=fix.text)
 
 
-def _acceptance_request(ctx: NeedContext) -> EngineRequest:
+def _acceptance_request(ctx: NeedContext, *, portable: bool = False) -> EngineRequest:
     """Speculative decoding with the trained draft; SGLang reads the draft's ids
     from its ``config.json``, and its captures are the draft path's.
 
@@ -380,7 +423,7 @@ def _acceptance_request(ctx: NeedContext) -> EngineRequest:
     from pytest_eagle3.verdicts.conventions import predict
 
     assert ctx.facts is not None and ctx.install is not None
-    draft = acceptance_draft(ctx.settings)
+    draft = acceptance_draft(ctx.settings, portable=portable)
     assert draft is not None
     declared = draft_layer_ids(draft)
     ids = tuple(declared) if declared is not None else None

@@ -77,6 +77,8 @@ def suggested_gates(quality: dict[str, Any], miswirings: list[str], probes: list
     / best miswired one) and ``best_probe_accept_length`` (probes: below the gate, not part of the power ratio).
     """
     correct = quality["correct"]
+    # Only the miswirings evaluated for this contract (no embedding slot: no "embedding-replaced").
+    miswirings = [n for n in miswirings if n in quality]
     worst = {k: max(quality[n][k] for n in miswirings)
              for k in ("accept_length", "accept_rate", "first_token_accuracy")}
 

@@ -184,7 +184,8 @@ def evaluate_wirings(
         norms: target input RMSNorm weights, for ``after-input-layernorm``.
         names: wirings to evaluate (default :data:`~pytest_eagle3.draft.wiring.ALL_WIRINGS`);
             ``after-input-layernorm`` is left out without ``norms``, ``embedding-replaced``
-            when ``ids`` has no embedding slot.
+            when ``ids`` has no embedding slot, ``server-default-ids`` when ``ids`` is
+            SGLang's default list (each would be the correct wiring).
 
     Returns:
         ``{wiring: Quality}``.
@@ -196,6 +197,11 @@ def evaluate_wirings(
         names = [n for n in names if n != "after-input-layernorm"]
     if 0 not in list(ids):  # no embedding slot: "embedding-replaced" would be the correct wiring
         names = [n for n in names if n != "embedding-replaced"]
+    L = stacks[0].shape[0] - 2
+    if [2, L // 2, L - 3][: len(list(ids))] == list(ids):
+        # The contract is SGLang's default list (specforge-default-ids on 8 layers):
+        # "server-default-ids" would be the correct wiring.
+        names = [n for n in names if n != "server-default-ids"]
     out = {}
     for name in names:
         auxes = miswired(name, stacks, ids, norms=norms, eps=eps, seed=seed)

@@ -58,28 +58,30 @@ class SGLangInstall:
     def describe(self) -> str:
         return f"sglang {self.version} ({self.location})"
 
+    def source(self, relative: str) -> str | None:
+        """The text of ``relative`` inside the installed ``sglang`` package (``None``:
+        absent or unreadable): feature detection reads the code, never imports it."""
+        try:
+            return (Path(self.location) / relative).read_text(encoding="utf-8")
+        except OSError:
+            return None
+
     @property
     def general_plugins(self) -> bool:
         """Whether this SGLang loads general plugins in every process
-        (``srt/plugins/__init__.py`` defines ``load_plugins``; sglang 0.5.13 on).
+        (``srt/plugins/__init__.py`` defines ``load_plugins``; sglang 0.5.11 on).
         Without it pytest-eagle3's hooks reach the workers through its
         ``sitecustomize`` import hook (:mod:`pytest_eagle3.engine.sglang_hooks`)."""
-        init = Path(self.location) / "srt" / "plugins" / "__init__.py"
-        try:
-            return "def load_plugins" in init.read_text(encoding="utf-8")
-        except OSError:
-            return False
+        text = self.source("srt/plugins/__init__.py")
+        return text is not None and "def load_plugins" in text
 
     @property
     def deepseek_eagle3(self) -> bool | None:
         """Whether this SGLang's DeepSeek model can capture EAGLE-3 aux hidden states
         (``srt/models/deepseek_v2.py`` defines ``set_eagle3_layers_to_capture``;
         absent in 0.5.4).  ``None`` when the file cannot be read (not decided here)."""
-        path = Path(self.location) / "srt" / "models" / "deepseek_v2.py"
-        try:
-            return "def set_eagle3_layers_to_capture" in path.read_text(encoding="utf-8")
-        except OSError:
-            return None
+        text = self.source("srt/models/deepseek_v2.py")
+        return None if text is None else "def set_eagle3_layers_to_capture" in text
 
     @property
     def spec_v2_cpu_gap(self) -> bool:
@@ -88,11 +90,7 @@ class SGLangInstall:
         ``srt/managers/overlap_utils.py`` ``FutureMap.resolve_future``: "unknown
         parameter type" on CPU; 0.5.23 skips it on CPU).  The CPU tier then runs
         EAGLE-3 through SGLang's v1 worker (``SGLANG_ENABLE_SPEC_V2=False``)."""
-        path = Path(self.location) / "srt" / "managers" / "overlap_utils.py"
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError:
-            return False
+        text = self.source("srt/managers/overlap_utils.py") or ""
         start = text.find("def resolve_future")
         if start < 0:
             return False

@@ -22,7 +22,7 @@ pytest-eagle3's ``pyproject.toml`` and does nothing unless the engine host set
   recorder and the HTTP API see the faulted captures.
 
 Where the installed SGLang has no ``sglang.srt.plugins`` (releases before
-0.5.13), nothing calls :func:`load`; the engine host then puts
+0.5.11), nothing calls :func:`load`; the engine host then puts
 ``engine/site_hook`` on the workers' ``PYTHONPATH`` and its ``sitecustomize``
 calls :func:`load_on_import` (:data:`LOADERS` names both ways; the report
 header says which one a run used).

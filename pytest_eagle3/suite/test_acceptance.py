@@ -8,6 +8,14 @@ trained on the target's greedy continuations of the suite prompts, with the
 it through ``--speculative-draft-model-path`` and reads its aux layer ids from
 its ``config.json``, exactly as users ship it.
 
+Where the installed SGLang's id rule cannot feed the shipped draft its contract
+(the seed era: 0.5.9 and 0.5.12 add 1 to every id and cannot capture the
+embedding), its collapse is a known incompatibility (XFAIL with the measured
+figures; a gate that still holds FAILS, the rule being wrong), and the same
+tests also run the preset's portable draft (``fixtures/drafts/<preset>-portable``,
+``specforge-default-ids``: ids ``[1, 3, 4]`` = ``hs[2], hs[4], hs[5]`` under every
+rule), whose gate must hold there.
+
 * ``test_draft_acceptance_meets_the_gate``: the prompts the draft learnt are
   replayed for exactly their trusted continuation lengths; speculative output
   must equal the greedy continuation token for token, and the accept length and
@@ -50,7 +58,8 @@ OFFLINE_COLLAPSE = ("{reason}; offline, the draft reaches accept length {got:.2f
 NO_CONTINUATIONS = "{draft} ships no continuations.json: replaying the suite prompts for {n} tokens each"
 USER_TOKENS = 32
 
-_TP1_ACCEPT = pytest.StashKey[float]()
+#: Accept length of each acceptance need's TP 1 run (need name -> accept length).
+_TP1_ACCEPT = pytest.StashKey[dict]()
 
 
 def _workload(draft_dir, prompts):
@@ -66,7 +75,7 @@ def _workload(draft_dir, prompts):
 
 @pytest.mark.gpu
 @pytest.mark.tp(1, 2, 4, 8)
-@pytest.mark.eagle3_engines(acceptance_need())
+@pytest.mark.eagle3_engines(acceptance_need(), acceptance_need(portable=True))
 def test_draft_acceptance_meets_the_gate(eagle3_engine_request, eagle3_capture, eagle3_settings, eagle3_tp,
                                          eagle3_prompts, record_property, request):
     from pathlib import Path
@@ -111,17 +120,18 @@ def test_draft_acceptance_meets_the_gate(eagle3_engine_request, eagle3_capture, 
                                        tp=eagle3_tp, gate_length=gates.min_accept_length,
                                        gate_rate=gates.min_accept_rate, source=gates.source, per=per),
                     pytrace=False)
-    stash = request.config.stash
+    tp1 = request.config.stash.setdefault(_TP1_ACCEPT, {})
+    name = str(request.node.callspec.params.get("eagle3_need", "acceptance"))
     if eagle3_tp == 1:
-        stash[_TP1_ACCEPT] = total.accept_length
-    elif _TP1_ACCEPT in stash and total.accept_length < RELATIVE_GATE * stash[_TP1_ACCEPT]:
+        tp1[name] = total.accept_length
+    elif name in tp1 and total.accept_length < RELATIVE_GATE * tp1[name]:
         pytest.fail(RELATIVE_FAILED.format(length=total.accept_length, tp=eagle3_tp, ratio=RELATIVE_GATE,
-                                           base=stash[_TP1_ACCEPT]), pytrace=False)
+                                           base=tp1[name]), pytrace=False)
 
 
 @pytest.mark.gpu
 @pytest.mark.tp(1)
-@pytest.mark.eagle3_engines(acceptance_need())
+@pytest.mark.eagle3_engines(acceptance_need(), acceptance_need(portable=True))
 def test_acceptance_gate_has_power(eagle3_engine_request, eagle3_capture, eagle3_checkpoint, eagle3_settings,
                                    eagle3_model_config, record_property):
     from pathlib import Path

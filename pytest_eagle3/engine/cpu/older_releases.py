@@ -206,9 +206,9 @@ def eagle_tree_kernels(module: Any) -> None:
     plain-torch versions of sgl-kernel's ``build_tree_kernel_efficient`` and
     ``verify_tree_greedy``.
     """
-    from sgl_kernel import build_tree_kernel_efficient_cpu, verify_tree_greedy_cpu
-
     if not hasattr(module, "sgl_build_tree_kernel_efficient") and "sgl_build_tree_kernel_efficient" in _source(module):
+        from sgl_kernel import build_tree_kernel_efficient_cpu
+
         def sgl_build_tree_kernel_efficient(*args: Any) -> Any:
             args_list = list(args)
             args_list[-1] = int(args_list[-1])
@@ -218,6 +218,8 @@ def eagle_tree_kernels(module: Any) -> None:
         _log("eagle_utils: plain-torch build_tree_kernel_efficient")
     verify = getattr(module, "verify_tree_greedy_func", None)
     if verify is not None and "cpu" not in _source(verify).lower():
+        from sgl_kernel import verify_tree_greedy_cpu
+
         names = ("predicts", "accept_index", "accept_token_num", "candidates", "retrive_index",
                  "retrive_next_token", "retrive_next_sibling", "target_predict")
 

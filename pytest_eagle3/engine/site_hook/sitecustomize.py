@@ -2,7 +2,7 @@
 
 Only on the ``PYTHONPATH`` of engines pytest-eagle3 starts, and only when the
 installed SGLang has no general-plugin mechanism (``srt/plugins/__init__.py``,
-``load_plugins``; absent before sglang 0.5.13, see ``engine/install.py``).
+``load_plugins``; absent before sglang 0.5.11, see ``engine/install.py``).
 Python imports ``sitecustomize`` at the start of every interpreter, so this
 reaches the server process and every TP worker SGLang spawns.
 
@@ -29,6 +29,8 @@ def _chain_next_sitecustomize() -> None:
         return
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    # `import sitecustomize` now names the environment's own.
+    sys.modules["sitecustomize"] = module
 
 
 def _install() -> None:
