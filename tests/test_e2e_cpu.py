@@ -153,7 +153,8 @@ def test_contract_verdicts_pinned_for_this_sglang(inner: InnerRun) -> None:
     assert got == expected, inner.output[-4000:]
     reason = inner.messages[name.format(case="vllm-first-id-1", tp=1)]
     assert "known incompatibility of sglang 0.5.23" in reason
-    assert "contract [out(L0), out(L3), out(L5)]" in reason
+    assert "trained on [out(L0), out(L3), out(L5)] = hs[1], hs[4], hs[6]" in reason
+    assert "its id rule (+1 only when the first id is 1" in reason and "captures hs[2], hs[5], hs[7]" in reason
     assert "slot 0: holds hs[2] (input of layer 2, rel.err " in reason
 
 

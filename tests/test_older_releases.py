@@ -142,6 +142,7 @@ def test_seed_era_xfail_names_the_late_slots_and_the_missing_embedding():
     served = torch.cat([ref[1], ref[4], ref[6]], dim=-1)
     text = _diagnosis(compare_slots(served, ref, expected=[0, 3, 5], num_layers=8, hidden_size=4, tol=1e-4))
     assert "3 of 3 slots wrong" in text and "[offset-twice]" in text and "one layer after" in text
+    assert "slot 0: holds hs[1] (input of layer 1" in text
     assert text.endswith(NO_EMBEDDING_SLOT)
 
 

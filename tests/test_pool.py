@@ -166,6 +166,21 @@ def test_a_server_whose_port_was_taken_during_startup_starts_again(tmp_path: Pat
     assert messages == ["SGLang server s: port 40000 was taken while it started; starting it again on another port"]
 
 
+def test_a_server_whose_own_warmup_request_timed_out_starts_again(tmp_path: Path) -> None:
+    """Seen in CI with the 2 cores loaded: SGLang's post-warmup /freeze_gc request to
+    itself timed out after 10 s and the server exited with code 3."""
+    from pytest_eagle3.engine import server as server_module
+
+    srv = server_module.SGLangServer("s", {}, log_dir=tmp_path)
+    srv.log_path.write_text(
+        '  File ".../http_server.py", line 2561, in _freeze_gc_after_server_warmup\n'
+        "requests.exceptions.ReadTimeout: HTTPConnectionPool(host='127.0.0.1', port=38011): "
+        "Read timed out. (read timeout=10)\n")
+    assert srv.transient_failure(38011) == "its own warm-up request timed out (machine overloaded)"
+    srv.log_path.write_text("RuntimeError: something else\n")
+    assert srv.transient_failure(38011) is None
+
+
 def test_other_startup_failures_are_not_retried(tmp_path: Path, monkeypatch) -> None:
     from pytest_eagle3.engine import server as server_module
 

@@ -252,14 +252,11 @@ class SGLangServer:
             except Eagle3EngineError:
                 port = self.port
                 self.stop()
-                if attempt == PORT_RETRIES or not self.port_taken(port):
+                why = self.transient_failure(port)
+                if attempt == PORT_RETRIES or why is None:
                     raise
-                # The port was free when chosen, but SGLang binds it only after
-                # seconds of imports; another process (or another engine's
-                # internal port) took it meanwhile.  Start again on a new one.
                 if progress is not None:
-                    progress(f"SGLang server {self.name}: port {port} was taken while it started; "
-                             "starting it again on another port")
+                    progress(f"SGLang server {self.name}: {why}; starting it again on another port")
                 self.spawn()
             except BaseException:
                 self.stop()
@@ -270,6 +267,23 @@ class SGLangServer:
     def port_taken(self, port: int | None) -> bool:
         """Whether the log says the server could not bind its HTTP ``port``."""
         return port is not None and f"('{self.host}', {port}): address already in use" in log_tail(self.log_path)
+
+    def transient_failure(self, port: int | None) -> str | None:
+        """Why a failed start is worth one more try (``None``: it is not).
+
+        * the port was free when chosen, but SGLang binds it only after seconds
+          of imports; another process (or another engine's internal port) took
+          it meanwhile;
+        * SGLang's own post-warmup ``/freeze_gc`` request to itself timed out
+          after 10 s (``http_server.py`` ``_freeze_gc_after_server_warmup``) and
+          the server exited: seen on 2 cores loaded by other work.
+        """
+        if self.port_taken(port):
+            return f"port {port} was taken while it started"
+        tail = log_tail(self.log_path)
+        if "_freeze_gc_after_server_warmup" in tail and "Read timed out" in tail:
+            return "its own warm-up request timed out (machine overloaded)"
+        return None
 
     def _wait_ready(self, t0: float, progress: Callable[[str], None] | None) -> None:
         last_note = t0

@@ -55,11 +55,11 @@ def test_draft_receives_its_training_contract(eagle3_engine_request, eagle3_capt
 
 
 def _diagnosis(report) -> str:
-    """The verdict, the named cause across slots (else the first wrong slot), and
+    """The verdict, the first wrong slot, the named cause across slots, and
     whether the embedding the contract wants is missing from every slot."""
-    lines = [report.verdict()]
-    d = report.diagnosis
-    lines += (list(d.pattern_lines) or d.lines[:1]) if d is not None else report.message().splitlines()[1:2]
+    lines = [report.verdict(), *report.message().splitlines()[1:2]]
+    if report.diagnosis is not None:
+        lines += list(report.diagnosis.pattern_lines)
     if 0 in report.expected and all(v.best != 0 or not v.matched for v in report.slots):
         lines.append(NO_EMBEDDING_SLOT)
     return "; ".join(lines)
