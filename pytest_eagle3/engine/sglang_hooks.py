@@ -24,8 +24,8 @@ pytest-eagle3's ``pyproject.toml`` and does nothing unless the engine host set
 Where the installed SGLang has no ``sglang.srt.plugins`` (releases before
 0.5.11), nothing calls :func:`load`; the engine host then puts
 ``engine/site_hook`` on the workers' ``PYTHONPATH`` and its ``sitecustomize``
-calls :func:`load_on_import` (:data:`LOADERS` names both ways; the report
-header says which one a run used).
+calls :func:`load_on_import` (:data:`PLUGIN_LOADER` and :data:`IMPORT_HOOK_LOADER`
+name both ways; the report header says which one a run used).
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ logger = logging.getLogger("pytest_eagle3.sglang_hooks")
 #: or pytest-eagle3's ``sitecustomize`` import hook (no ``sglang.srt.plugins``).
 PLUGIN_LOADER = "sglang.srt.plugins entry point"
 IMPORT_HOOK_LOADER = "sitecustomize import hook (this SGLang has no sglang.srt.plugins)"
-LOADERS = (PLUGIN_LOADER, IMPORT_HOOK_LOADER)
 #: The directory whose ``sitecustomize`` is the import hook.
 SITE_HOOK_DIR = Path(__file__).with_name("site_hook")
 

@@ -61,7 +61,7 @@ def _amx_attention_platform() -> None:
     """
     try:
         from sglang.srt.runtime_context import override_platform
-    except ImportError:  # no platform facts (before 0.5.13): older_releases.amx_platform_fact
+    except ImportError:  # no platform facts (before 0.5.14): older_releases.amx_platform_fact
         return
     override_platform(has_amx=True).install()
     logger.info("pytest-eagle3: platform fact has_amx forced on for the intel_amx attention backend")
