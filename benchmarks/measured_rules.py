@@ -50,6 +50,10 @@ def entries_from_report(report: dict, *, source: str, num_layers: int | None = N
         if rule is not None:
             entry = {"sglang": str(rule["sglang"]), "num_layers": int(rule["num_layers"]), "ids": rule["ids"],
                      "measured": rule["measured"]}
+            if rule.get("distribution") not in (None, "sglang"):
+                entry["distribution"] = rule["distribution"]  # a fork: its number is its own
+            if rule.get("rule_source"):
+                entry["rule_source"] = rule["rule_source"]
         else:
             measured = _measured_from_verdicts(test)
             layers = props.get("eagle3_num_layers", num_layers)
@@ -64,7 +68,7 @@ def entries_from_report(report: dict, *, source: str, num_layers: int | None = N
 
 
 def _key(entry: dict) -> tuple:
-    return (entry["sglang"], entry["num_layers"], json.dumps(entry["ids"]))
+    return (entry.get("distribution", "sglang"), entry["sglang"], entry["num_layers"], json.dumps(entry["ids"]))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -362,9 +362,15 @@ CONFIG = Config()
 
 
 def exits_during_startup(self, progress=None):
-    self.log_path.write_text("".join(f"log line {i}\\n" for i in range(300)))
+    self.log_path.write_text("Traceback (most recent call last):\\n"
+                             '  File "/venv/site-packages/sglang/srt/utils/common.py", line 3614, in cap\\n'
+                             "    cap = torch.cuda.get_device_capability()\\n"
+                             '  File "/venv/site-packages/torch/cuda/__init__.py", line 372, in _lazy_init\\n'
+                             "RuntimeError: Found no NVIDIA driver on your system.\\n"
+                             + "".join(f"log line {i}\\n" for i in range(300)))
     raise Eagle3EngineError(server.STARTUP_FAILED.format(
-        name=self.name, code=1, log=self.log_path, n=server.LOG_TAIL_LINES, tail=server.log_tail(self.log_path)))
+        name=self.name, code=1, log=self.log_path, n=server.LOG_TAIL_LINES, tail=server.log_tail(self.log_path),
+        cause=server.startup_cause(self.log_path)))
 
 
 @pytest.fixture(scope="session")
@@ -378,7 +384,7 @@ def pool(tmp_path_factory):
 @pytest.mark.parametrize("n", range(6))
 def test_capture(pool, request, n):
     session.attach_log(request.node, CONFIG.name, pool.log_path(CONFIG))
-    pool.get(CONFIG)
+    pool.get(CONFIG, who=request.node.nodeid)
 '''
 
 
@@ -393,8 +399,12 @@ def test_engine_that_failed_to_start_is_reported_once(pytester: pytest.Pytester)
     assert text.count(LOG_SECTION.format(title="tp1-capture")) == 6
     assert text.count(LOG_SHOWN_BEFORE.format(nodeid="test_engine_that_failed_to_start_is_reported_once.py::test_capture[0]")) == 5
     log = pytester.path / "runpytest-0" / "sglang-logs0" / "tp1-capture.log"
-    first_line = f"SGLang server tp1-capture exited with code 1 during startup (log: {log})"
-    repeat = "Eagle3EngineError: " + FAILED_BEFORE.format(error=first_line)
+    first_line = ("SGLang server tp1-capture exited with code 1 during startup: RuntimeError: Found no NVIDIA "
+                  f"driver on your system. (sglang/srt/utils/common.py:3614) (log: {log})")
+    assert ("Eagle3EngineError: " + first_line) in result.outlines, text
+    repeat = "Eagle3EngineError: " + FAILED_BEFORE.format(
+        name="tp1-capture", who="test_engine_that_failed_to_start_is_reported_once.py::test_capture[0]",
+        error=first_line)
     assert result.outlines.count(repeat) == 5, text
     assert len(result.outlines) < 350, text
 

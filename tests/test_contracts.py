@@ -498,11 +498,18 @@ def test_specforge_sglang_draft(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     d = make_draft(tmp_path, hf_config([2, 4, 5]))
     assert contract_for_draft(d, "specforge-sglang", num_layers=8, sglang_version="0.5.8").entries == (3, 5, 6)
     assert contract_for_draft(d, "specforge-sglang", num_layers=8, sglang_version="0.5.23").entries == (2, 4, 5)
-    monkeypatch.setattr(draft_mod, "installed_sglang_version", lambda: None)
+    monkeypatch.setattr(draft_mod, "installed_sglang_rule", lambda: None)
     with pytest.raises(Eagle3ContractError, match="pass sglang_version"):
         contract_for_draft(d, "specforge-sglang", num_layers=8)
-    monkeypatch.setattr(draft_mod, "installed_sglang_version", lambda: "0.5.10")
-    assert contract_for_draft(d, "specforge-sglang", num_layers=8).entries == (3, 5, 6)
+    # Default: the installed SGLang's rule, read from its model file (an always +1 fork here).
+    from fake_model_files import ALWAYS, write_deepseek_file
+    from pytest_eagle3.engine.model_code import read_rules
+
+    write_deepseek_file(tmp_path / "fork" / "sglang", ALWAYS, layer0=False)
+    fork_rule = read_rules(tmp_path / "fork" / "sglang", "DeepseekV3ForCausalLM").rule
+    monkeypatch.setattr(draft_mod, "installed_sglang_rule", lambda: fork_rule)
+    contract = contract_for_draft(d, "specforge-sglang", num_layers=8)
+    assert contract.entries == (3, 5, 6) and any("srt/models/deepseek_v2.py:" in n for n in contract.notes)
 
 
 def test_tiny_dsv3_sized_draft(tmp_path: Path) -> None:

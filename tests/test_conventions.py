@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_eagle3.verdicts.conventions import ALWAYS_PLUS_ONE, PLUS_ONE_IF_FIRST_IS_ONE, predict, rule_for
+from pytest_eagle3.conventions import ALWAYS_PLUS_ONE, PLUS_ONE_IF_FIRST_IS_ONE, predict, rule_for
 
 
 @pytest.mark.parametrize("version, rule", [

@@ -78,7 +78,7 @@ def test_server_info_proves_the_plain_path(eagle3_case, eagle3_capture, eagle3_m
 FAULT_TEST = '''
 import pytest
 from pytest_eagle3.verdicts.compare import fail_if_bad
-from pytest_eagle3.verdicts.conventions import predict
+from pytest_eagle3.conventions import predict
 from pytest_eagle3.verdicts.rankcheck import check_rank_embeddings, check_rank_slots, check_ranks_agree
 from pytest_eagle3.capture import cases
 

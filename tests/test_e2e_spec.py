@@ -217,7 +217,7 @@ def test_draft_path_equals_reference(tp_runs: TpRuns, install, target: Path) -> 
 
     from pytest_eagle3.target.reference import ensure_reference
     from pytest_eagle3.verdicts.compare import compare_slots, fail_if_bad
-    from pytest_eagle3.verdicts.conventions import predict
+    from pytest_eagle3.conventions import predict
 
     spec = _spec(tp_runs, "accepted")
     cfg = json.loads((target / "config.json").read_text())

@@ -33,7 +33,7 @@ def test_gpu_preset_keeps_the_widths_the_kernels_check() -> None:
     assert all(f.num_attention_heads % tp == 0 and f.vocab_size % tp == 0 for tp in (1, 2, 4, 8))
     # Every suite id list stays distinct on it (no collapse at the first forward).
     from pytest_eagle3.capture import cases
-    from pytest_eagle3.verdicts.conventions import predict
+    from pytest_eagle3.conventions import predict
 
     for name in cases.case_names():
         ids = cases.resolve(name, f.num_layers, f.hidden_size, "0.5.23").ids

@@ -26,7 +26,7 @@ from pytest_eagle3.cli import preflight
 from pytest_eagle3.contracts.catalog import load_contract_fixtures
 from pytest_eagle3.contracts.contract import Contract
 from pytest_eagle3.contracts.draft import TOP_LEVEL_KEY
-from pytest_eagle3.verdicts.conventions import predict
+from pytest_eagle3.conventions import predict
 from pytest_eagle3.suite.support import write_draft_config
 
 L, H = 8, 256
@@ -148,10 +148,11 @@ def test_kimi_embedding_on_old_sglang_cannot_be_fixed_by_ids(tmp_path: Path, cap
     code, out, _ = run(capsys, "--draft", str(draft), "--stack", "raw", "--layers", "8", "--sglang-version", OLD)
     assert code == 1
     assert "  slot 0: sglang captures out(L0); the contract says embedding" in out
-    assert ("fix:       this SGLang cannot capture the embedding (always +1 rule, <= 0.5.12, and no layer-0 "
-            "capture); upgrade to >= 0.5.14") in out
-    assert "write ids [0, 3, 5]" in out and "recheck:" not in out
-    assert "right for SGLang >= 0.5.14 only" in out
+    assert ("fix:       this SGLang cannot capture the embedding (its id rule adds 1 to every id, and its model "
+            "fails capturing layer 0, version table (layer 0 since 0.5.14)): no id list works on it; on an SGLang "
+            "whose model captures layer 0 (upstream >= 0.5.14), write ids [0, 3, 5]") in out
+    assert "recheck:" not in out
+    assert "right where SGLang's model captures layer 0 (upstream >= 0.5.14) only" in out
 
 
 def test_embedding_on_0_5_13_is_not_servable_either(tmp_path: Path, capsys) -> None:
@@ -160,7 +161,8 @@ def test_embedding_on_0_5_13_is_not_servable_either(tmp_path: Path, capsys) -> N
     draft = make_draft(tmp_path / "kimi", fx.ids)
     code, out, _ = run(capsys, "--draft", str(draft), "--stack", "raw", "--layers", "8", "--sglang-version", "0.5.13")
     assert code == 1
-    assert "fails capturing layer 0 (residual is None there) before 0.5.14); upgrade to >= 0.5.14" in out
+    assert ("its model fails capturing layer 0: residual is None there, version table (layer 0 since 0.5.14)): "
+            "no id list works on it") in out
     assert "layers_to_capture [0, 3, 5] has layer 0, which this SGLang cannot capture" in out
 
 
@@ -173,7 +175,9 @@ def test_human_form(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         f"draft:     {draft} (stack specforge-hf, eagle_config ids [1, 3, 4], fc 768 = 3 x 256)",
         "target:    tiny-dsv3, 8 layers, hidden 256",
         "contract:  [out(L1), out(L3), out(L4)]",
-        "sglang:    0.5.23 (--sglang-version), rule: +1 only when the first id is 1 (sglang >= 0.5.13, PR #25454)",
+        "sglang:    0.5.23 (--sglang-version)",
+        "rule:      +1 only when the first id is 1 (version table for upstream sglang 0.5.23 (sglang >= 0.5.13, "
+        "PR #25454); a prediction, not read from code)",
         "reads:     ids [1, 3, 4] -> layers_to_capture [2, 4, 5]",
         "captures:  [out(L1), out(L3), out(L4)]",
         "verdict:   MATCH: " + preflight.MATCH_REASON,
@@ -184,8 +188,10 @@ def test_json_keys_are_stable(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     draft = make_draft(tmp_path / "d", [1, 4, 6])
     _, result = run_json(capsys, "--draft", str(draft), "--stack", "vllm", "--layers", "8", "--sglang-version", NEW)
     assert tuple(result) == preflight.JSON_KEYS
-    assert set(result["sglang"]) == {"version", "source", "rule", "ids_read", "layers_to_capture", "never_reached",
-                                     "fails_at_first_forward", "captures", "captures_human"}
+    assert set(result["sglang"]) == {"version", "source", "rule", "rule_source", "rule_from_code", "ids_read",
+                                     "layers_to_capture", "never_reached", "fails_at_first_forward", "captures",
+                                     "captures_human"}
+    assert result["sglang"]["rule_from_code"] is False  # --sglang-version: the version table
     assert set(result["fix"]) == {"ids", "key", "text", "portable", "permutation"}
     assert result["slots"][0] == {"slot": 0, "sglang": 2, "contract": 1, "ok": False,
                                   "sglang_human": "out(L1)", "contract_human": "out(L0)"}
@@ -421,7 +427,8 @@ def test_ids_for_finds_a_list_exactly_when_one_exists(version: str) -> None:
 
 def test_plan_fix_explains_impossible_cases() -> None:
     one = Contract.parse("[out(L0)]", num_layers=L, hidden_size=H)
-    assert idfix.plan_fix(one, L, NEW, key="k").text.startswith("no id list works on SGLang 0.5.23: [1] always")
+    assert idfix.plan_fix(one, L, NEW, key="k").text.startswith(
+        "no id list works on this SGLang (+1 only when the first id is 1): [1] always")
     assert idfix.plan_fix(one, L, OLD, key="k").ids == (0,)
     norm = Contract.parse("[out(L2), final-norm]", num_layers=L, hidden_size=H)
     assert "final-norm (final norm output)" in idfix.plan_fix(norm, L, NEW, key="k").text

@@ -11,6 +11,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from fake_model_files import like_release, write_deepseek_file
+
 import pytest
 
 from pytest_eagle3.capture import declare
@@ -30,9 +32,7 @@ FLAGS = frozenset({"model-path", "tp-size", "device", "skip-tokenizer-init", "di
 def fake_sglang(root: Path, *, plugins: bool, eagle3: bool = True, version: str = "0.5.9",
                 flags: frozenset[str] = FLAGS) -> SGLangInstall:
     pkg = root / "sglang"
-    (pkg / "srt" / "models").mkdir(parents=True)
-    body = "    def set_eagle3_layers_to_capture(self, layer_ids=None):\n        pass\n" if eagle3 else ""
-    (pkg / "srt" / "models" / "deepseek_v2.py").write_text("class DeepseekV2ForCausalLM:\n" + body + "    pass\n")
+    write_deepseek_file(pkg, eagle3=eagle3, **like_release(version))
     if plugins:
         (pkg / "srt" / "plugins").mkdir()
         (pkg / "srt" / "plugins" / "__init__.py").write_text("def load_plugins():\n    pass\n")
@@ -77,7 +77,9 @@ def test_seed_era_contract_is_reported_not_servable_with_inspects_fix(tmp_path):
     request = declare.resolve(need, _ctx(install))
     assert request.expected == (0, 3, 5) and request.predicted == (1, 4, 6)
     assert "not servable on this SGLang" in request.xfail_reason
-    assert "upgrade to >= 0.5.14" in request.xfail_reason
+    assert "no id list works on it; on an SGLang whose model captures layer 0 (upstream >= 0.5.14)" \
+        in request.xfail_reason
+    assert "srt/models/deepseek_v2.py:" in request.xfail_reason  # the rule's source, read from the file
 
 
 def test_seed_era_acceptance_is_a_known_incompatibility(tmp_path):

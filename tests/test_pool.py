@@ -61,6 +61,22 @@ def test_no_prefetch_without_an_order_or_without_memory(tmp_path: Path, fake, mo
     pool.close()
 
 
+def test_no_prefetch_of_an_engine_whose_draft_is_not_built_yet(tmp_path: Path, fake) -> None:
+    """A cold cache: the draft-path engine's random draft is built by its test, so
+    starting it in the background would make SGLang look for a missing directory."""
+    draft = tmp_path / "drafts" / "capture-x"
+    D = EngineConfig(model_path="/m", tp=1, device="cpu",
+                     server_args=(("speculative_draft_model_path", str(draft)), ("tp_size", 1)), env=())
+    pool = pool_module.EnginePool(log_dir=tmp_path, upcoming=[A, D, B])
+    pool.get(A)
+    assert started(fake) == [A.name]
+    draft.mkdir(parents=True)
+    (draft / "config.json").write_text("{}")
+    pool.get(D)  # built now: the one after it is prefetched as usual
+    assert started(fake) == [A.name, D.name, B.name]
+    pool.close()
+
+
 def test_prefetched_engine_left_unused_is_stopped_at_close(tmp_path: Path, fake) -> None:
     pool = pool_module.EnginePool(log_dir=tmp_path, upcoming=[A, B])
     pool.get(A)
@@ -79,7 +95,7 @@ def test_a_prefetched_engine_that_fails_fails_the_test_that_needs_it(tmp_path: P
     pool.get(A)
     with pytest.raises(Eagle3EngineError, match="exited with code 1"):
         pool.get(B)
-    with pytest.raises(Eagle3EngineError, match="failed earlier in this run"):
+    with pytest.raises(Eagle3EngineError, match="failed to start \\(see the first test that used it\\)"):
         pool.get(B)
 
 
@@ -195,3 +211,46 @@ def test_other_startup_failures_are_not_retried(tmp_path: Path, monkeypatch) -> 
     monkeypatch.setattr(server_module.SGLangServer, "stop", lambda self: None)
     with pytest.raises(server_module.Eagle3EngineError, match="code 1"):
         srv.wait_ready()
+
+
+def test_startup_failure_names_the_first_error_and_where_in_sglang(tmp_path: Path) -> None:
+    from pytest_eagle3.engine.server import first_error
+
+    log = ("[2026-12-01] starting\n"
+           "Traceback (most recent call last):\n"
+           '  File "<frozen runpy>", line 198, in _run_module_as_main\n'
+           '  File "/v/lib/site-packages/sglang/srt/layers/quantization/fp8.py", line 100, in <module>\n'
+           "    _mxfp8_to_block_fp8_required = mxfp8_block_convert_required()\n"
+           '  File "/v/lib/site-packages/sglang/srt/utils/common.py", line 3614, in mxfp8_block_convert_required\n'
+           "    cap = torch.cuda.get_device_capability()\n"
+           '  File "/v/lib/site-packages/torch/cuda/__init__.py", line 410, in _lazy_init\n'
+           "    torch._C._cuda_init()\n"
+           "RuntimeError: Found no NVIDIA driver on your system.\n"
+           "Traceback (most recent call last):\n"
+           '  File "/v/lib/site-packages/sglang/srt/managers/scheduler.py", line 9, in run\n'
+           "ValueError: a later error\n")
+    assert first_error(log) == ("RuntimeError: Found no NVIDIA driver on your system.",
+                                "sglang/srt/utils/common.py:3614")
+    assert first_error("Killed\nexit -9\n") is None
+    assert first_error("Traceback (most recent call last):\n  File \"/x/y.py\", line 1, in f\nKeyError: 'k'\n") == \
+        ("KeyError: 'k'", None)
+
+
+def test_a_server_s_temporary_folder_is_removed_when_it_stops(tmp_path: Path) -> None:
+    import sys
+
+    from pytest_eagle3.engine.server import SGLangServer
+
+    server = SGLangServer("t", {}, log_dir=tmp_path, python=sys.executable)
+    server.argv = lambda: [sys.executable, "-c",  # type: ignore[method-assign]
+                           "import os, tempfile, time; open(os.path.join(tempfile.gettempdir(), 'left'), 'w');"
+                           " print(tempfile.gettempdir(), flush=True); time.sleep(60)"]
+    server.spawn()
+    import time
+
+    deadline = time.monotonic() + 20
+    while not (server.tmp_dir / "left").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert (server.tmp_dir / "left").exists()
+    server.stop()
+    assert not server.tmp_dir.exists()

@@ -90,7 +90,7 @@ def capture_server_args(
 
     Capture-only: the ids are passed exactly as a draft config would declare
     them; SGLang's own rule maps them to layers (see
-    :mod:`pytest_eagle3.verdicts.conventions`).  Draft path (``draft_path``
+    :mod:`pytest_eagle3.conventions`).  Draft path (``draft_path``
     given): SGLang runs EAGLE-3 with that draft and reads the ids from its
     ``config.json`` (:func:`pytest_eagle3.capture.draft_path.draft_path_server_args`).
     """

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from pytest_eagle3.contracts.catalog import ContractFixture, contracts_dir, load_contract_fixture
 
@@ -39,7 +40,9 @@ def case_names() -> list[str]:
     return sorted(case_files())
 
 
-def resolve(name: str, num_layers: int, hidden_size: int, sglang_version: str) -> ContractFixture:
-    """The fixture ``name`` for an ``L``-layer target."""
+def resolve(name: str, num_layers: int, hidden_size: int, sglang_version: Any) -> ContractFixture:
+    """The fixture ``name`` for an ``L``-layer target; ``sglang_version``: the installed
+    SGLang's :class:`~pytest_eagle3.conventions.IdRule` (or a version string for the
+    version table), which a ``specforge-sglang`` fixture's ids are read with."""
     return load_contract_fixture(case_files()[name], num_layers, hidden_size=hidden_size,
                                  sglang_version=sglang_version)

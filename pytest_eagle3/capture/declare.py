@@ -35,8 +35,10 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from pytest_eagle3.capture import cases
 from pytest_eagle3.errors import Eagle3ConfigError
+from pytest_eagle3.target.spec import DEFAULT_ARCHITECTURE
 
 if TYPE_CHECKING:
+    from pytest_eagle3.conventions import IdRule
     from pytest_eagle3.engine.install import SGLangInstall
     from pytest_eagle3.engine.variants import Variant
     from pytest_eagle3.plugin.options import Settings
@@ -63,19 +65,18 @@ OWN_ENGINE_TP1_ON_CPU = (
     "path variants with an engine of their own run at TP 1 only on cpu (engine starts dominate the run)"
 )
 COLLAPSES = (
-    "ids {ids} on {L} layers make {sglang} capture layers {layers}, which fails at the "
-    "first forward (pytest-eagle3 inspect reports this before any engine starts)"
+    "ids {ids} on {L} layers make {sglang} capture layers {layers}, which fails {why} "
+    "(pytest-eagle3 inspect reports this before any engine starts)"
 )
 NO_CONTRACT = "{case}: no contract on a {L}-layer target: {error}"
 NO_DEEPSEEK_EAGLE3 = (
-    "{sglang} cannot serve DeepSeek EAGLE-3: its srt/models/deepseek_v2.py has no "
-    "set_eagle3_layers_to_capture (no aux hidden state capture in its DeepSeek model)"
+    "{sglang} cannot serve EAGLE-3 for {architecture}: {why}"
 )
 NO_DRAFT_PATH = (
     "{sglang} has neither --enable-return-aux-hidden-states nor --enable-return-hidden-states: "
     "its captures cannot be read"
 )
-NO_EMBEDDING_ID = "{sglang} cannot capture the embedding with {rule}: no id list yields hs[0]"
+NO_EMBEDDING_ID = "{sglang} cannot capture the embedding: {layer0}; id rule {rule}: no id list yields hs[0]"
 NO_ACCEPTANCE_DRAFT = (
     "acceptance needs a trained EAGLE-3 draft: target {target} ships none; pass --eagle3-draft PATH"
 )
@@ -167,6 +168,7 @@ class EngineRequest:
             the prediction).
         draft: the EAGLE-3 draft directory the engine loads (the draft path:
             SGLang reads ``ids`` from its ``config.json``); ``None``: capture-only.
+        user_draft: the request of ``--eagle3-draft`` (a mismatch always fails).
     """
 
     ids: "tuple[int, ...] | None"
@@ -180,6 +182,7 @@ class EngineRequest:
     note: str | None = None
     contract: str | None = None
     draft: str | None = None
+    user_draft: bool = False
 
 
 def case_needs(names: Sequence[str] | None = None, *, every_tp: Sequence[str] = (cases.WIDE_CASE,),
@@ -317,8 +320,10 @@ def collect_reason(need: EngineNeed, ctx: NeedContext) -> str | None:
             if not s.slow:
                 return SLOW
     if ctx.install is not None:
-        if ctx.install.deepseek_eagle3 is False:
-            return NO_DEEPSEEK_EAGLE3.format(sglang=ctx.install.describe())
+        arch = ctx.facts.architecture if ctx.facts is not None else DEFAULT_ARCHITECTURE
+        if ctx.install.eagle3_capture(arch) is False:
+            return NO_DEEPSEEK_EAGLE3.format(sglang=ctx.install.describe(), architecture=arch,
+                                             why=ctx.install.id_rule(arch).source)
         if ctx.install.flags and not (ctx.install.has_arg("enable_return_aux_hidden_states")
                                       or ctx.install.has_arg("enable_return_hidden_states")):
             return NO_DRAFT_PATH.format(sglang=ctx.install.describe())
@@ -328,17 +333,20 @@ def collect_reason(need: EngineNeed, ctx: NeedContext) -> str | None:
         request = resolve(need, ctx)
     except Eagle3ConfigError:
         return None  # reported by the test itself at run time
-    from pytest_eagle3.verdicts.conventions import predict
+    from pytest_eagle3.conventions import predict
 
     L = ctx.facts.num_layers
-    prediction = predict(list(request.ids) if request.ids is not None else None, L, ctx.install.version)
+    rule = installed_rule(ctx)
+    prediction = predict(list(request.ids) if request.ids is not None else None, L, rule)
     if prediction.fails_at_first_forward:
         return COLLAPSES.format(ids=list(request.ids) if request.ids is not None else "(none: SGLang's default)", L=L,
-                                sglang=f"sglang {ctx.install.version}", layers=list(prediction.layers_to_capture))
+                                sglang=f"sglang {ctx.install.version}", layers=list(prediction.layers_to_capture),
+                                why=_fails_why(prediction, rule))
     if need.needs_contract and request.contract is None:
         return request.note
-    if need.needs_embedding and 0 not in prediction.snapshots:
-        return NO_EMBEDDING_ID.format(sglang=ctx.install.describe(), rule=prediction.rule)
+    if need.needs_embedding and prediction.known and 0 not in prediction.snapshots:
+        return NO_EMBEDDING_ID.format(sglang=ctx.install.describe(), rule=rule.describe(),
+                                      layer0=_layer0_text(rule))
     return None
 
 
@@ -352,9 +360,9 @@ def resolve(need: EngineNeed, ctx: NeedContext) -> EngineRequest:
     """
     if ctx.install is None or ctx.facts is None:
         raise ValueError("resolve() needs the installed SGLang and the target facts")
-    from pytest_eagle3.verdicts.conventions import predict
+    from pytest_eagle3.conventions import predict
 
-    L, H, version = ctx.facts.num_layers, ctx.facts.hidden_size, ctx.install.version
+    L, H, version = ctx.facts.num_layers, ctx.facts.hidden_size, installed_rule(ctx)
     v = need.variant
     if need.case == USER_DRAFT:
         return _user_draft_request(ctx)
@@ -379,7 +387,8 @@ def resolve(need: EngineNeed, ctx: NeedContext) -> EngineRequest:
     expected = tuple(case.contract.to_snapshot_indices(L))
     xfail = None
     if expected != predicted:
-        xfail = known_incompatibility(need.case, case.contract, ids, predicted, L, ctx.install)
+        xfail = known_incompatibility(need.case, case.contract, ids, predicted, L, ctx.install,
+                                      ctx.facts.architecture)
     return EngineRequest(ids, expected=expected, predicted=predicted, xfail_reason=xfail, contract=str(case.contract),
                          draft=draft)
 
@@ -391,22 +400,23 @@ NOT_SERVABLE = (
 
 
 def known_incompatibility(what: str, contract: Any, ids: Sequence[int] | None, predicted: Sequence[int],
-                          num_layers: int, install: "SGLangInstall") -> str:
+                          num_layers: int, install: "SGLangInstall",
+                          architecture: str = "DeepseekV3ForCausalLM") -> str:
     """The XFAIL reason of a contract the installed SGLang's rule cannot serve with
     these ids, with the fix ``pytest-eagle3 inspect`` proposes
     (:func:`pytest_eagle3.cli.idfix.plan_fix`): other ids, or why none exist."""
     from pytest_eagle3.cli.idfix import plan_fix
-    from pytest_eagle3.verdicts.conventions import rule_for
 
     L = num_layers
-    fix = plan_fix(contract, L, install.version, key="eagle_config.eagle_aux_hidden_state_layer_ids",
+    rule = install.id_rule(architecture)
+    fix = plan_fix(contract, L, rule, key="eagle_config.eagle_aux_hidden_state_layer_ids",
                    prefer=list(ids) if ids is not None else None)
     verdict = ("not servable on this SGLang (no id list captures it)" if fix.ids is None
                else "servable with other ids")
     return NOT_SERVABLE.format(what=what, sglang=install.describe(), contract=contract,
                                wanted=", ".join(f"hs[{i}]" for i in contract.to_snapshot_indices(L)),
                                ids=list(ids) if ids is not None else "(none: SGLang's default)",
-                               rule=rule_for(install.version),
+                               rule=rule.describe(),
                                got=", ".join(f"hs[{i}]" for i in predicted), verdict=verdict, fix=fix.text)
 
 
@@ -420,7 +430,7 @@ def _acceptance_request(ctx: NeedContext, *, portable: bool = False) -> EngineRe
     (``xfail_reason``) and the acceptance test expects the collapse.
     """
     from pytest_eagle3.capture.draft_path import draft_layer_ids
-    from pytest_eagle3.verdicts.conventions import predict
+    from pytest_eagle3.conventions import predict
 
     assert ctx.facts is not None and ctx.install is not None
     draft = acceptance_draft(ctx.settings, portable=portable)
@@ -428,19 +438,21 @@ def _acceptance_request(ctx: NeedContext, *, portable: bool = False) -> EngineRe
     declared = draft_layer_ids(draft)
     ids = tuple(declared) if declared is not None else None
     L = ctx.facts.num_layers
-    predicted = tuple(predict(list(ids) if ids is not None else None, L, ctx.install.version).snapshots)
-    contract = _trained_contract(draft, L, ctx.facts.hidden_size, ctx.install.version)
+    rule = installed_rule(ctx)
+    predicted = tuple(predict(list(ids) if ids is not None else None, L, rule).snapshots)
+    contract = _trained_contract(draft, L, ctx.facts.hidden_size, rule)
     xfail = None
     expected = predicted
     if contract is not None:
         expected = tuple(contract.to_snapshot_indices(L))
         if expected != predicted:
-            xfail = known_incompatibility(f"draft {draft.name}", contract, ids, predicted, L, ctx.install)
+            xfail = known_incompatibility(f"draft {draft.name}", contract, ids, predicted, L, ctx.install,
+                                          ctx.facts.architecture)
     return EngineRequest(ids, expected=expected, predicted=predicted, draft=str(draft), xfail_reason=xfail,
                          contract=str(contract) if contract is not None else None)
 
 
-def _trained_contract(draft: Path, num_layers: int, hidden_size: int, version: str) -> Any:
+def _trained_contract(draft: Path, num_layers: int, hidden_size: int, version: Any) -> Any:
     """The contract a pytest-eagle3-built draft records in its ``config.json``
     (``pytest_eagle3.contract``, the name of a contract fixture), or ``None``."""
     import json
@@ -455,6 +467,29 @@ def _trained_contract(draft: Path, num_layers: int, hidden_size: int, version: s
         return None
 
 
+def installed_rule(ctx: NeedContext) -> "IdRule":
+    """The installed SGLang's id rule for the target's architecture, read from its
+    model file (:mod:`pytest_eagle3.engine.model_code`), never from its version."""
+    assert ctx.install is not None
+    arch = ctx.facts.architecture if ctx.facts is not None else DEFAULT_ARCHITECTURE
+    return ctx.install.id_rule(arch)
+
+
+def _layer0_text(rule: "IdRule") -> str:
+    emb = rule.embedding
+    if emb.capturable is False:
+        return f"{emb.why} [{emb.source}]"
+    return "its id rule never maps an id to layer 0"
+
+
+def _fails_why(p: Any, rule: "IdRule") -> str:
+    if p.setup_error is not None:
+        return f"at engine setup ({p.setup_error} in {rule.source})"
+    if p.embedding_fails:
+        return f"at the first forward (layer 0: {rule.embedding.why})"
+    return "at the first forward"
+
+
 def _ids(ids: Sequence[int] | None) -> tuple[int, ...] | None:
     return tuple(ids) if ids is not None else None
 
@@ -463,7 +498,7 @@ def _user_draft_request(ctx: NeedContext) -> EngineRequest:
     """``--eagle3-draft``: the ids SGLang reads from the draft config, the
     contract its training stack declares; a mismatch fails (no XFAIL)."""
     from pytest_eagle3.contracts.draft import contract_for_draft, load_draft
-    from pytest_eagle3.verdicts.conventions import predict
+    from pytest_eagle3.conventions import predict
 
     s = ctx.settings
     assert ctx.facts is not None and ctx.install is not None
@@ -471,10 +506,11 @@ def _user_draft_request(ctx: NeedContext) -> EngineRequest:
         raise Eagle3ConfigError("--eagle3-draft PATH needs --eagle3-stack NAME")
     L, H = ctx.facts.num_layers, ctx.facts.hidden_size
     draft = load_draft(s.draft)
+    rule = installed_rule(ctx)
     contract = contract_for_draft(s.draft, s.stack, num_layers=L, target_hidden_size=H,
-                                  sglang_version=ctx.install.version if s.stack == "specforge-sglang" else None)
+                                  sglang_version=rule if s.stack == "specforge-sglang" else None)
     ids = tuple(draft.ids) if draft.ids is not None and draft.sglang_reads_ids else None
     note = IDS_IGNORED.format(key=draft.ids_key) if draft.ids is not None and not draft.sglang_reads_ids else None
-    predicted = tuple(predict(list(ids) if ids is not None else None, L, ctx.install.version).snapshots)
+    predicted = tuple(predict(list(ids) if ids is not None else None, L, rule).snapshots)
     return EngineRequest(ids, expected=tuple(contract.to_snapshot_indices(L)), predicted=predicted, note=note,
-                         contract=str(contract))
+                         contract=str(contract), user_draft=True)

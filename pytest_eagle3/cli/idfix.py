@@ -1,6 +1,6 @@
 """Invert SGLang's aux layer-id rule: which ids make SGLang capture given snapshots.
 
-:func:`pytest_eagle3.verdicts.conventions.predict` maps a draft config's ids to the
+:func:`pytest_eagle3.conventions.predict` maps a draft config's ids to the
 snapshots SGLang captures (``hs`` indices, :mod:`pytest_eagle3.verdicts.snapshots`);
 :func:`ids_for` searches the few id lists that can map back to a wanted list
 and keeps those that ``predict`` confirms, so a suggestion is right by
@@ -11,9 +11,14 @@ construction for the version asked about.  :func:`plan_fix` turns that into a
   ``hs[L]`` (final norm output) and ``final_prenorm`` are never captured;
 * it captures in layer order, so a contract whose slots are not in layer order
   needs ``fc``'s input blocks permuted (no id list reorders captures);
-* sglang <= 0.5.12 adds 1 to every id, so the embedding ``hs[0]`` is out of reach;
-* sglang >= 0.5.13 adds 1 when the first id is 1, so ``[1]`` alone cannot mean
-  ``hs[1]`` (longer lists avoid it by not *listing* the 1 first).
+* a rule that adds 1 to every id (upstream <= 0.5.12, sglang-kt 0.7.2) never
+  reaches the embedding ``hs[0]``, nor does a model that fails capturing layer 0;
+* a rule that adds 1 when the first id is 1 (upstream >= 0.5.13) cannot mean
+  ``hs[1]`` with ``[1]`` alone (longer lists avoid it by not *listing* the 1 first).
+
+Every function takes the rule to apply: the installed SGLang's
+(:meth:`pytest_eagle3.engine.install.SGLangInstall.id_rule`, read from its
+code), or a version string for the version table's prediction.
 
 Pure Python: no torch, no SGLang.
 """
@@ -24,13 +29,13 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from pytest_eagle3.contracts.contract import Contract, entry_text
-from pytest_eagle3.verdicts.conventions import (
+from pytest_eagle3.conventions import (
     ALWAYS_PLUS_ONE,
     EMBEDDING_CAPTURE_SINCE,
     FIRST_ID_RULE_SINCE,
-    captures_embedding,
+    IdRule,
+    as_rule,
     predict,
-    rule_for,
 )
 from pytest_eagle3.verdicts.snapshots import describe
 
@@ -43,10 +48,12 @@ EMBEDDING_VERSION = str(EMBEDDING_CAPTURE_SINCE)
 # Message templates (tests import these).
 WRITE_IDS = "write ids {ids} under {key}"
 PORTABLE_NOTE = "a list starting with 1 gets +1 on every SGLang version, so it means the same on all of them"
-ONLY_NEW_NOTE = "right for SGLang >= " + NEW_RULE_VERSION + " only: older versions add 1 to every id"
-ONLY_EMBEDDING_NOTE = ("right for SGLang >= " + str(EMBEDDING_CAPTURE_SINCE) + " only: older versions add 1 to "
-                       "every id (<= " + OLD_RULE_VERSION + ") or fail capturing layer 0")
-ONLY_OLD_NOTE = "right for SGLang <= " + OLD_RULE_VERSION + " only: newer versions add 1 only when the first id is 1"
+ONLY_NEW_NOTE = ("right where SGLang adds 1 only when the first id is 1 (upstream >= " + NEW_RULE_VERSION
+                 + ") only: a rule adding 1 to every id (upstream <= " + OLD_RULE_VERSION + ") reads it otherwise")
+ONLY_EMBEDDING_NOTE = ("right where SGLang's model captures layer 0 (upstream >= " + str(EMBEDDING_CAPTURE_SINCE)
+                       + ") only: others add 1 to every id or fail capturing layer 0")
+ONLY_OLD_NOTE = ("right where SGLang adds 1 to every id (upstream <= " + OLD_RULE_VERSION
+                 + ") only: upstream >= " + NEW_RULE_VERSION + " adds 1 only when the first id is 1")
 NOT_FIRST_NOTE = (
     "1 is not listed first on purpose: a list starting with 1 gets +1 on this SGLang, "
     "and SGLang captures in layer order whatever order the list has"
@@ -57,20 +64,21 @@ UNREACHABLE_FIX = (
     "(it captures layer inputs only, hs[0]..hs[{last}]); retrain the draft on layers it can capture"
 )
 EMBEDDING_FIX = (
-    "this SGLang cannot capture the embedding ({why}); upgrade to >= {new}, then {write}"
+    "this SGLang cannot capture the embedding ({why}): no id list works on it; on an SGLang whose model "
+    "captures layer 0 (upstream >= {new}), {write}; or retrain the draft on layers this one captures"
 )
-EMBEDDING_WHY_RULE = "always +1 rule, <= " + OLD_RULE_VERSION + ", and no layer-0 capture"
-EMBEDDING_WHY_LAYER0 = "its DeepSeek model fails capturing layer 0 (residual is None there) before " + EMBEDDING_VERSION
+EMBEDDING_WHY_RULE = "its id rule adds 1 to every id, and its model fails capturing layer 0"
+EMBEDDING_WHY_LAYER0 = "its model fails capturing layer 0: residual is None there"
 ONE_ALONE_FIX = (
-    "no id list works on SGLang {version}: [1] always gets +1, so out(L0) alone cannot be captured; "
-    "SGLang <= {old} captures it with ids [0]"
+    "no id list works on this SGLang ({rule}): [1] always gets +1, so out(L0) alone cannot be captured; "
+    "a rule adding 1 to every id (upstream <= {old}) captures it with ids [0]"
 )
 ORDER_FIX = (
     "SGLang captures in layer order, but the contract's slots are {human}, not in layer order: no id list "
     "reorders captures; permute fc.weight's input blocks (and any per-slot norm weights) so that new "
     "block j is old block perm[j], perm = {perm}, then {write}"
 )
-NO_IDS_FIX = "no id list makes SGLang {version} capture exactly {human}"
+NO_IDS_FIX = "no id list makes this SGLang ({rule}) capture exactly {human}"
 
 
 @dataclass(frozen=True)
@@ -102,10 +110,11 @@ class Fix:
         }
 
 
-def captures(ids: Sequence[int] | None, num_layers: int, version: str) -> tuple[int, ...] | None:
-    """Snapshots SGLang ``version`` captures for ``ids``; None when it fails at the first forward."""
-    p = predict(list(ids) if ids is not None else None, num_layers, version)
-    return None if p.fails_at_first_forward else p.snapshots
+def captures(ids: Sequence[int] | None, num_layers: int, rule: IdRule | str) -> tuple[int, ...] | None:
+    """Snapshots SGLang captures for ``ids`` under ``rule``; None when it fails at the
+    first forward or the rule is unknown."""
+    p = predict(list(ids) if ids is not None else None, num_layers, rule)
+    return None if p.fails_at_first_forward or not p.known else p.snapshots
 
 
 def is_portable(ids: Sequence[int], num_layers: int) -> bool:
@@ -124,9 +133,9 @@ def _candidates(wanted: tuple[int, ...]) -> list[tuple[int, ...]]:
 
 
 def ids_for(
-    wanted: Sequence[int], num_layers: int, version: str, *, prefer: Sequence[int] | None = None
+    wanted: Sequence[int], num_layers: int, rule: IdRule | str, *, prefer: Sequence[int] | None = None
 ) -> tuple[int, ...] | None:
-    """Ids that make SGLang ``version`` capture exactly ``wanted`` (``hs`` indices, layer order).
+    """Ids that make SGLang capture exactly ``wanted`` (``hs`` indices, layer order) under ``rule``.
 
     Among the lists that work, ``prefer`` (e.g. ids the config already has) wins,
     then a list that is right under both rules, then one in layer order.
@@ -135,7 +144,7 @@ def ids_for(
         The ids, or None when no list works (see the module docstring for why).
     """
     target = tuple(wanted)
-    good = [c for c in _candidates(target) if captures(c, num_layers, version) == target]
+    good = [c for c in _candidates(target) if captures(c, num_layers, rule) == target]
     if not good:
         return None
     pref = tuple(prefer) if prefer is not None else None
@@ -150,15 +159,16 @@ def _wanted_text(indices: Sequence[int], num_layers: int) -> str:
     return ", ".join(parts)
 
 
-def _write(ids: tuple[int, ...], key: str, num_layers: int, version: str, keep_top_level: bool) -> str:
+def _write(ids: tuple[int, ...], key: str, num_layers: int, rule: IdRule | str, keep_top_level: bool) -> str:
     notes = []
-    if 1 in ids and ids[0] != 1 and rule_for(version) != ALWAYS_PLUS_ONE:
+    kind = as_rule(rule).kind
+    if 1 in ids and ids[0] != 1 and kind != ALWAYS_PLUS_ONE:
         notes.append(NOT_FIRST_NOTE)
     if is_portable(ids, num_layers):
         notes.append(PORTABLE_NOTE)
-    elif rule_for(version) == ALWAYS_PLUS_ONE:
+    elif kind == ALWAYS_PLUS_ONE:
         notes.append(ONLY_OLD_NOTE)
-    elif 0 in (predict(list(ids), num_layers, version).layers_to_capture):
+    elif 0 in (predict(list(ids), num_layers, rule).layers_to_capture):
         notes.append(ONLY_EMBEDDING_NOTE)
     else:
         notes.append(ONLY_NEW_NOTE)
@@ -170,15 +180,16 @@ def _write(ids: tuple[int, ...], key: str, num_layers: int, version: str, keep_t
 def plan_fix(
     contract: Contract,
     num_layers: int,
-    version: str,
+    rule: IdRule | str,
     *,
     key: str,
     prefer: Sequence[int] | None = None,
     keep_top_level: bool = False,
 ) -> Fix:
-    """How to make SGLang ``version`` feed ``contract``'s ``fc`` slots on an ``L``-layer target.
+    """How to make SGLang feed ``contract``'s ``fc`` slots on an ``L``-layer target under ``rule``.
 
     Args:
+        rule: the installed SGLang's rule, or a version string (version table).
         key: the config key SGLang reads (``eagle_config.eagle_aux_hidden_state_layer_ids``).
         prefer: ids to suggest when they work (avoids rewriting a list needlessly).
         keep_top_level: the config also has a top-level list (vLLM's); say to keep it.
@@ -189,18 +200,20 @@ def plan_fix(
     if unreachable:
         return Fix(None, key, UNREACHABLE_FIX.format(wanted=_wanted_text(unreachable, L), last=L - 1))
     order = tuple(sorted(wanted))
-    ids = ids_for(order, L, version, prefer=prefer)
+    r = as_rule(rule)
+    ids = ids_for(order, L, r, prefer=prefer)
     if ids is None:
-        if 0 in order and not captures_embedding(version):
+        if 0 in order and r.embedding.capturable is False:
             new_ids = ids_for(order, L, EMBEDDING_VERSION, prefer=prefer)
             write = (_write(new_ids, key, L, EMBEDDING_VERSION, keep_top_level) if new_ids is not None
-                     else NO_IDS_FIX.format(version=EMBEDDING_VERSION, human=contract.human(L)))
-            why = EMBEDDING_WHY_RULE if rule_for(version) == ALWAYS_PLUS_ONE else EMBEDDING_WHY_LAYER0
+                     else NO_IDS_FIX.format(rule=f"upstream {EMBEDDING_VERSION}", human=contract.human(L)))
+            why = EMBEDDING_WHY_RULE if r.kind == ALWAYS_PLUS_ONE else EMBEDDING_WHY_LAYER0
+            why += f", {r.embedding.source}"
             return Fix(None, key, EMBEDDING_FIX.format(why=why, new=EMBEDDING_VERSION, write=write))
         if order == (1,):
-            return Fix(None, key, ONE_ALONE_FIX.format(version=version, old=OLD_RULE_VERSION))
-        return Fix(None, key, NO_IDS_FIX.format(version=version, human=contract.human(L)))
-    write = _write(ids, key, L, version, keep_top_level)
+            return Fix(None, key, ONE_ALONE_FIX.format(rule=r.kind, old=OLD_RULE_VERSION))
+        return Fix(None, key, NO_IDS_FIX.format(rule=r.kind, human=contract.human(L)))
+    write = _write(ids, key, L, r, keep_top_level)
     portable = is_portable(ids, L)
     if order != wanted:
         perm = tuple(wanted.index(s) for s in order)

@@ -1,9 +1,10 @@
 """``pytest-eagle3 inspect``: the argument parser and command around :mod:`pytest_eagle3.cli.preflight`.
 
 Resolves the target's layer count (``--target`` preset or checkpoint dir, or
-``--layers``) and the SGLang version (``--sglang-version``, else the installed
-one read from package metadata, which is all the id rule needs: no ``--help``
-probe, no SGLang import), then prints the :class:`~pytest_eagle3.cli.preflight.Inspection`.
+``--layers``) and the id rule: the installed SGLang's, read from the model file
+of the target's architecture (``engine/model_code.py``: no ``--help`` probe, no
+SGLang import), or with ``--sglang-version`` the version table's prediction
+for an upstream release that is not installed; then prints the :class:`~pytest_eagle3.cli.preflight.Inspection`.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ DESCRIPTION = """\
 Print a draft's training contract (what its fc was trained on), what an SGLang
 version will capture for it (from the ids SGLang reads: only
 eagle_config.eagle_aux_hidden_state_layer_ids), and a verdict with a fix.
-No model is loaded and no engine starts; it is a prediction from the version's
-rule, which the packaged suite (--eagle3-draft/--eagle3-stack) measures.
+No model is loaded and no engine starts; the rule is read from the installed
+SGLang's model file (or, with --sglang-version, predicted from the upstream
+version table), and the packaged suite (--eagle3-draft/--eagle3-stack) measures it.
 
 verdicts: MATCH (exit 0); MISMATCH (silently fed other layers), FAILS (SGLang
 rejects it, e.g. at the first forward), INVALID (the draft contradicts itself
@@ -35,7 +37,7 @@ EPILOG = """\
 --json keys: verdict, exit_code, reason, by_default, draft{path, config_format,
 ids, ids_key, target_hidden_size, fc_shape, fc_input_width}, stack,
 stack_source, target{description, num_layers}, contract (null if invalid),
-contract_error, sglang{version, source, rule, ids_read, layers_to_capture,
+contract_error, sglang{version, source, rule, rule_source, rule_from_code, ids_read, layers_to_capture,
 never_reached, fails_at_first_forward, captures, captures_human},
 slots[{slot, sglang, contract, ok, sglang_human, contract_human}],
 fix{ids, key, text, portable, permutation} (null unless MISMATCH/FAILS),
@@ -103,14 +105,17 @@ def add_inspect_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--option", type=_option, action="append", default=[], metavar="KEY=VALUE",
                    help="a stack option: datagen=custom_worker (speculators), capture=output_hidden_states "
                    "(specforge-hf), sglang_version=V (specforge-sglang), final_layer=false (vllm)")
-    p.add_argument("--sglang-version", type=_version, metavar="V", help="apply this SGLang version's rule "
-                   "instead of the installed one's")
+    p.add_argument("--sglang-version", type=_version, metavar="V", help="predict for upstream SGLang V "
+                   "from the version table (for an SGLang that is not installed) instead of reading the "
+                   "installed SGLang's rule from its model file")
     p.add_argument("--json", action="store_true", help="print JSON with stable keys (see below)")
     return p
 
 
-def _layers(args: argparse.Namespace) -> tuple[int, str, int | None]:
-    """``(L, description, target hidden size or None)``."""
+def _layers(args: argparse.Namespace) -> tuple[int, str, int | None, str]:
+    """``(L, description, target hidden size or None, architecture)``."""
+    from pytest_eagle3.target.spec import DEFAULT_ARCHITECTURE
+
     if args.target is not None:
         from pytest_eagle3.target.spec import resolve_target
 
@@ -118,35 +123,40 @@ def _layers(args: argparse.Namespace) -> tuple[int, str, int | None]:
         if args.layers is not None and args.layers != t.facts.num_layers:
             raise Eagle3ConfigError(LAYERS_DIFFER_MSG.format(layers=args.layers, target=args.target,
                                                              target_layers=t.facts.num_layers))
-        return t.facts.num_layers, f"{t.name}, {t.facts.num_layers} layers, hidden {t.facts.hidden_size}", t.facts.hidden_size
+        return (t.facts.num_layers, f"{t.name}, {t.facts.num_layers} layers, hidden {t.facts.hidden_size}",
+                t.facts.hidden_size, t.facts.architecture)
     if args.layers is None:
         raise Eagle3ConfigError(NEEDS_LAYERS_MSG)
-    return args.layers, f"{args.layers} layers (--layers)", None
+    return args.layers, f"{args.layers} layers (--layers)", None, DEFAULT_ARCHITECTURE
 
 
-def _sglang(args: argparse.Namespace) -> tuple[str, str]:
-    """``(version, where it came from)``."""
+def _sglang(args: argparse.Namespace, architecture: str) -> tuple[str, str, Any]:
+    """``(version, where it came from, rule)``: the installed SGLang's rule is read
+    from its model file for ``architecture``; ``--sglang-version`` asks the
+    version table (rule ``None``)."""
     if args.sglang_version is not None:
-        return args.sglang_version, "--sglang-version"
+        return args.sglang_version, "--sglang-version", None
     from pytest_eagle3.engine.install import locate
+    from pytest_eagle3.engine.model_code import read_rules
     from pytest_eagle3.errors import Eagle3SGLangMissing
 
     try:
         version, location = locate()
     except Eagle3SGLangMissing as exc:
         raise Eagle3SGLangMissing(str(exc) + NO_SGLANG_SUFFIX) from None
-    return version, f"installed at {location}"
+    return version, f"installed at {location}", read_rules(location, architecture).rule
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from pytest_eagle3.cli.preflight import inspect_draft, unreadable_dict
 
-    L, target, hidden = _layers(args)
-    version, source = _sglang(args)
+    L, target, hidden, architecture = _layers(args)
+    version, source, rule = _sglang(args, architecture)
     try:
         result = inspect_draft(
             args.draft, num_layers=L, sglang_version=version, sglang_source=source, target=target,
             target_hidden_size=hidden, stack=args.stack, contract_text=args.contract, options=dict(args.option),
+            rule=rule,
         )
     except Eagle3ContractError as exc:
         # load_draft rejected a readable config (bad or conflicting ids, unreadable weights).

@@ -2,9 +2,10 @@
 
 Subcommands:
 
-* ``info``: the installed SGLang, the capture API it offers and its aux
-  layer-id rule (``conventions.py``), with ``--ids`` predicting what a list of
-  draft ids will capture on a ``--layers``-layer target.
+* ``info``: the installed SGLang, the capture API it offers, its aux
+  layer-id rule and whether layer 0 can be captured, read from the model file
+  of ``--architecture`` (``engine/model_code.py``), with ``--ids`` predicting
+  what a list of draft ids will capture on a ``--layers``-layer target.
 * ``inspect``: a draft checkpoint's training contract against what an SGLang
   version captures for it, with a verdict and a fix (``preflight.py``).
 * ``self-test``: the packaged suite run once per fault injected into the
@@ -42,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--ids", type=_ids, help="draft aux layer ids to predict, e.g. 1,4,6")
     info.add_argument("--layers", type=int, default=None, help="target layer count L (needed with --ids)")
     info.add_argument("--cache", default=None, help="cache dir for the SGLang flag probe (default: none)")
+    info.add_argument("--architecture", default=None, metavar="NAME",
+                      help="the target's config.json architecture whose model file to read "
+                      "(default: DeepseekV3ForCausalLM)")
     add_inspect_parser(sub)
     add_self_test_parser(sub)
     return parser
@@ -49,8 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_info(args: argparse.Namespace) -> int:
     from pytest_eagle3.capture.api import Eagle3CaptureUnsupported, select_method
-    from pytest_eagle3.verdicts.conventions import predict, rule_for
+    from pytest_eagle3.conventions import predict, rule_for_version
     from pytest_eagle3.engine.install import probe
+    from pytest_eagle3.target.spec import DEFAULT_ARCHITECTURE
     from pytest_eagle3.verdicts.snapshots import full_label
 
     install = probe(args.cache)
@@ -60,15 +65,36 @@ def cmd_info(args: argparse.Namespace) -> int:
     except Eagle3CaptureUnsupported as exc:
         method = f"none without a draft ({exc})"
     print(f"capture API: {method}")
-    print(f"aux layer-id rule: {rule_for(install.version)}")
+    architecture = args.architecture or DEFAULT_ARCHITECTURE
+    code = install.model_code(architecture)
+    rule = code.rule
+    print(f"model: {architecture} ({code.file or 'no model file registers it'})")
+    print(f"aux layer-id rule: {rule.describe()}")
+    emb = rule.embedding
+    state = {True: "can be captured", False: "cannot be captured", None: "unknown (the suite measures it)"}
+    print(f"layer 0 (embedding): {state[emb.capturable]}: {emb.why} [{emb.source}]")
+    table = rule_for_version(install.version)
+    if rule.known and "deepseek_v2.py" in rule.source and (table.kind != rule.kind or table.embedding.capturable != emb.capturable):
+        print(f"note: the version number {install.version} suggests '{table.kind}' and layer 0 "
+              f"{'capturable' if table.embedding.capturable else 'not capturable'} (upstream releases); "
+              "the installed code decides")
     if args.ids is not None:
         if args.layers is None:
             print("pytest-eagle3 info: --ids needs --layers L", file=sys.stderr)
             return 2
-        p = predict(args.ids, args.layers, install.version)
+        p = predict(args.ids, args.layers, rule)
+        if not p.known:
+            print(f"ids {args.ids}: the rule is unknown ({rule.source})")
+            return 1
+        if p.setup_error is not None:
+            print(f"ids {args.ids}: SGLang's {rule.source} raises {p.setup_error} at engine setup")
+            return 1
         print(f"ids {args.ids} -> layers_to_capture {list(p.layers_to_capture)}")
         for slot, index in enumerate(p.snapshots):
             print(f"  slot {slot}: {full_label(index, args.layers)}")
+        if p.embedding_fails:
+            print(f"  SGLang fails at the first forward: layer 0 cannot be captured ({emb.why})")
+            return 1
         if p.fails_at_first_forward:
             print(f"  SGLang fails at the first forward: layers {list(p.missing)} are never reached "
                   f"or repeat (captured {len(p.snapshots)} of {len(p.layers_to_capture)})")

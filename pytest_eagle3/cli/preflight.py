@@ -52,7 +52,7 @@ from pytest_eagle3.contracts.draft import (
     load_draft,
 )
 from pytest_eagle3.contracts.stacks import STACKS, stack_options
-from pytest_eagle3.verdicts.conventions import Prediction, predict
+from pytest_eagle3.conventions import IdRule, Prediction, predict, rule_for_version
 from pytest_eagle3.errors import Eagle3ConfigError, Eagle3ContractError
 from pytest_eagle3.cli.idfix import Fix, plan_fix
 
@@ -96,6 +96,10 @@ PIN_NOTE = "the match depends on SGLang's default list; to pin it: {fix}"
 DATAGEN_NOTE = (
     "specforge-sglang: assumed the training data was generated with SGLang {version}; "
     "pass --option sglang_version=V if it was another"
+)
+VERSION_DISAGREES_NOTE = (
+    "the version number {version} suggests '{table}' (upstream releases); the installed code says '{code}' "
+    "({source}): the installed code decides"
 )
 UNKNOWN_VERSION_NOTE = "SGLang version {version!r} is not a release number: assumed the newest rule"
 CONTRACT_SOURCE = "--contract {text}"
@@ -148,6 +152,7 @@ class Inspection:
     fix: Fix | None = None
     recheck: str | None = None
     notes: tuple[str, ...] = field(default=())
+    rule: IdRule | None = None
 
     @property
     def exit_code(self) -> int:
@@ -171,7 +176,9 @@ class Inspection:
                    else f"contract:  none: {self.contract_error}")
         p = self.prediction
         read = f"ids {list(self.ids_read)}" if self.ids_read is not None else "no ids (default [2, L//2, L-3])"
-        out.append(f"sglang:    {self.sglang_version} ({self.sglang_source}), rule: {p.rule}")
+        rule = self.rule.describe() if self.rule is not None else p.rule
+        out.append(f"sglang:    {self.sglang_version} ({self.sglang_source})")
+        out.append(f"rule:      {rule}")
         out.append(f"reads:     {read} -> layers_to_capture {list(p.layers_to_capture)}")
         out.append(f"captures:  {self.captures_text()}")
         label = self.verdict.upper() + (" (by SGLang's default)" if self.by_default else "")
@@ -207,6 +214,8 @@ class Inspection:
             "contract_error": self.contract_error,
             "sglang": {
                 "version": self.sglang_version, "source": self.sglang_source, "rule": p.rule,
+                "rule_source": self.rule.source if self.rule is not None else p.source,
+                "rule_from_code": bool(self.rule is not None and self.rule.from_code),
                 "ids_read": _list(self.ids_read), "layers_to_capture": list(p.layers_to_capture),
                 "never_reached": list(p.missing), "fails_at_first_forward": p.fails_at_first_forward,
                 "captures": list(p.snapshots), "captures_human": self.captures_text(),
@@ -337,13 +346,18 @@ def inspect_draft(
     stack: str | None = None,
     contract_text: str | None = None,
     options: Mapping[str, Any] | None = None,
+    rule: IdRule | None = None,
 ) -> Inspection:
     """Compare a draft's training contract with what SGLang ``sglang_version`` captures for it.
 
     Args:
         path: the draft checkpoint directory.
         num_layers: the target's layer count ``L``.
-        sglang_version: the SGLang version whose rule to apply (``conventions.rule_for``).
+        sglang_version: the SGLang version (for notes, and the version table's rule
+            when ``rule`` is not given).
+        rule: the installed SGLang's id rule, read from its code
+            (:meth:`~pytest_eagle3.engine.install.SGLangInstall.id_rule`); ``None``:
+            the version table's prediction for ``sglang_version``.
         target_hidden_size: the target's hidden size, checked against the draft config.
         stack: a :data:`~pytest_eagle3.contracts.stacks.STACKS` name (see :func:`resolve_stack`).
         contract_text: the contract in human form instead of a stack (``[embedding, out(L2)]``).
@@ -373,7 +387,7 @@ def inspect_draft(
     if hidden is None:
         raise Eagle3ConfigError(NO_HIDDEN_MSG.format(path=info.path / "config.json"))
     if used_stack == "specforge-sglang" and "sglang_version" not in options:
-        options["sglang_version"] = sglang_version
+        options["sglang_version"] = rule if rule is not None else sglang_version
         notes.append(DATAGEN_NOTE.format(version=sglang_version))
     contract, error = None, None
     try:
@@ -386,15 +400,21 @@ def inspect_draft(
         error = str(exc)
     if contract is not None:
         notes = list(contract.notes) + notes
-    if not is_release(sglang_version):
+    if rule is None and not is_release(sglang_version):
         notes.append(UNKNOWN_VERSION_NOTE.format(version=sglang_version))
+    r = rule if rule is not None else rule_for_version(sglang_version)
+    if rule is not None and rule.from_code and is_release(sglang_version):
+        table = rule_for_version(sglang_version)
+        if table.kind != rule.kind or table.embedding.capturable != rule.embedding.capturable:
+            notes.append(VERSION_DISAGREES_NOTE.format(version=sglang_version, table=table.kind,
+                                                       code=rule.kind, source=rule.source))
 
     ids_read = info.ids if info.sglang_reads_ids else None
-    p = predict(list(ids_read) if ids_read is not None else None, L, sglang_version)
+    p = predict(list(ids_read) if ids_read is not None else None, L, r)
     by_default = ids_read is None
     common = dict(draft=info, stack=used_stack, stack_source=stack_source, num_layers=L, target=target,
                   contract=contract, contract_error=error, sglang_version=sglang_version,
-                  sglang_source=sglang_source, ids_read=ids_read, prediction=p)
+                  sglang_source=sglang_source, ids_read=ids_read, prediction=p, rule=r)
     if contract is None:
         return Inspection(**common, verdict=INVALID, reason=error or "", notes=tuple(notes))
 
@@ -406,7 +426,7 @@ def inspect_draft(
     prefer = info.ids if top_level else None
 
     def fix() -> Fix:
-        return plan_fix(contract, L, sglang_version, key=EAGLE_CONFIG_KEY, prefer=prefer,
+        return plan_fix(contract, L, r, key=EAGLE_CONFIG_KEY, prefer=prefer,
                         keep_top_level=top_level is not None)
 
     recheck_cmd = None

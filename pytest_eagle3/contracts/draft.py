@@ -267,13 +267,15 @@ def load_draft(path: str | Path) -> DraftInfo:
     )
 
 
-def installed_sglang_version() -> str | None:
-    """The version of the importable SGLang (no import of sglang; the resolver of
-    :func:`pytest_eagle3.engine.install.version_at`), or None when there is none."""
-    from pytest_eagle3.engine.install import sglang_location_and_version, version_at
+def installed_sglang_rule() -> Any:
+    """The id rule of the importable SGLang's DeepSeek model, read from its model
+    file (:mod:`pytest_eagle3.engine.model_code`; no import of sglang), or None
+    when there is none."""
+    from pytest_eagle3.engine.install import sglang_location_and_version
+    from pytest_eagle3.engine.model_code import read_rules
 
     location, _ = sglang_location_and_version()
-    return version_at(location)[0] if location is not None else None
+    return read_rules(location, "DeepseekV3ForCausalLM").rule if location is not None else None
 
 
 def contract_for_draft(
@@ -281,7 +283,7 @@ def contract_for_draft(
     stack: str,
     *,
     num_layers: int,
-    sglang_version: str | None = None,
+    sglang_version: Any = None,
     target_hidden_size: int | None = None,
     **options: Any,
 ) -> Contract:
@@ -295,8 +297,10 @@ def contract_for_draft(
         path: the draft checkpoint directory.
         stack: a :data:`~pytest_eagle3.contracts.stacks.STACKS` name.
         num_layers: the target's number of layers.
-        sglang_version: for ``specforge-sglang``: the SGLang used at data generation
-            (default: the installed one).
+        sglang_version: for ``specforge-sglang``: the SGLang used at data generation,
+            a version string (the upstream version table) or an
+            :class:`~pytest_eagle3.conventions.IdRule` (default: the installed
+            SGLang's rule, read from its code).
         target_hidden_size: the target's hidden size, checked against the draft config
             and used when the config names none.
         options: stack options (``datagen=`` for speculators, ``capture=`` for specforge-hf, ...).
@@ -318,7 +322,7 @@ def contract_for_draft(
     if hidden is None:
         raise Eagle3ContractError(NO_HIDDEN_MSG.format(path=info.path / "config.json"))
     if stack == "specforge-sglang":
-        version = sglang_version or installed_sglang_version()
+        version = sglang_version or installed_sglang_rule()
         if version is None:
             raise Eagle3ContractError(NO_SGLANG_MSG)
         options["sglang_version"] = version

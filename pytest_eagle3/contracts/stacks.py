@@ -28,11 +28,14 @@ stack                  id ``v`` means                      ``[1, 4, 6]`` gives
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from pytest_eagle3.contracts.contract import Contract, Entry
 from pytest_eagle3.errors import Eagle3ContractError
 from pytest_eagle3.verdicts.snapshots import FINAL_PRENORM
+
+if TYPE_CHECKING:
+    from pytest_eagle3.conventions import IdRule
 
 #: ``translator(ids, *, num_layers, hidden_size, dtype=None, source="", **options) -> Contract``
 Translator = Callable[..., Contract]
@@ -307,11 +310,15 @@ def specforge_sglang(
     *,
     num_layers: int,
     hidden_size: int | None,
-    sglang_version: str,
+    sglang_version: "str | IdRule",
     dtype: str | None = None,
     source: str = "",
 ) -> Contract:
     """sgl-project/SpecForge, SGLang backend: the ids mean what that SGLang version makes of them.
+
+    ``sglang_version``: the SGLang used at data generation: a version string (the
+    version table's rule for that upstream release) or an installed SGLang's
+    :class:`~pytest_eagle3.conventions.IdRule` read from its code.
 
     SpecForge hands the ids to SGLang's own ``model.set_eagle3_layers_to_capture``:
     ``specforge/modeling/target/sglang_backend/capture.py`` (at ``c9b9b660``) and
@@ -319,7 +326,7 @@ def specforge_sglang(
     (at ``a6b6b023``); the server runtime sends them as SGLang's
     ``eagle_aux_hidden_state_layer_ids`` (``patches/sglang/v0.5.14/spec-capture.patch``).
     So the training data holds exactly what that SGLang version captures, in layer
-    order: :func:`pytest_eagle3.verdicts.conventions.predict` with the SGLang version used
+    order: :func:`pytest_eagle3.conventions.predict` with the SGLang version used
     *at data generation*.
 
     ``None``: the current runtime sends SpecForge's default ``[1, L//2-1, L-4]``
@@ -331,7 +338,7 @@ def specforge_sglang(
         Eagle3ContractError: ids that SGLang cannot capture on ``L`` layers (data
             generation would have failed at the first forward), duplicates.
     """
-    from pytest_eagle3.verdicts.conventions import predict
+    from pytest_eagle3.conventions import predict
 
     stack = "specforge-sglang"
     _check_layers(num_layers, hidden_size)
@@ -343,6 +350,7 @@ def specforge_sglang(
         notes.append(NO_IDS_NOTE.format(stack=stack, default=list(used)))
     _no_duplicates(stack, used, "SGLang captures each layer once", declared is None)
     pred = predict(list(used), L, sglang_version)
+    label = sglang_version if isinstance(sglang_version, str) else f"installed ({sglang_version.source})"
     problem = ""
     if pred.missing:
         problem = f"layers {list(pred.missing)} are never reached (valid 0..{L - 1})"
@@ -350,13 +358,13 @@ def specforge_sglang(
         problem = "two ids land on the same layer"
     if problem:
         raise Eagle3ContractError(
-            SGLANG_FAILS_MSG.format(version=sglang_version, rule=pred.rule, ids=list(used),
+            SGLANG_FAILS_MSG.format(version=label, rule=pred.rule, ids=list(used),
                                     layers=list(pred.layers_to_capture), num_layers=L, problem=problem)
         )
-    notes.append(f"SGLang {sglang_version}: {pred.rule}; layers_to_capture {list(pred.layers_to_capture)}")
+    notes.append(f"SGLang {label}: {pred.rule}; layers_to_capture {list(pred.layers_to_capture)}")
     return Contract(
         entries=tuple(pred.snapshots), hidden_size=hidden_size, num_layers=L, dtype=dtype, stack=stack,
-        source=source or f"SpecForge SGLang backend (sglang {sglang_version}) ids {list(used)}",
+        source=source or f"SpecForge SGLang backend (sglang {label}) ids {list(used)}",
         declared_ids=declared, notes=tuple(notes),
     )
 

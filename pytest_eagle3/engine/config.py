@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from pytest_eagle3.engine.cpu import recipe
+from pytest_eagle3.engine.cpu import forks, recipe
 from pytest_eagle3.engine.cuda.recipe import CudaRecipe
 from pytest_eagle3.engine.install import SGLangInstall
 from pytest_eagle3.engine.sglang_hooks import HOOKS_ENV, SITE_HOOK_DIR
@@ -165,6 +165,18 @@ def speculative_server_args(
     return args
 
 
+def _architecture(model_path: Any) -> str:
+    """The first ``architectures`` entry of the checkpoint's ``config.json``
+    (DeepSeek-V3's when it cannot be read)."""
+    try:
+        archs = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8")).get("architectures")
+        if isinstance(archs, list) and archs and isinstance(archs[0], str):
+            return archs[0]
+    except (OSError, ValueError, AttributeError):
+        pass
+    return "DeepseekV3ForCausalLM"
+
+
 def build_engine_config(
     install: SGLangInstall,
     *,
@@ -215,6 +227,8 @@ def build_engine_config(
                                   == recipe.SPECULATIVE_ATTENTION))
         if speculative and install.spec_v2_cpu_gap:
             env[recipe.SPEC_V2_ENV] = "False"
+        for fill in forks.env_fills(install, install.model_code(_architecture(model_path)).file):
+            env[fill.name] = fill.value
     elif device == "cuda" and cuda is not None:
         args.update(cuda.args)
     # A self-test fault (engine/faults.py) is part of the engine's env, so of its key.

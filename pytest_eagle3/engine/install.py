@@ -19,8 +19,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from pytest_eagle3.engine.reaper import die_with_parent
 from pytest_eagle3.errors import Eagle3SGLangMissing
+
+if TYPE_CHECKING:
+    from pytest_eagle3.conventions import IdRule
+    from pytest_eagle3.engine.model_code import ModelCode
 
 NOT_INSTALLED = (
     "SGLang is not installed in this environment ({python}); install it "
@@ -55,7 +61,19 @@ class SGLangInstall:
         """Whether the server accepts argument ``name`` (underscores or dashes)."""
         return name.replace("_", "-") in self.flags
 
+    @property
+    def distribution(self) -> str | None:
+        """The installed distribution that owns this copy (``sglang``, or a fork's
+        own name such as ``sglang-kt``); ``None`` for a source tree."""
+        from pytest_eagle3.libversions import owning_distribution
+
+        found = owning_distribution("sglang", self.location)
+        return found[0] if found else None
+
     def describe(self) -> str:
+        dist = self.distribution
+        if dist and dist.lower() != "sglang":
+            return f"sglang {self.version} (distribution {dist}, {self.location})"
         return f"sglang {self.version} ({self.location})"
 
     def source(self, relative: str) -> str | None:
@@ -66,6 +84,17 @@ class SGLangInstall:
         except OSError:
             return None
 
+    def model_code(self, architecture: str = "DeepseekV3ForCausalLM") -> "ModelCode":
+        """The capture rules of ``architecture`` read from this install's model file
+        (:func:`pytest_eagle3.engine.model_code.read_rules`; cached, well under a second)."""
+        from pytest_eagle3.engine.model_code import read_rules
+
+        return read_rules(self.location, architecture)
+
+    def id_rule(self, architecture: str = "DeepseekV3ForCausalLM") -> "IdRule":
+        """The aux layer-id rule of ``architecture`` in this install, read from its code."""
+        return self.model_code(architecture).rule
+
     @property
     def general_plugins(self) -> bool:
         """Whether this SGLang loads general plugins in every process
@@ -75,13 +104,14 @@ class SGLangInstall:
         text = self.source("srt/plugins/__init__.py")
         return text is not None and "def load_plugins" in text
 
-    @property
-    def deepseek_eagle3(self) -> bool | None:
-        """Whether this SGLang's DeepSeek model can capture EAGLE-3 aux hidden states
-        (``srt/models/deepseek_v2.py`` defines ``set_eagle3_layers_to_capture``;
-        absent in 0.5.4).  ``None`` when the file cannot be read (not decided here)."""
-        text = self.source("srt/models/deepseek_v2.py")
-        return None if text is None else "def set_eagle3_layers_to_capture" in text
+    def eagle3_capture(self, architecture: str = "DeepseekV3ForCausalLM") -> bool | None:
+        """Whether this SGLang's model for ``architecture`` can capture EAGLE-3 aux
+        hidden states (its class or a base defines ``set_eagle3_layers_to_capture``;
+        absent from DeepSeek in 0.5.4).  ``None`` when that cannot be read."""
+        rule = self.id_rule(architecture)
+        if not rule.supported:
+            return False
+        return True if rule.known else None
 
     @property
     def spec_v2_cpu_gap(self) -> bool:

@@ -37,7 +37,7 @@ from pytest_eagle3.errors import Eagle3EngineError
 #: A config that failed to start fails each later test with one line: the first
 #: line of its error; the full error with the log tail is in the report of the
 #: first test that used it.
-FAILED_BEFORE = "{error} [failed earlier in this run; its log tail is in the first failing test's report]"
+FAILED_BEFORE = "SGLang engine {name} failed to start (see {who}): {error}"
 
 #: Peak RSS of a CPU engine's process tree is about BASE + PER_RANK x TP GiB
 #: (measured by benchmarks/bench_core.py: TP 1 3.3, TP 2 4.5, TP 4 6.8, TP 8 11.5).
@@ -68,20 +68,22 @@ class EnginePool:
     results: dict = field(default_factory=dict)
     _alive: "OrderedDict[EngineConfig, SGLangServer]" = field(default_factory=OrderedDict)
     _starting: dict[EngineConfig, SGLangServer] = field(default_factory=dict)
-    _failed: dict[EngineConfig, str] = field(default_factory=dict)
+    _failed: dict[EngineConfig, tuple[str, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         atexit.register(self.close)
 
-    def get(self, config: EngineConfig) -> SGLangServer:
-        """A started server for ``config``.
+    def get(self, config: EngineConfig, who: str | None = None) -> SGLangServer:
+        """A started server for ``config``; ``who`` (a test id) is named to later
+        tests when this start fails.
 
         Raises:
             Eagle3EngineError: the server failed to start (now or earlier in this run).
         """
         if config in self._failed:
-            first_line = (self._failed[config].splitlines() or [""])[0]
-            raise Eagle3EngineError(FAILED_BEFORE.format(error=first_line))
+            error, first = self._failed[config]
+            first_line = (error.splitlines() or [""])[0]
+            raise Eagle3EngineError(FAILED_BEFORE.format(name=config.name, who=first, error=first_line))
         server = self._alive.get(config)
         if server is not None and server.alive:
             self._alive.move_to_end(config)
@@ -103,7 +105,7 @@ class EnginePool:
         try:
             server.wait_ready(progress=self.progress)
         except Eagle3EngineError as exc:
-            self._failed[config] = str(exc)
+            self._failed[config] = (str(exc), who or "the first test that used it")
             raise
         if self.progress:
             waited = f" (prefetched: this run waited {time.monotonic() - t0:.0f} s for it)" if prefetched else ""
@@ -143,6 +145,9 @@ class EnginePool:
             return
         if not enough_memory_for(nxt.tp, also=config.tp if starting else 0):
             return
+        draft = dict(nxt.server_args).get("speculative_draft_model_path")
+        if draft and not (Path(str(draft)) / "config.json").is_file():
+            return  # its test builds the draft first (a cold cache): SGLang would not find it
         self._starting[nxt] = self._spawn(nxt, background=True)
 
     def record_dir(self, config: EngineConfig) -> Path:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -33,9 +35,12 @@ from pytest_eagle3.errors import Eagle3EngineError
 LOG_TAIL_LINES = 60
 
 STARTUP_FAILED = (
-    "SGLang server {name} exited with code {code} during startup "
+    "SGLang server {name} exited with code {code} during startup{cause} "
     "(log: {log})\n--- last {n} lines of the SGLang log ---\n{tail}"
 )
+#: The first real error of a failed start, on the message's first line.
+STARTUP_CAUSE = ": {error} ({where})"
+STARTUP_CAUSE_NO_FRAME = ": {error}"
 STARTUP_TIMEOUT = (
     "SGLang server {name} was not ready after {timeout:.0f} s "
     "(raise --eagle3-startup-timeout; log: {log})\n"
@@ -86,6 +91,53 @@ def _free_low_port(host: str) -> int:
         except OSError:
             return 0
     return port
+
+
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)')
+_EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?(?P<type>[A-Z]\w*(?:Error|Exception|Exit|Interrupt))(?::\s?(?P<msg>.*))?$")
+
+
+def first_error(text: str, *, package: str = "sglang") -> tuple[str, str | None] | None:
+    """The first Python exception in a log: ``("RuntimeError: message", "sglang/srt/x.py:100")``.
+
+    The location is the deepest frame of that traceback inside ``package`` (where
+    SGLang's own code called what failed), ``None`` when no frame is.  A log
+    without a traceback gives ``None``.  Tracebacks of several processes may
+    interleave; the first complete one wins.
+    """
+    lines = text.splitlines()
+    for start, line in enumerate(lines):
+        if not line.lstrip().startswith("Traceback (most recent call last):"):
+            continue
+        where = None
+        for follow in lines[start + 1:]:
+            frame = _FRAME.match(follow)
+            if frame:
+                path = frame.group("file").replace("\\", "/")
+                marker = f"/{package}/"
+                if marker in path:
+                    where = package + "/" + path.split(marker, 1)[1] + ":" + frame.group("line")
+                continue
+            found = _EXCEPTION.match(follow.strip())
+            if found and not follow.startswith((" ", "\t")):
+                msg = (found.group("msg") or "").strip()
+                error = found.group("type") + (f": {msg}" if msg else "")
+                return (error if len(error) <= 300 else error[:297] + "..."), where
+    return None
+
+
+def startup_cause(path: Path) -> str:
+    """``": RuntimeError: ... (sglang/srt/x.py:100)"`` for :data:`STARTUP_FAILED`, or ``""``."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+    found = first_error(text)
+    if found is None:
+        return ""
+    error, where = found
+    return (STARTUP_CAUSE.format(error=error, where=where) if where
+            else STARTUP_CAUSE_NO_FRAME.format(error=error))
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -162,6 +214,8 @@ class SGLangServer:
         self.host = host
         self.port: int | None = None
         self.proc: subprocess.Popen[bytes] | None = None
+        #: ``TMPDIR`` of the server's processes (next to its log); removed by :meth:`stop`.
+        self.tmp_dir = Path(log_dir) / f"{name}.tmp"
         self.startup_seconds: float | None = None
 
     # -- lifecycle ---------------------------------------------------------
@@ -212,7 +266,10 @@ class SGLangServer:
         self.startup_seconds = None
         self.port = free_port(self.host)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **self.env}
+        # SGLang's temporary files (IPC socket names, configs a fork writes to
+        # tempfile.gettempdir()) go to a folder of this server's, removed by stop().
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.env, "TMPDIR": str(self.tmp_dir)}
         t0 = time.monotonic()
         with open(self.log_path, "ab") as log:
             log.write(f"$ {' '.join(self.argv())}\n".encode())
@@ -293,7 +350,7 @@ class SGLangServer:
             if code is not None:
                 raise Eagle3EngineError(
                     STARTUP_FAILED.format(
-                        name=self.name, code=code, log=self.log_path,
+                        name=self.name, code=code, log=self.log_path, cause=startup_cause(self.log_path),
                         n=LOG_TAIL_LINES, tail=log_tail(self.log_path),
                     )
                 )
@@ -337,6 +394,7 @@ class SGLangServer:
                 reaper.kill()
                 reaper.wait()
             self._reaper = None
+        shutil.rmtree(self.tmp_dir, ignore_errors=True)
         return code
 
     def __enter__(self) -> "SGLangServer":

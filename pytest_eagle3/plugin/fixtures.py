@@ -312,7 +312,7 @@ class CaptureRunner:
         if entry not in self.request.node.user_properties:
             self.request.node.user_properties.append(entry)
         eagle3_session.attach_log(self.request.node, config.name, self.pool.log_path(config))
-        return self.pool.get(config)
+        return self.pool.get(config, who=self.request.node.nodeid)
 
     def with_ranks(self, layer_ids: Sequence[int] | None, *, prompts: Sequence[Sequence[int]] | None = None,
                    decode_steps: int = 0, extra_args: Mapping[str, Any] | None = None,

@@ -12,7 +12,6 @@ imports torch, transformers or sglang: ``pytest --help`` works on a broken insta
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import os
 import re
@@ -49,6 +48,8 @@ HEADER_SGLANG = "eagle3: sglang {version} at {location}"
 HEADER_NO_SGLANG = "eagle3: sglang not importable (install pytest-eagle3[cpu] or your SGLang fork)"
 HEADER_LIBS = "eagle3: torch {torch}, transformers {transformers}"
 HEADER_HOOKS = "eagle3: hooks reach SGLang's processes via the {loader}"
+HEADER_RULE = "eagle3: aux layer-id rule of {arch}: {rule}"
+HEADER_LAYER0 = "eagle3: layer 0 (embedding) {state}: {why} [{source}]"
 HEADER_RUN = "eagle3: device {device}, tp {tp}, target {target}"
 HEADER_CACHE = "eagle3: cache {cache}{rebuild}, startup timeout {timeout:g} s"
 HEADER_SGLANG_ARGS = "eagle3: sglang args {args}"
@@ -114,7 +115,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     settings = options.get_settings(config)
-    lines = [_sglang_line(), HEADER_LIBS.format(torch=_version("torch"), transformers=_version("transformers"))]
+    from pytest_eagle3.libversions import module_version
+
+    lines = [_sglang_line(), HEADER_LIBS.format(torch=module_version("torch"),
+                                                transformers=module_version("transformers"))]
     hooks = _hooks_line()
     if hooks is not None:
         lines.append(hooks)
@@ -288,6 +292,22 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         check_target(settings)
 
 
+def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
+    """Where this run's id rule comes from (only for runs that collected declared
+    eagle3 tests: the rule is read from the installed model file, well under a second)."""
+    run = eagle3_session.get_session(config)
+    if run._context is None:
+        return []
+    install, facts = run._context
+    if install is None or facts is None:
+        return []
+    rule = install.id_rule(facts.architecture)
+    state = {True: "can be captured", False: "cannot be captured", None: "unknown (measured)"}
+    return [HEADER_RULE.format(arch=facts.architecture, rule=rule.describe()),
+            HEADER_LAYER0.format(state=state[rule.embedding.capturable], why=rule.embedding.why,
+                                 source=rule.embedding.source)]
+
+
 def check_gpu_selection(config: pytest.Config, settings: options.Settings) -> None:
     """``-m gpu`` selects the GPU suite: on a machine where no GPU is visible and
     ``--device`` was not given, stop with one line instead of running it on cpu
@@ -408,13 +428,6 @@ def pytest_runtest_makereport(
 def _src(settings: options.Settings, name: str) -> str:
     source = settings.source(name)
     return "" if source == "default" else f" (from {source})"
-
-
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
 
 
 def _sglang_line() -> str:

@@ -27,6 +27,28 @@ CPU_TOL = 1e-4
 CUDA_TOL = 0.3
 
 
+#: test_capture_order's failure when SGLang's captures disagree with the rule read from its code.
+RULE_DISAGREES = (
+    "ids {ids}: SGLang captured {measured}; the id rule read from {source} ({kind}) says {predicted}. "
+    "That method decides what SGLang captures: the running code differs from the installed file, or "
+    "pytest-eagle3's rule reader misread it. The other tests of this run follow the measurement"
+)
+#: What another test says when it follows the measurement instead of the rule.
+FOLLOWS_MEASURED = (
+    "SGLang captured {measured} for ids {ids}, not {predicted} as the id rule read from {source} says: "
+    "test_capture_order reports that once; this test follows the measurement"
+)
+
+
+def measured_snapshots(report) -> "tuple[int, ...] | None":
+    """The snapshot each slot holds when every slot cleanly matches one (what SGLang's
+    rule really did for these ids), else ``None`` (a slot matches nothing: a
+    broken capture, not a different rule)."""
+    if report.problem is not None or not report.slots or not all(v.matched for v in report.slots):
+        return None
+    return tuple(v.best for v in report.slots)
+
+
 def tolerance(settings: Settings) -> float:
     return CPU_TOL if settings.device == "cpu" else CUDA_TOL
 

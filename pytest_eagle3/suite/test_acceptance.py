@@ -51,7 +51,8 @@ COLLAPSED = ("{reason}; measured at TP {tp}: accept length {length:.3f} (rate {r
              "{gate}: the draft's acceptance collapses as the rule predicts")
 PREDICTED_COLLAPSE_HELD = (
     "accept length {length:.3f} clears the gate {gate} although the installed SGLang's id rule predicts a "
-    "miswired draft ({reason}): pytest_eagle3/verdicts/conventions.py is out of date for this SGLang"
+    "miswired draft ({reason}): the rule read from the installed code does not describe what this SGLang "
+    "feeds the draft (test_capture_order measures it)"
 )
 OFFLINE_COLLAPSE = ("{reason}; offline, the draft reaches accept length {got:.2f} on what SGLang captures and "
                     "{ref:.2f} on its training contract's layers of the reference (gate {gate})")

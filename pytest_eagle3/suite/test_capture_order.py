@@ -1,11 +1,15 @@
 """SGLang captures the layers its own rule says, in layer order, ``len(ids)``
 slots of ``hidden`` columns each, for every id list in the contract fixtures.
 
-The rule (:mod:`pytest_eagle3.verdicts.conventions`) is a prediction from
-SGLang's source; this test measures the running engine, so a fork that changed
-the rule fails here with the snapshot each slot really holds.  Id lists the
-rule predicts to fail at the first forward are left out at collection
-(:func:`pytest_eagle3.capture.declare.collect_reason`).
+The rule is read from the installed SGLang's model file for the target's
+architecture (:mod:`pytest_eagle3.engine.model_code`: SGLang's own
+``set_eagle3_layers_to_capture`` run on a stand-in); this test measures the
+running engine.  When the two disagree this is the one test that fails for it,
+naming both and the file:line; the other tests of the run follow what was
+measured (:func:`pytest_eagle3.suite.support.measured_snapshots`).  Where the
+rule could not be read it is measured and recorded, never guessed.  Id lists
+the rule says fail at setup or at the first forward are left out at
+collection (:func:`pytest_eagle3.capture.declare.collect_reason`).
 """
 
 from __future__ import annotations
@@ -13,12 +17,17 @@ from __future__ import annotations
 import pytest
 
 from pytest_eagle3.capture.declare import case_needs
-from pytest_eagle3.suite.support import evidence, tolerance
+from pytest_eagle3.suite.support import RULE_DISAGREES, evidence, measured_snapshots, tolerance
 from pytest_eagle3.verdicts.compare import compare_slots, fail_if_bad
+from pytest_eagle3.verdicts.snapshots import label
 
 WRONG_COUNT = (
     "ids {ids}: {sglang} returned {width} columns = {slots:g} slots of hidden {H}; "
     "its rule gives {n} slots ({want} columns)"
+)
+UNKNOWN_UNMATCHED = (
+    "ids {ids}: the id rule could not be read ({source}), and slot(s) {slots} match no snapshot: "
+    "what SGLang captures cannot be named"
 )
 
 
@@ -29,23 +38,40 @@ def test_capture_order(eagle3_engine_request, eagle3_capture, eagle3_reference, 
                        eagle3_sglang, eagle3_settings, eagle3_checkpoint, eagle3_tp, record_property):
     req = eagle3_engine_request
     L, H = eagle3_model_config.num_layers, eagle3_model_config.hidden_size
+    rule = eagle3_sglang.id_rule(eagle3_model_config.architecture)
+    ids = list(req.ids) if req.ids is not None else None
     record_property("eagle3_predicted_snapshots", list(req.predicted))
+    record_property("eagle3_rule", rule.to_dict())
     captures = eagle3_capture.run(req)
-    n = len(req.predicted)
     candidates = evidence(eagle3_checkpoint, eagle3_capture.prompts, eagle3_model_config, eagle3_tp)
     for cap, ref, ev in zip(captures, eagle3_reference, candidates):
+        n = len(req.predicted) if rule.known else cap.width // H
         if cap.width != n * H:
-            pytest.fail(WRONG_COUNT.format(ids=list(req.ids) if req.ids is not None else None,
-                                           sglang=eagle3_sglang.describe(), width=cap.width,
+            pytest.fail(WRONG_COUNT.format(ids=ids, sglang=eagle3_sglang.describe(), width=cap.width,
                                            slots=cap.width / H, H=H, n=n, want=n * H), pytrace=False)
-        report = compare_slots(cap.prefill, ref, expected=list(req.predicted), num_layers=L, hidden_size=H,
-                               tol=tolerance(eagle3_settings),
-                               side_names=("SGLang", f"{eagle3_sglang.version} rule"), evidence=ev)
-        # The measured id rule (tests/data/measured_id_rules.json pins
-        # conventions.py and `inspect` against these): the snapshot each slot holds.
+        expected = list(req.predicted) if rule.known else [0] * n
+        report = compare_slots(cap.prefill, ref, expected=expected, num_layers=L, hidden_size=H,
+                               tol=tolerance(eagle3_settings), side_names=("SGLang", "id rule"), evidence=ev,
+                               diagnose=rule.known)
+        measured = measured_snapshots(report)
+        # The measured id rule (tests/data/measured_id_rules.json pins the rule
+        # reader and `inspect` against these): the snapshot each slot holds.
         record_property("eagle3_measured_rule", {
-            "sglang": eagle3_sglang.version, "num_layers": L,
-            "ids": list(req.ids) if req.ids is not None else None,
+            "sglang": eagle3_sglang.version, "distribution": eagle3_sglang.distribution, "num_layers": L, "ids": ids,
             "measured": [v.best if v.matched else None for v in report.slots],
-            "predicted": list(req.predicted)})
+            "predicted": list(req.predicted), "rule_source": rule.source})
+        if not rule.known:
+            if measured is None:
+                pytest.fail(UNKNOWN_UNMATCHED.format(ids=ids, source=rule.source,
+                                                     slots=[v.slot for v in report.slots if not v.matched]),
+                            pytrace=False)
+            continue
+        if not report.ok and measured is not None:
+            pytest.fail(RULE_DISAGREES.format(
+                ids=ids, measured=_labels(measured, L), source=rule.source, kind=rule.kind,
+                predicted=_labels(req.predicted, L)) + "\n" + report.message(), pytrace=False)
         fail_if_bad(report, config=eagle3_capture.request.config)
+
+
+def _labels(indices, num_layers: int) -> str:
+    return "[" + ", ".join(label(i, num_layers) for i in indices) + "]"

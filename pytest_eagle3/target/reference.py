@@ -23,7 +23,7 @@ import os
 import subprocess
 import sys
 import uuid
-from importlib import metadata
+from pytest_eagle3.libversions import module_version
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -59,10 +59,9 @@ class ReferenceFailed(Eagle3Error):
 
 
 def _dist_version(name: str) -> str:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return "missing"
+    """The version of the importable module ``name`` (its owning distribution may
+    be named otherwise: transformers-kt), ``"missing"`` when absent."""
+    return module_version(name, missing="missing")
 
 
 def checkpoint_identity(checkpoint_dir: Path) -> str:

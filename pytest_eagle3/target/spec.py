@@ -144,6 +144,10 @@ class InitParams:
         return asdict(self)
 
 
+#: The architecture of the presets (DeepSeek-V3, Kimi-K2's language model).
+DEFAULT_ARCHITECTURE = "DeepseekV3ForCausalLM"
+
+
 @dataclass(frozen=True)
 class TargetFacts:
     """The facts of a target the rest of the package reads: one shape for a
@@ -158,6 +162,8 @@ class TargetFacts:
         torch_dtype: the config's ``torch_dtype`` (``"float32"`` if absent).
         kv_lora_rank, qk_rope_head_dim: MLA latent and rope widths (``None``
             without MLA); CUDA attention kernels check them.
+        architecture: the config's first ``architectures`` entry: the SGLang
+            model class whose capture rules apply (``engine/model_code.py``).
     """
 
     num_layers: int
@@ -168,6 +174,7 @@ class TargetFacts:
     torch_dtype: str = "float32"
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
+    architecture: str = DEFAULT_ARCHITECTURE
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> TargetFacts:
@@ -182,7 +189,15 @@ class TargetFacts:
             torch_dtype=str(config.get("torch_dtype") or config.get("dtype") or "float32"),
             kv_lora_rank=_opt_int(config.get("kv_lora_rank")),
             qk_rope_head_dim=_opt_int(config.get("qk_rope_head_dim")),
+            architecture=_architecture(config),
         )
+
+
+def _architecture(config: dict[str, Any]) -> str:
+    archs = config.get("architectures")
+    if isinstance(archs, list) and archs and isinstance(archs[0], str):
+        return archs[0]
+    return DEFAULT_ARCHITECTURE
 
 
 def _opt_int(value: Any) -> int | None:

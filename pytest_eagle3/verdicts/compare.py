@@ -41,6 +41,11 @@ NOT_2D = "captured {side} tensor has shape {shape}; expected [tokens, {want}]"
 TOKENS_DIFFER = "{captured_side} captured {captured} tokens; the {reference_side} has {reference}"
 HOLDS = "holds {label} ({meaning}, rel.err {err})"
 NO_MATCH = "matches no snapshot (best {label} at {err})"
+#: A slot whose best match is the expected snapshot, but not within tolerance.
+SLOT_OFF = (
+    "slot {slot}: right snapshot {label} ({meaning}), off by rel.err {err} against tolerance {tol}; "
+    "next best {next_label} at {next_err}"
+)
 SLOT_WRONG = (
     "slot {slot}: {holding}; expected {expected_label} ({expected_meaning}, rel.err {expected_err}); "
     "next best {next_label} at {next_err}"
@@ -135,6 +140,12 @@ class SlotVerdict:
 
     def line(self, num_layers: int) -> str:
         nb = self.next_best
+        if self.best == self.expected and self.matched:
+            return SLOT_OFF.format(slot=self.slot, label=label(self.expected, num_layers),
+                                   meaning=describe(self.expected, num_layers), err=fmt_err(self.expected_err),
+                                   tol=fmt_err(self.tol),
+                                   next_label=label(nb, num_layers) if nb is not None else "-",
+                                   next_err=fmt_err(self.errors[nb]) if nb is not None else "-")
         return SLOT_WRONG.format(
             slot=self.slot,
             holding=self.holding(num_layers),

@@ -47,12 +47,14 @@ PATTERN = "diagnosis {tag}: {text}"
 SLOT_HOLDS = "slot {slot} holds {what} (rel.err {err}): {why} {tag}"
 
 OFFSET_LATE = (
-    "every slot holds the snapshot one layer after the expected one ({pairs}): the +1 id offset "
-    "was applied once too often (SGLang PR #25454)"
+    "every slot holds the snapshot one layer after the expected one ({pairs}): SGLang added 1 to "
+    "the ids where the expectation did not (set_eagle3_layers_to_capture; PR #25454 changed when "
+    "upstream SGLang adds it)"
 )
 OFFSET_EARLY = (
-    "every slot holds the snapshot one layer before the expected one ({pairs}): the +1 id offset "
-    "was not applied (SGLang PR #25454)"
+    "every slot holds the snapshot one layer before the expected one ({pairs}): SGLang did not add 1 "
+    "to the ids where the expectation did (set_eagle3_layers_to_capture; PR #25454 changed when "
+    "upstream SGLang adds it)"
 )
 IDS_IGNORED = (
     "the slots hold SGLang's default layers [2, L//2, L-3] = {default}, not the configured ones "

@@ -29,6 +29,11 @@ def install() -> None:
     if _installed:
         return
     _installed = True
+    # First: the routing below imports SGLang modules, which a fork's gap
+    # (a CUDA query at import) would otherwise crash.
+    from pytest_eagle3.engine.cpu import forks, older_releases
+
+    forks.install()
     _route_torch_native_mla()
     _torch_native_dp_padding()
     speculative = os.environ.get(AMX_ATTENTION_ENV, "") not in ("", "0")
@@ -36,8 +41,6 @@ def install() -> None:
         _amx_attention_platform()
     # Kernel stand-ins and backend entries older releases lack; each checks
     # its own gap in the installed SGLang and is a no-op on 0.5.23.
-    from pytest_eagle3.engine.cpu import older_releases
-
     older_releases.install(speculative=speculative)
 
 
