@@ -128,7 +128,7 @@ class IdRule:
 
 def unknown_rule(why: str, *, supported: bool = True) -> IdRule:
     """A rule that could not be read (``why`` names the file and what failed)."""
-    return IdRule(UNKNOWN, why, EmbeddingCapture(None, why, "unknown"), None, True, supported)
+    return IdRule(UNKNOWN, why, EmbeddingCapture(None, why, "unknown"), None, False, supported)
 
 
 def _plus_one(ids: Sequence[int]) -> list[int]:
@@ -151,6 +151,8 @@ def classify(mapping: Mapping, num_layers: int = PROBE_LAYERS, *, source: str,
         default = tuple(mapping(None, num_layers))
     except SetupFailed:
         default = None
+    if all(v is None for v in got.values()):
+        return unknown_rule(f"{source}: it raised at setup for every id list tried")
 
     def all_match(fn: Callable[[tuple[int, ...]], Sequence[int]]) -> bool:
         return all(v is None or v == tuple(fn(p)) for p, v in got.items())

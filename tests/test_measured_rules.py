@@ -70,9 +70,7 @@ def test_rule_matches_measurement(entry):
         rule = INSTALLED[2]
         assert rule.from_code
     elif "distribution" in entry:
-        table = _predicted(predict(entry["ids"], entry["num_layers"], entry["sglang"]))
-        if table != entry["measured"]:
-            return  # the version number misleads, as expected; nothing else can be checked here
+        # A fork's number says nothing about its rule (test_a_fork_number_is_not_its_rule).
         pytest.skip(f"{entry['distribution']} {entry['sglang']} is not installed here")
     else:
         rule = entry["sglang"]  # the version table's prediction for an upstream release

@@ -254,3 +254,24 @@ def test_a_server_s_temporary_folder_is_removed_when_it_stops(tmp_path: Path) ->
     assert (server.tmp_dir / "left").exists()
     server.stop()
     assert not server.tmp_dir.exists()
+
+
+def test_first_error_reads_sglang_s_own_traceback_lines() -> None:
+    from pytest_eagle3.engine.server import first_error
+
+    scheduler = ("[2026-12-01 20:51:25 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+                 '  File "/v/site-packages/sglang/srt/managers/scheduler.py", line 3000, in run_scheduler_process\n'
+                 "    scheduler = Scheduler(...)\n"
+                 '  File "/v/site-packages/sglang/srt/model_executor/model_runner.py", line 42, in __init__\n'
+                 "    raise ValueError('bad config')\n"
+                 "ValueError: bad config\n\n"
+                 "Traceback (most recent call last):\n"
+                 '  File "/v/site-packages/sglang/srt/entrypoints/http_server.py", line 99, in launch\n'
+                 "RuntimeError: Initialization failed. Please see the error messages above.\n")
+    assert first_error(scheduler) == ("ValueError: bad config", "sglang/srt/model_executor/model_runner.py:42")
+    odd = ("Traceback (most recent call last):\n"
+           '  File "/home/u/sglang/.venv/lib/site-packages/torch/nn/modules/module.py", line 1, in f\n'
+           "torch._dynamo.exc.Unsupported: no\n")
+    assert first_error(odd) == ("Unsupported: no", None)
+    cut = "Traceback (most recent call last):\n  File \"/x.py\", line 1, in f\n[log] something else\n"
+    assert first_error(cut) is None

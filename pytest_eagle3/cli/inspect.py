@@ -27,7 +27,8 @@ version table), and the packaged suite (--eagle3-draft/--eagle3-stack) measures 
 
 verdicts: MATCH (exit 0); MISMATCH (silently fed other layers), FAILS (SGLang
 rejects it, e.g. at the first forward), INVALID (the draft contradicts itself
-or its stack): exit 1.  Usage errors: one line on stderr, exit 2.
+or its stack), UNKNOWN (the installed SGLang's rule could not be read from its
+model file; the suite measures it): exit 1.  Usage errors: one line on stderr, exit 2.
 
 stack: a speculators-format config means speculators; a Hugging Face-format
 config (eagle_config) is written by several stacks that read its ids as

@@ -56,8 +56,12 @@ from pytest_eagle3.conventions import IdRule, Prediction, predict, rule_for_vers
 from pytest_eagle3.errors import Eagle3ConfigError, Eagle3ContractError
 from pytest_eagle3.cli.idfix import Fix, plan_fix
 
-MATCH, MISMATCH, FAILS, INVALID = "match", "mismatch", "fails", "invalid"
-EXIT_CODES = {MATCH: 0, MISMATCH: 1, FAILS: 1, INVALID: 1}
+MATCH, MISMATCH, FAILS, INVALID, UNKNOWN_VERDICT = "match", "mismatch", "fails", "invalid", "unknown"
+EXIT_CODES = {MATCH: 0, MISMATCH: 1, FAILS: 1, INVALID: 1, UNKNOWN_VERDICT: 1}
+UNKNOWN_REASON = (
+    "the installed SGLang's id rule could not be read ({source}): nothing is predicted; the packaged suite "
+    "measures it (pytest --pyargs pytest_eagle3.suite --eagle3-draft PATH --eagle3-stack NAME)"
+)
 #: ``stack`` of an :class:`Inspection` whose contract came from ``--contract``.
 EXPLICIT = "explicit"
 
@@ -403,7 +407,8 @@ def inspect_draft(
     if rule is None and not is_release(sglang_version):
         notes.append(UNKNOWN_VERSION_NOTE.format(version=sglang_version))
     r = rule if rule is not None else rule_for_version(sglang_version)
-    if rule is not None and rule.from_code and is_release(sglang_version):
+    if (rule is not None and rule.known and rule.from_code and is_release(sglang_version)
+            and "deepseek_v2.py" in rule.source):  # the version table describes upstream's DeepSeek model
         table = rule_for_version(sglang_version)
         if table.kind != rule.kind or table.embedding.capturable != rule.embedding.capturable:
             notes.append(VERSION_DISAGREES_NOTE.format(version=sglang_version, table=table.kind,
@@ -430,6 +435,9 @@ def inspect_draft(
                         keep_top_level=top_level is not None)
 
     recheck_cmd = None
+    if not p.known:
+        return Inspection(**common, verdict=UNKNOWN_VERDICT, reason=UNKNOWN_REASON.format(source=p.source),
+                          slots=slots, notes=tuple(notes))
     if p.fails_at_first_forward:
         verdict, reason = FAILS, _fails_reason(p, L)
     elif len(got) != contract.k:

@@ -69,6 +69,7 @@ class _Module:
     tree: ast.Module
     classes: dict[str, ast.ClassDef]
     imports: dict[str, tuple[str, str]]  # local name -> (module dotted path, original name)
+    module_aliases: dict[str, str]  # ``import sglang.srt.models.x as x`` -> {"x": "sglang.srt.models.x"}
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,9 @@ class _Reader:
     def __init__(self, location: Path) -> None:
         self.location = Path(location)
         self._modules: dict[str, _Module | None] = {}
+        self.compiled: dict[tuple[str, int], Callable[..., Any]] = {}
+        #: Base classes named in a file that no file here defines (``find_method`` could not look there).
+        self.unresolved_bases: list[str] = []
 
     def module(self, rel: str) -> _Module | None:
         if rel not in self._modules:
@@ -106,11 +110,17 @@ class _Reader:
             return None
         classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
         imports: dict[str, tuple[str, str]] = {}
+        aliases: dict[str, str] = {}
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 for alias in node.names:
                     imports[alias.asname or alias.name] = (node.module, alias.name)
-        return _Module(rel, text, tree, classes, imports)
+                    aliases.setdefault(alias.asname or alias.name, f"{node.module}.{alias.name}")
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.asname:
+                        aliases[alias.asname] = alias.name
+        return _Module(rel, text, tree, classes, imports, aliases)
 
     def entry_files(self, architecture: str) -> list[str]:
         """Model files whose ``EntryClass`` names ``architecture``."""
@@ -155,14 +165,26 @@ class _Reader:
             if isinstance(node, ast.FunctionDef) and node.name == name:
                 return _Method(mod, cls.name, node)
         for base in cls.bases:
-            base_name = base.id if isinstance(base, ast.Name) else base.attr if isinstance(base, ast.Attribute) else None
-            if base_name is None:
+            found = self._resolve_base(mod, base)
+            if found is None:
+                if not (isinstance(base, ast.Attribute) and base.attr == "Module") and not (
+                        isinstance(base, ast.Name) and base.id in ("object", "Generic", "ABC")):
+                    self.unresolved_bases.append(f"{mod.rel}:{cls.lineno} {cls.name}({ast.unparse(base)})")
                 continue
-            found = self.resolve_class(mod, base_name)
-            if found is not None:
-                method = self.find_method(found[0], found[1], name, depth + 1)
-                if method is not None:
-                    return method
+            method = self.find_method(found[0], found[1], name, depth + 1)
+            if method is not None:
+                return method
+        return None
+
+    def _resolve_base(self, mod: _Module, base: ast.AST) -> tuple[_Module, ast.ClassDef] | None:
+        if isinstance(base, ast.Name):
+            return self.resolve_class(mod, base.id)
+        if isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name):
+            dotted = mod.module_aliases.get(base.value.id)
+            if dotted and dotted.startswith("sglang."):
+                other = self.module(dotted[len("sglang."):].replace(".", "/") + ".py")
+                if other is not None:
+                    return self.resolve_class(other, base.attr)
         return None
 
     def attribute_class(self, mod: _Module, cls: ast.ClassDef, attr: str) -> tuple[_Module, ast.ClassDef] | None:
@@ -212,9 +234,10 @@ def _entry_names(tree: ast.Module) -> list[str]:
 
 
 class _StandIn:
-    """Any attribute is another stand-in, calls return one, truthy: what the
-    method reads besides the config and the inner model (``self.pp_group.is_last_rank``,
-    ``get_parallel()``, a logger)."""
+    """Any attribute is another stand-in and calls return one: what the method
+    reads besides the config and the inner model (``get_parallel()``, a logger).
+    Its truth value is known only for ``pp_group.is_last_rank`` (the rank that
+    captures); a branch on any other stand-in makes the rule unknown, never a guess."""
 
     def __init__(self, name: str) -> None:
         object.__setattr__(self, "_name", name)
@@ -230,7 +253,9 @@ class _StandIn:
         return _StandIn(f"{self._name}()")
 
     def __bool__(self) -> bool:
-        return True
+        if self._name.endswith("is_last_rank"):
+            return True
+        raise _Unreadable(f"it branches on {self._name}, which this reader cannot evaluate")
 
 
 class _Config(_StandIn):
@@ -241,6 +266,9 @@ class _Config(_StandIn):
 
     def get_text_config(self, *args: Any, **kwargs: Any) -> "_Config":
         return self
+
+    def __bool__(self) -> bool:
+        return True
 
 
 class _Model(_StandIn):
@@ -256,8 +284,11 @@ class _Model(_StandIn):
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "layers_to_capture":
-            self._run.assigned.append((self._name, list(value)))
+            self._run.assigned.append((self._name, value))  # read at the end: may be filled in place
         object.__setattr__(self, name, value)
+
+    def __bool__(self) -> bool:
+        return True
 
     def __getattr__(self, name: str) -> Any:
         if name == METHOD:
@@ -303,7 +334,7 @@ class _Run:
 
         def call(layer_ids: Any = None, *args: Any, **kwargs: Any) -> None:
             assert method is not None
-            _compile(method)(model, layer_ids, *args, **kwargs)
+            _compile(self.reader, method)(model, layer_ids, *args, **kwargs)
 
         return call
 
@@ -312,28 +343,49 @@ class _Unreadable(Exception):
     pass
 
 
-@functools.lru_cache(maxsize=256)
-def _compile_cached(key: tuple[str, str, int], source: str, names: tuple[str, ...]) -> Callable[..., Any]:
-    namespace: dict[str, Any] = {"__builtins__": builtins, "__name__": f"pytest_eagle3_standin_{key[1]}"}
-    for name in names:
-        if hasattr(typing, name):
-            namespace[name] = getattr(typing, name)
-        elif not hasattr(builtins, name):
-            namespace[name] = _StandIn(name)
-    exec(compile(source, f"<{key[0]}:{key[2]}>", "exec"), namespace)  # noqa: S102 - SGLang's own method
-    return namespace[key[1]]
+#: The builtins SGLang's method may use on the stand-in (no I/O, no imports).
+_SAFE_BUILTINS = {name: getattr(builtins, name) for name in (
+    "abs", "all", "any", "bool", "dict", "enumerate", "filter", "getattr", "hasattr", "int", "isinstance",
+    "len", "list", "map", "max", "min", "range", "reversed", "set", "setattr", "sorted", "str", "sum",
+    "tuple", "zip", "print", "AttributeError", "Exception", "IndexError", "KeyError", "NotImplementedError",
+    "RuntimeError", "TypeError", "ValueError", "AssertionError", "None", "True", "False")
+    if hasattr(builtins, name)}
 
 
-def _compile(method: _Method) -> Callable[..., Any]:
+def _module_constants(mod: _Module) -> dict[str, Any]:
+    """Module-level names bound to a literal (``_FLAG = False``): their real values."""
+    out: dict[str, Any] = {}
+    for node in mod.tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and isinstance(node.value, ast.Constant)):
+            out[node.targets[0].id] = node.value.value
+    return out
+
+
+def _compile(reader: "_Reader", method: _Method) -> Callable[..., Any]:
+    """SGLang's method compiled alone, once per reader: the real builtins it may
+    use, the module's literal constants, and stand-ins for every other name
+    (decorators are not applied: the body is the rule)."""
+    key = (method.module.rel, method.node.lineno)
+    cached = reader.compiled.get(key)
+    if cached is not None:
+        return cached
     node = method.node
-    source = ast.get_source_segment(method.module.text, node) or ""
-    source = textwrap.dedent(source)
-    if node.decorator_list:  # decorators are SGLang's wrappers: the body alone is the rule
-        source = textwrap.dedent(ast.unparse(ast.FunctionDef(
-            name=node.name, args=node.args, body=node.body, decorator_list=[], returns=None,
-            type_comment=None, **({"type_params": []} if hasattr(node, "type_params") else {}))))
-    names = tuple(sorted({n.id for n in ast.walk(node) if isinstance(n, ast.Name)}))
-    return _compile_cached((method.module.rel, node.name, node.lineno), source, names)
+    source = textwrap.dedent(ast.get_source_segment(method.module.text, node) or "")
+    constants = _module_constants(method.module)
+    namespace: dict[str, Any] = {"__builtins__": _SAFE_BUILTINS, "__name__": f"pytest_eagle3_standin_{node.name}"}
+    for name in sorted({n.id for n in ast.walk(node) if isinstance(n, ast.Name)}):
+        if name in _SAFE_BUILTINS:
+            continue
+        if name in constants:
+            namespace[name] = constants[name]
+        elif hasattr(typing, name):
+            namespace[name] = getattr(typing, name)
+        else:
+            namespace[name] = _StandIn(name)
+    exec(compile(source, f"<{method.where}>", "exec"), namespace)  # noqa: S102 - SGLang's own method, sandboxed
+    reader.compiled[key] = namespace[node.name]
+    return reader.compiled[key]
 
 
 def _call(reader: _Reader, top: tuple[_Module, ast.ClassDef], ids: Sequence[int] | None,
@@ -347,7 +399,8 @@ def _call(reader: _Reader, top: tuple[_Module, ast.ClassDef], ids: Sequence[int]
     except Exception as exc:  # noqa: BLE001 - what SGLang's method raised, sorted below
         if run.unknown is not None:
             raise _Unreadable(run.unknown) from None
-        if isinstance(exc, (IndexError, KeyError, TypeError, ValueError)):
+        standin = any(n in str(exc) for n in ("_StandIn", "_Model", "_Config", "pytest_eagle3"))
+        if isinstance(exc, (IndexError, KeyError, ValueError)) or (isinstance(exc, TypeError) and not standin):
             raise SetupFailed(f"{type(exc).__name__}: {exc}") from None
         raise _Unreadable(f"it raised {type(exc).__name__}: {exc} on the stand-in") from None
     if run.unknown is not None:
@@ -355,7 +408,7 @@ def _call(reader: _Reader, top: tuple[_Module, ast.ClassDef], ids: Sequence[int]
     if not run.assigned:
         why = f" (delegates to {', '.join(run.unresolved)})" if run.unresolved else ""
         raise _Unreadable(f"it set no layers_to_capture on the stand-in{why}")
-    return run.assigned[-1][1]
+    return [int(v) for v in run.assigned[-1][1]]
 
 
 # --------------------------------------------------------- layer-0 capture
@@ -364,14 +417,14 @@ def _call(reader: _Reader, top: tuple[_Module, ast.ClassDef], ids: Sequence[int]
 def _capture_loop_facts(method: _Method) -> EmbeddingCapture:
     """Whether the ``forward`` in ``method`` can capture layer 0, from its capture loop."""
     fn = method.node
-    none_residual: int | None = None
-    for node in ast.walk(fn):
-        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and node.value.value is None
-                and any(isinstance(t, ast.Name) and t.id == "residual" for t in node.targets)):
-            none_residual = none_residual or node.lineno
+    where = method.module.rel
     loops = [n for n in ast.walk(fn) if isinstance(n, ast.For) and _mentions(n, _CAPTURE_NAMES)]
-    where = f"{method.module.rel}"
     for loop in loops:
+        none_residual = min((n.lineno for n in ast.walk(fn)
+                             if isinstance(n, ast.Assign) and n.lineno < loop.lineno
+                             and isinstance(n.value, ast.Constant) and n.value.value is None
+                             and any(isinstance(t, ast.Name) and t.id == "residual" for t in n.targets)),
+                            default=None)
         for node in ast.walk(loop):
             # capture handed to the decoder layer: keyword=... if i in self.layers_to_capture else None
             if isinstance(node, ast.keyword) and isinstance(node.value, ast.IfExp) and _mentions(node.value.test,
@@ -383,16 +436,20 @@ def _capture_loop_facts(method: _Method) -> EmbeddingCapture:
             if isinstance(node, ast.If) and _mentions(node.test, _CAPTURE_NAMES):
                 appended = [c.args[0] for c in ast.walk(node) if isinstance(c, ast.Call)
                             and isinstance(c.func, ast.Attribute) and c.func.attr == "append" and c.args]
+                if not appended:
+                    continue
                 unguarded = [a for a in appended if _adds_residual(a)]
-                if unguarded and none_residual is not None and not _guarded(node):
+                if unguarded and none_residual is not None and not _guards_residual(node):
+                    line = unguarded[0].lineno
                     return EmbeddingCapture(
-                        False, f"{where}:{unguarded[0].lineno}",
-                        f"{method.label} captures hidden_states + residual ({where}:{unguarded[0].lineno}) "
+                        False, f"{where}:{line}",
+                        f"{method.label} captures hidden_states + residual ({where}:{line}) "
                         f"while residual is None before layer 0 ({where}:{none_residual}): "
                         f"TypeError at the first forward")
-                if appended:
-                    return EmbeddingCapture(True, f"{where}:{appended[0].lineno}",
-                                            f"{method.label} captures a tensor defined before layer 0 too")
+                if unguarded and none_residual is None:
+                    break  # residual is set elsewhere (a previous stage): not decided here
+                return EmbeddingCapture(True, f"{where}:{appended[0].lineno}",
+                                        f"{method.label} captures a tensor defined before layer 0 too")
     return EmbeddingCapture(None, method.where, f"{method.label} has no capture loop this reader recognises")
 
 
@@ -403,7 +460,7 @@ def _mentions(node: ast.AST, names: Sequence[str]) -> bool:
 
 def _adds_residual(node: ast.AST) -> bool:
     for n in ast.walk(node):
-        if isinstance(n, ast.IfExp):
+        if isinstance(n, ast.IfExp) and _compares_residual_with_none(n.test):
             return False  # "x if residual is None else x + residual"
         if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add):
             if any(isinstance(s, ast.Name) and s.id == "residual" for s in (n.left, n.right)):
@@ -411,9 +468,19 @@ def _adds_residual(node: ast.AST) -> bool:
     return False
 
 
-def _guarded(node: ast.If) -> bool:
-    return any(isinstance(n, ast.Compare) and any(isinstance(c, ast.Constant) and c.value is None
-                                                  for c in n.comparators) for n in ast.walk(node.test))
+def _compares_residual_with_none(test: ast.AST) -> bool:
+    for n in ast.walk(test):
+        if isinstance(n, ast.Compare):
+            sides = [n.left, *n.comparators]
+            if (any(isinstance(x, ast.Name) and x.id == "residual" for x in sides)
+                    and any(isinstance(x, ast.Constant) and x.value is None for x in sides)):
+                return True
+    return False
+
+
+def _guards_residual(node: ast.If) -> bool:
+    """The capture ``if`` (or an ``if`` inside it) tests ``residual`` against None."""
+    return any(isinstance(n, (ast.If, ast.IfExp)) and _compares_residual_with_none(n.test) for n in ast.walk(node))
 
 
 # ------------------------------------------------------------------ entry point
@@ -451,8 +518,9 @@ def read_rules(location: str | Path, architecture: str, *, probe_layers: int = 8
 
 
 def _stamp(location: str | Path) -> float:
+    """Changes when any model file changes (the cache of :func:`read_rules`)."""
     try:
-        return (Path(location) / "srt" / "models").stat().st_mtime
+        return max((p.stat().st_mtime_ns for p in (Path(location) / "srt" / "models").glob("*.py")), default=0)
     except OSError:
         return 0.0
 
@@ -472,6 +540,10 @@ def _read_rules(location: str, architecture: str, probe_layers: int, stamp: floa
     if found is None:
         return ModelCode(architecture, unknown_rule(f"{rel}: class {architecture} not found"), rel)
     method = reader.find_method(found[0], found[1], METHOD)
+    if method is None and reader.unresolved_bases:
+        return ModelCode(architecture, unknown_rule(
+            f"{rel}: {METHOD} not found on {architecture}, whose base(s) this reader cannot find: "
+            + ", ".join(reader.unresolved_bases[:3])), rel)
     if method is None:
         return ModelCode(architecture, unknown_rule(
             f"{rel}: {architecture} has no {METHOD}: this SGLang's model has no EAGLE-3 aux capture",

@@ -94,42 +94,61 @@ def _free_low_port(host: str) -> int:
 
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)')
-_EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?(?P<type>[A-Z]\w*(?:Error|Exception|Exit|Interrupt))(?::\s?(?P<msg>.*))?$")
+_EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?::\s?(?P<msg>.*))?$")
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+def _package_frame(path: str, line: str, package: str) -> str | None:
+    """``sglang/srt/x.py:12`` when ``path`` is a file of the installed ``package``."""
+    path = path.replace("\\", "/")
+    marker = f"/{package}/"
+    if marker not in path:
+        return None
+    inside = path.rsplit(marker, 1)[1]
+    if "site-packages/" in inside or "/." in "/" + inside:
+        return None  # e.g. a virtualenv inside a folder named sglang
+    return f"{package}/{inside}:{line}"
 
 
 def first_error(text: str, *, package: str = "sglang") -> tuple[str, str | None] | None:
     """The first Python exception in a log: ``("RuntimeError: message", "sglang/srt/x.py:100")``.
 
     The location is the deepest frame of that traceback inside ``package`` (where
-    SGLang's own code called what failed), ``None`` when no frame is.  A log
-    without a traceback gives ``None``.  Tracebacks of several processes may
-    interleave; the first complete one wins.
+    SGLang's own code called what failed), ``None`` when no frame is.  A
+    traceback may follow a log prefix on its line (SGLang's scheduler logs
+    ``"... Scheduler hit an exception: Traceback (most recent call last):"``).
+    A log without a complete traceback gives ``None``.
     """
     lines = text.splitlines()
     for start, line in enumerate(lines):
-        if not line.lstrip().startswith("Traceback (most recent call last):"):
+        if _TRACEBACK not in line:
             continue
         where = None
         for follow in lines[start + 1:]:
             frame = _FRAME.match(follow)
             if frame:
-                path = frame.group("file").replace("\\", "/")
-                marker = f"/{package}/"
-                if marker in path:
-                    where = package + "/" + path.split(marker, 1)[1] + ":" + frame.group("line")
+                where = _package_frame(frame.group("file"), frame.group("line"), package) or where
                 continue
+            if follow.startswith((" ", "\t")) or not follow.strip():
+                continue  # a source line or a caret line of the frame above
+            if _TRACEBACK in follow:
+                break  # a new traceback began before this one ended
             found = _EXCEPTION.match(follow.strip())
-            if found and not follow.startswith((" ", "\t")):
-                msg = (found.group("msg") or "").strip()
-                error = found.group("type") + (f": {msg}" if msg else "")
-                return (error if len(error) <= 300 else error[:297] + "..."), where
+            if not found:
+                break  # a log line: this traceback was cut off
+            msg = (found.group("msg") or "").strip()
+            error = found.group("type").rsplit(".", 1)[-1] + (f": {msg}" if msg else "")
+            return (error if len(error) <= 300 else error[:297] + "..."), where
     return None
 
 
-def startup_cause(path: Path) -> str:
-    """``": RuntimeError: ... (sglang/srt/x.py:100)"`` for :data:`STARTUP_FAILED`, or ``""``."""
+def startup_cause(path: Path, offset: int = 0) -> str:
+    """``": RuntimeError: ... (sglang/srt/x.py:100)"`` for :data:`STARTUP_FAILED`, or ``""``;
+    reads the log from ``offset`` (where this start's output begins)."""
     try:
-        text = Path(path).read_text(errors="replace")
+        with open(path, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
     except OSError:
         return ""
     found = first_error(text)
@@ -269,9 +288,10 @@ class SGLangServer:
         # SGLang's temporary files (IPC socket names, configs a fork writes to
         # tempfile.gettempdir()) go to a folder of this server's, removed by stop().
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **self.env, "TMPDIR": str(self.tmp_dir)}
+        env = {**os.environ, "TMPDIR": str(self.tmp_dir), **self.env}  # a TMPDIR the config sets wins
         t0 = time.monotonic()
         with open(self.log_path, "ab") as log:
+            self._log_offset = log.tell()  # this start's output begins here (a retry appends)
             log.write(f"$ {' '.join(self.argv())}\n".encode())
             log.flush()
             self.proc = subprocess.Popen(
@@ -350,7 +370,7 @@ class SGLangServer:
             if code is not None:
                 raise Eagle3EngineError(
                     STARTUP_FAILED.format(
-                        name=self.name, code=code, log=self.log_path, cause=startup_cause(self.log_path),
+                        name=self.name, code=code, log=self.log_path, cause=startup_cause(self.log_path, getattr(self, "_log_offset", 0)),
                         n=LOG_TAIL_LINES, tail=log_tail(self.log_path),
                     )
                 )

@@ -33,7 +33,7 @@ UNKNOWN_UNMATCHED = (
 
 @pytest.mark.gpu
 @pytest.mark.tp(1, 2, 4, 8)
-@pytest.mark.eagle3_engines(*case_needs())
+@pytest.mark.eagle3_engines(*case_needs(measures_rule=True))
 def test_capture_order(eagle3_engine_request, eagle3_capture, eagle3_reference, eagle3_model_config,
                        eagle3_sglang, eagle3_settings, eagle3_checkpoint, eagle3_tp, record_property):
     req = eagle3_engine_request

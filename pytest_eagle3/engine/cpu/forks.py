@@ -89,11 +89,32 @@ def env_fills(install: "SGLangInstall", model_file: str | None = "srt/models/dee
                              "srt/utils/hf_transformers_utils.py would replace the checkpoint's config"))
     algo = _env_default(environ, GEMM_ALGO_ENV)
     model = install.source(model_file) if model_file else None
-    if algo == "cublas" and model is not None and _unguarded_call(model, "linear_bf16_fp32"):
+    if (algo == "cublas" and model is not None and _unguarded_call(model, "linear_bf16_fp32")
+            and _torch_fallback(install, model, "linear_bf16_fp32")):
         fills.append(EnvFill(GEMM_ALGO_ENV, TORCH_GEMM,
                              f"{model_file} calls linear_bf16_fp32 without a CUDA guard and "
                              f"srt/environ.py defaults {GEMM_ALGO_ENV} to 'cublas' (a CUDA-only JIT build)"))
     return fills
+
+
+def _torch_fallback(install: "SGLangInstall", model_source: str, name: str) -> bool:
+    """Whether the module the model file imports ``name`` from sends a backend
+    name it does not know to plain torch (``torch.nn.functional.linear``), so
+    :data:`TORCH_GEMM` selects it (sglang-kt 0.7.2 ``jit_kernel/deepseek_v4.py``
+    ``_dispatch_bf16_fp32_backend``; upstream 0.5.23's dispatcher sends unknown
+    names to cuBLAS, where this fill would not help)."""
+    try:
+        tree = ast.parse(model_source)
+    except SyntaxError:
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and any(a.name == name for a in node.names):
+            if not node.module.startswith("sglang."):
+                continue
+            text = install.source(node.module[len("sglang."):].replace(".", "/") + ".py") or ""
+            if re.search(r"else:\s*\n\s*return\s+torch\.nn\.functional\.linear\(", text):
+                return True
+    return False
 
 
 def _unguarded_call(source: str, name: str) -> bool:
@@ -157,7 +178,7 @@ def capability_query(common: Any) -> None:
     try:
         fn()
         return
-    except RuntimeError as exc:
+    except (RuntimeError, AssertionError) as exc:  # no driver / torch built without CUDA
         error = exc
     def answer() -> bool:
         return False
