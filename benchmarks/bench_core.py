@@ -111,7 +111,7 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     return value, time.perf_counter() - t0
 
 
-def wide_case_ids(spec: TargetSpec, version: str) -> list[int] | None:
+def wide_case_ids(spec: TargetSpec, version: Any) -> list[int] | None:
     """Ids of the suite's every-TP case (embedding first), from the suite's own cases."""
     from pytest_eagle3.capture import cases
 
@@ -132,7 +132,7 @@ def bench_engine(install: Any, ckpt: Path, prompts: list[list[int]], spec: Targe
     if problem:
         row["error"] = problem
         return row
-    ids = wide_case_ids(spec, install.version)
+    ids = wide_case_ids(spec, install.id_rule(spec.facts.architecture))
     config = build_engine_config(install, model_path=str(ckpt), tp=tp, device="cpu",
                                  test_args=capture_server_args(install, ids))
     server = SGLangServer(config.name, config.args(), env=config.env_dict(), log_dir=log_dir,

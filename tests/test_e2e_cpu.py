@@ -29,7 +29,7 @@ from pytest_eagle3.capture import cases
 @pytest.mark.parametrize("eagle3_case", ["vllm-first-id-1"])
 def test_contract_without_offset(eagle3_case, eagle3_capture, eagle3_reference, eagle3_model_config, eagle3_sglang):
     L, H = eagle3_model_config.num_layers, eagle3_model_config.hidden_size
-    ids = list(cases.resolve(eagle3_case, L, H, eagle3_sglang.version).ids)
+    ids = list(cases.resolve(eagle3_case, L, H, eagle3_sglang.id_rule()).ids)
     cap = eagle3_capture(ids)[0]
     report = compare_slots(cap.prefill, eagle3_reference[0], expected=ids,
                            num_layers=L, hidden_size=H, tol=1e-3)
@@ -45,8 +45,8 @@ def test_inspect_fix_is_what_sglang_captures(eagle3_case, eagle3_capture, eagle3
     from pytest_eagle3.cli.idfix import ids_for
 
     L, H = eagle3_model_config.num_layers, eagle3_model_config.hidden_size
-    contract = list(cases.resolve("vllm-first-id-1", L, H, eagle3_sglang.version).contract.to_snapshot_indices(L))
-    fix = ids_for(contract, L, eagle3_sglang.version)
+    contract = list(cases.resolve("vllm-first-id-1", L, H, eagle3_sglang.id_rule()).contract.to_snapshot_indices(L))
+    fix = ids_for(contract, L, eagle3_sglang.id_rule())
     assert fix is not None and fix[0] != 1
     cap = eagle3_capture(list(fix))[0]
     report = compare_slots(cap.prefill, eagle3_reference[0], expected=contract,
@@ -63,7 +63,7 @@ def test_server_info_proves_the_plain_path(eagle3_case, eagle3_capture, eagle3_m
     from pytest_eagle3.engine.variants import path_not_taken, prefill_rows
 
     f = eagle3_model_config
-    ids = tuple(cases.resolve(eagle3_case, f.num_layers, f.hidden_size, eagle3_sglang.version).ids)
+    ids = tuple(cases.resolve(eagle3_case, f.num_layers, f.hidden_size, eagle3_sglang.id_rule()).ids)
     caps = eagle3_capture(list(ids))
     info = eagle3_capture.server_info(EngineRequest(ids=ids))
     assert [c.prefill.shape[0] for c in caps] == [prefill_rows(len(c.prompt), info) for c in caps]
@@ -95,8 +95,8 @@ FAULTS = {
 def test_fault_fires(check, fault, eagle3_case, eagle3_capture, eagle3_reference, eagle3_model_config,
                      eagle3_sglang):
     f = eagle3_model_config
-    ids = list(cases.resolve(eagle3_case, f.num_layers, f.hidden_size, eagle3_sglang.version).ids)
-    expected = list(predict(ids, f.num_layers, eagle3_sglang.version).snapshots)
+    ids = list(cases.resolve(eagle3_case, f.num_layers, f.hidden_size, eagle3_sglang.id_rule()).ids)
+    expected = list(predict(ids, f.num_layers, eagle3_sglang.id_rule()).snapshots)
     _, records = eagle3_capture.with_ranks(ids, fault=FAULTS[fault])
     if check == "embedding":
         report = check_rank_embeddings(records, eagle3_reference, slot=0, hidden_size=f.hidden_size,

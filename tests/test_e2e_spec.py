@@ -222,7 +222,7 @@ def test_draft_path_equals_reference(tp_runs: TpRuns, install, target: Path) -> 
     spec = _spec(tp_runs, "accepted")
     cfg = json.loads((target / "config.json").read_text())
     L, H = cfg["num_hidden_layers"], cfg["hidden_size"]
-    expected = list(predict(tp_runs.ids, L, install.version).snapshots)
+    expected = list(predict(tp_runs.ids, L, install.id_rule()).snapshots)
     seqs = [list(p) + s.output_ids[: NEW_TOKENS - 1] for p, s in zip(tp_runs.prompts, spec)]
     refs = ensure_reference(target, seqs)
     for s, ref in zip(spec, refs):

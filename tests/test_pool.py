@@ -275,3 +275,21 @@ def test_first_error_reads_sglang_s_own_traceback_lines() -> None:
     assert first_error(odd) == ("Unsupported: no", None)
     cut = "Traceback (most recent call last):\n  File \"/x.py\", line 1, in f\n[log] something else\n"
     assert first_error(cut) is None
+
+
+def test_a_server_s_temporary_folder_is_short_enough_for_ipc_sockets(tmp_path: Path) -> None:
+    """SGLang's ZMQ IPC sockets live in TMPDIR; a path over 107 characters fails
+    (seen with pytester's deep temporary folders)."""
+    import sys
+
+    from pytest_eagle3.engine.server import SGLangServer
+
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    server = SGLangServer("tp1-cpu-479ec8fcfa", {}, log_dir=deep, python=sys.executable)
+    server.argv = lambda: [sys.executable, "-c", "import time; time.sleep(60)"]  # type: ignore[method-assign]
+    server.spawn()
+    try:
+        assert len(str(server.tmp_dir / "tmp3phbf9k3")) < 90, server.tmp_dir
+    finally:
+        server.stop()
+    assert not server.tmp_dir.exists()

@@ -297,7 +297,7 @@ def collect_reason(need: EngineNeed, ctx: NeedContext) -> str | None:
     """Why ``need`` is not generated at ``ctx.tp`` in this run (``None``: it is).
 
     Decided from the run's settings, the target's ``config.json`` and the
-    installed SGLang's flags and version only: nothing starts.
+    installed SGLang's flags and model files only: nothing starts.
     """
     s = ctx.settings
     if need.case == USER_DRAFT and s.draft is None:
@@ -375,23 +375,23 @@ def resolve(need: EngineNeed, ctx: NeedContext) -> EngineRequest:
         raise ValueError("resolve() needs the installed SGLang and the target facts")
     from pytest_eagle3.conventions import predict
 
-    L, H, version = ctx.facts.num_layers, ctx.facts.hidden_size, installed_rule(ctx)
+    L, H, rule = ctx.facts.num_layers, ctx.facts.hidden_size, installed_rule(ctx)
     v = need.variant
     if need.case == USER_DRAFT:
         return _user_draft_request(ctx)
     if need.acceptance:
         return _acceptance_request(ctx, portable=need.portable_draft)
-    case = cases.resolve(need.case, L, H, version)
+    case = cases.resolve(need.case, L, H, rule)
     if v is not None:
         ids = tuple(v.ids(L, ctx.facts.first_k_dense_replace)) if v.ids is not None else _ids(case.ids)
-        predicted = tuple(predict(list(ids) if ids is not None else None, L, version).snapshots)
+        predicted = tuple(predict(list(ids) if ids is not None else None, L, rule).snapshots)
         req = dict(v.request)
         return EngineRequest(ids, v.args_for(ctx.install, ctx.tp), decode_steps=int(req.get("decode_steps", 0)),
                              batch=bool(req.get("batch")), repeat=int(req.get("repeat", 1)),
                              expected=predicted, predicted=predicted,
                              draft=capture_draft(ctx, ids) if uses_draft_path(ctx) else None)
     ids = _ids(case.ids)
-    predicted = tuple(predict(list(ids) if ids is not None else None, L, version).snapshots)
+    predicted = tuple(predict(list(ids) if ids is not None else None, L, rule).snapshots)
     draft = capture_draft(ctx, ids) if uses_draft_path(ctx) else None
     if case.contract is None:
         # The capture-order test checks SGLang's own rule, which needs no contract.
@@ -465,7 +465,7 @@ def _acceptance_request(ctx: NeedContext, *, portable: bool = False) -> EngineRe
                          contract=str(contract) if contract is not None else None)
 
 
-def _trained_contract(draft: Path, num_layers: int, hidden_size: int, version: Any) -> Any:
+def _trained_contract(draft: Path, num_layers: int, hidden_size: int, rule: Any) -> Any:
     """The contract a pytest-eagle3-built draft records in its ``config.json``
     (``pytest_eagle3.contract``, the name of a contract fixture), or ``None``."""
     import json
@@ -475,7 +475,7 @@ def _trained_contract(draft: Path, num_layers: int, hidden_size: int, version: A
         name = meta.get("contract")
         if not name or name not in cases.case_names():
             return None
-        return cases.resolve(name, num_layers, hidden_size, version).contract
+        return cases.resolve(name, num_layers, hidden_size, rule).contract
     except (OSError, ValueError, KeyError, Eagle3ConfigError):
         return None
 

@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -233,8 +234,10 @@ class SGLangServer:
         self.host = host
         self.port: int | None = None
         self.proc: subprocess.Popen[bytes] | None = None
-        #: ``TMPDIR`` of the server's processes (next to its log); removed by :meth:`stop`.
-        self.tmp_dir = Path(log_dir) / f"{name}.tmp"
+        #: ``TMPDIR`` of the server's processes, made by :meth:`spawn` and removed by
+        #: :meth:`stop`.  Short on purpose: SGLang names its ZMQ IPC sockets there, and
+        #: a socket path longer than 107 characters fails (``sockaddr_un``).
+        self.tmp_dir = Path(tempfile.gettempdir()) / f"eagle3-{name}"
         self.startup_seconds: float | None = None
 
     # -- lifecycle ---------------------------------------------------------
@@ -287,7 +290,7 @@ class SGLangServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         # SGLang's temporary files (IPC socket names, configs a fork writes to
         # tempfile.gettempdir()) go to a folder of this server's, removed by stop().
-        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        self.tmp_dir = Path(tempfile.mkdtemp(prefix=f"eagle3-{self.name}-"))
         env = {**os.environ, "TMPDIR": str(self.tmp_dir), **self.env}  # a TMPDIR the config sets wins
         t0 = time.monotonic()
         with open(self.log_path, "ab") as log:

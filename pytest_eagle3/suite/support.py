@@ -29,9 +29,10 @@ CUDA_TOL = 0.3
 
 #: test_capture_order's failure when SGLang's captures disagree with the rule read from its code.
 RULE_DISAGREES = (
-    "ids {ids}: SGLang captured {measured}; the id rule read from {source} ({kind}) says {predicted}. "
-    "That method decides what SGLang captures: the running code differs from the installed file, or "
-    "pytest-eagle3's rule reader misread it. The other tests of this run follow the measurement"
+    "aux hidden states: {wrong} of {k} slots differ from the id rule read from {source} ({kind}): "
+    "for ids {ids} SGLang captured {measured}, the rule says {predicted}. Something besides that method "
+    "chose the captured layers (a server argument, code patched at run time), or pytest-eagle3's rule "
+    "reader misread the file. The other tests of this run follow the measurement"
 )
 #: What another test says when it follows the measurement instead of the rule.
 FOLLOWS_MEASURED = (

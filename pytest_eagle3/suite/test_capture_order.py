@@ -68,6 +68,7 @@ def test_capture_order(eagle3_engine_request, eagle3_capture, eagle3_reference, 
             continue
         if not report.ok and measured is not None:
             pytest.fail(RULE_DISAGREES.format(
+                wrong=len(report.wrong), k=len(report.slots),
                 ids=ids, measured=_labels(measured, L), source=rule.source, kind=rule.kind,
                 predicted=_labels(req.predicted, L)) + "\n" + report.message(), pytrace=False)
         fail_if_bad(report, config=eagle3_capture.request.config)
