@@ -31,6 +31,13 @@ ARCH = "DeepseekV3ForCausalLM"
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _models_dir(tmp_path: Path) -> Path:
+    """``<tmp>/sglang/srt/models``: where a fake SGLang package keeps its model files."""
+    models = tmp_path / "sglang" / "srt" / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    return models
+
+
 def test_always_plus_one_and_no_layer0_capture_are_read_from_the_file(tmp_path):
     path = write_deepseek_file(tmp_path / "sglang", ALWAYS, layer0=False)
     code = read_rules(tmp_path / "sglang", ARCH)
@@ -74,8 +81,7 @@ def test_a_fork_number_does_not_change_the_rule(tmp_path):
 
 
 def test_own_rule_of_a_model_file_is_named(tmp_path):
-    models = tmp_path / "sglang" / "srt" / "models"
-    models.mkdir(parents=True)
+    models = _models_dir(tmp_path)
     (models / "gptlike.py").write_text(
         "class GptLikeForCausalLM:\n"
         "    def set_eagle3_layers_to_capture(self, layer_ids=None):\n"
@@ -142,8 +148,7 @@ def test_unreadable_code_is_unknown_with_the_reason(tmp_path, case):
 
 
 def test_setup_failure_of_the_method_is_a_prediction(tmp_path):
-    models = tmp_path / "sglang" / "srt" / "models"
-    models.mkdir(parents=True)
+    models = _models_dir(tmp_path)
     (models / "flags.py").write_text(
         "class FlagsModel:\n"
         "    def __init__(self, config):\n        self.layers = []\n"
@@ -175,8 +180,7 @@ def test_reading_imports_nothing(tmp_path):
 
 
 def _one_file(tmp_path, body: str, header: str = "") -> "object":
-    models = tmp_path / "sglang" / "srt" / "models"
-    models.mkdir(parents=True, exist_ok=True)
+    models = _models_dir(tmp_path)
     (models / "m.py").write_text(header + "class M:\n" + body + "EntryClass = M\n")
     return read_rules(tmp_path / "sglang", "M").rule
 
@@ -219,8 +223,7 @@ def test_a_list_filled_in_place_and_a_decorated_method(tmp_path):
 
 
 def test_a_base_the_reader_cannot_find_is_unknown_not_unsupported(tmp_path):
-    models = tmp_path / "sglang" / "srt" / "models"
-    models.mkdir(parents=True)
+    models = _models_dir(tmp_path)
     (models / "m.py").write_text("import somewhere.models as other\nclass M(other.Base):\n    pass\nEntryClass = M\n")
     rule = read_rules(tmp_path / "sglang", "M").rule
     assert rule.kind == UNKNOWN and rule.supported, rule.source
@@ -312,8 +315,7 @@ def test_an_unreadable_rule_is_measured_not_guessed(tmp_path):
     from pytest_eagle3.plugin.options import Settings
     from pytest_eagle3.target.spec import TargetSpec
 
-    models = tmp_path / "sglang" / "srt" / "models"
-    models.mkdir(parents=True)
+    models = _models_dir(tmp_path)
     (models / "deepseek_v2.py").write_text(
         "class DeepseekV3ForCausalLM:\n"
         "    def set_eagle3_layers_to_capture(self, layer_ids=None):\n"
