@@ -110,3 +110,60 @@ def test_packaged_suite_carries_the_gpu_mark(pytester: pytest.Pytester) -> None:
     assert plain.ret == gpu.ret == 0, gpu.stdout.str() + gpu.stderr.str()
     ids = [line for line in plain.stdout.lines if "::" in line]
     assert ids and ids == [line for line in gpu.stdout.lines if "::" in line]
+
+
+#: An ML project's conftest that defines the short spellings pytest-eagle3 is known by.
+OWN_OPTIONS_CONFTEST = """
+import pytest
+
+def pytest_addoption(parser):
+    parser.addoption("--device", default="cuda", help="the project's device")
+    parser.addoption("--tp", type=int, default=1, help="the project's TP size")
+
+@pytest.fixture
+def device(request):
+    return request.config.getoption("--device")
+
+@pytest.fixture
+def tp(request):
+    return request.config.getoption("--tp")
+"""
+
+OWN_OPTIONS_TESTS = """
+def test_device(device):
+    assert device == "meta"
+
+def test_tp(tp):
+    assert tp == 3
+"""
+
+
+def test_a_projects_own_device_and_tp_win(pytester: pytest.Pytester) -> None:
+    """A conftest that defines ``--device`` and ``--tp`` keeps them: pytest runs,
+    the outcomes are those of ``-p no:eagle3``, and the header names
+    pytest-eagle3's own spellings."""
+    pytester.makeconftest(OWN_OPTIONS_CONFTEST)
+    pytester.makepyfile(test_own=OWN_OPTIONS_TESTS)
+    args = ["-v", "-p", "no:cacheprovider", "--device", "meta", "--tp", "3"]
+    with_plugin = pytester.runpytest_subprocess(*args)
+    without = pytester.runpytest_subprocess("-p", "no:eagle3", *args)
+    assert without.ret == 0, without.stdout.str() + without.stderr.str()
+    assert with_plugin.ret == 0, with_plugin.stdout.str() + with_plugin.stderr.str()
+    assert _outcomes(with_plugin) == _outcomes(without)
+    with_plugin.stdout.fnmatch_lines([
+        "eagle3: --tp belongs to custom options (a conftest's parser.addoption) here; pytest-eagle3's is --eagle3-tp",
+        "eagle3: --device belongs to custom options (a conftest's parser.addoption) here; pytest-eagle3's is --eagle3-device",
+    ])
+    assert "--sglang-arg belongs" not in with_plugin.stdout.str()
+    # pytest-eagle3's own names still work beside the project's.
+    both = pytester.runpytest_subprocess(*args, "--eagle3-tp", "2", "--eagle3-device", "cpu")
+    assert both.ret == 0, both.stdout.str() + both.stderr.str()
+    both.stdout.fnmatch_lines(["eagle3: device cpu (from cli), tp 2 (from cli), *"])
+
+
+def test_short_spellings_work_where_free(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest_subprocess("--tp", "2", "--device", "cpu", "--sglang-arg", "a=1")
+    assert result.ret == 0, result.stdout.str() + result.stderr.str()
+    result.stdout.fnmatch_lines(["eagle3: device cpu (from cli), tp 2 (from cli), *", "eagle3: sglang args a=1 (from cli)"])
+    assert "belongs to" not in result.stdout.str()

@@ -56,14 +56,17 @@ def test_help_shows_group_and_flags(pytester: pytest.Pytester) -> None:
     assert result.ret == 0
     result.stdout.fnmatch_lines([
         "EAGLE-3 aux hidden states (pytest-eagle3):",
-        "  --tp=N *",
-        "  --device=cpu|cuda *",
+        "  --eagle3-tp=N *",
+        "  --eagle3-device=cpu|cuda*",
         "  --eagle3-target=PRESET|PATH",
         "  --eagle3-cache=DIR *",
         "  --eagle3-rebuild *",
-        "  --sglang-arg=KEY=VALUE",
+        "  --eagle3-sglang-arg=KEY=VALUE",
         "  --eagle3-startup-timeout=SECONDS",
     ])
+    # The short spellings, where no other option has them (here: none has).
+    result.stdout.fnmatch_lines(["  --tp=N *short for --eagle3-tp*", "  --device=cpu|cuda *short for --eagle3-device*",
+                                 "  --sglang-arg=KEY=VALUE*"])
     result.stdout.fnmatch_lines(["  eagle3_target (string):*", "  eagle3_sglang_args (linelist):*"])
 
 
@@ -91,12 +94,13 @@ def test_plugin_modules_do_not_import_heavy_packages() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+@pytest.mark.parametrize("flag", ["--tp", "--eagle3-tp"])
 @pytest.mark.parametrize("value", ["3", "two", "0"])
-def test_bad_tp_is_one_line_naming_the_flag(pytester: pytest.Pytester, value: str) -> None:
-    result = pytester.runpytest_subprocess("--tp", value)
+def test_bad_tp_is_one_line_naming_the_flag(pytester: pytest.Pytester, value: str, flag: str) -> None:
+    result = pytester.runpytest_subprocess(flag, value)
     expected = MSG_BAD_TP.format(choices="1, 2, 4 or 8", value=value)
     assert usage_error_lines(result) == [f"ERROR: {expected}"]
-    assert expected.startswith("--tp: expected one of 1, 2, 4 or 8")
+    assert expected.startswith("--eagle3-tp/--tp: expected one of 1, 2, 4 or 8")
 
 
 def test_sglang_arg_without_equals(pytester: pytest.Pytester) -> None:
@@ -107,7 +111,7 @@ def test_sglang_arg_without_equals(pytester: pytest.Pytester) -> None:
 def test_bad_device(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_subprocess("--device", "tpu")
     (line,) = usage_error_lines(result)
-    assert line == "ERROR: --device: expected one of cpu|cuda|auto, got 'tpu'"
+    assert line == "ERROR: --eagle3-device/--device: expected one of cpu|cuda|auto, got 'tpu'"
 
 
 def test_bad_startup_timeout(pytester: pytest.Pytester) -> None:

@@ -101,7 +101,7 @@ def test_a_child_that_did_not_run_is_never_caught_even_with_an_old_junit_xml(tmp
     rc = cli_main.main(["self-test", "--kind", "offset-twice", "--work-dir", str(tmp_path), "--", "--tp", "3"])
     assert rc == 2
     assert not (old / "junit.xml").exists()
-    assert "ERROR: --tp" in (old / "output.txt").read_text()
+    assert "ERROR: --eagle3-tp/--tp" in (old / "output.txt").read_text()
 
 
 def test_children_run_from_the_callers_directory_with_a_relative_work_dir(tmp_path, monkeypatch) -> None:

@@ -120,7 +120,7 @@ def parse_junit(path: Path) -> tuple[dict[str, str], dict[str, str]]:
 
 def run_child(work: Path, tests: Sequence[str], tp: int, fault: str | None, extra: Sequence[str] = (),
               env: dict[str, str] | None = None) -> ChildRun:
-    """``python -m pytest --pyargs pytest_eagle3.suite --tp TP -k TESTS [--eagle3-fault F]``
+    """``python -m pytest --pyargs pytest_eagle3.suite --eagle3-tp TP -k TESTS [--eagle3-fault F]``
     from the current directory (so relative paths in ``extra`` mean what they
     mean to the user), writing ``junit.xml`` and ``output.txt`` into ``work``.
     A ``junit.xml`` left there by an earlier run is removed first."""
@@ -128,7 +128,7 @@ def run_child(work: Path, tests: Sequence[str], tp: int, fault: str | None, extr
     work.mkdir(parents=True, exist_ok=True)
     junit = work / "junit.xml"
     junit.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "pytest", "--pyargs", "pytest_eagle3.suite", "--tp", str(tp),
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", "pytest_eagle3.suite", "--eagle3-tp", str(tp),
            "-k", " or ".join(tests), "-p", "no:cacheprovider", "-rA", f"--junitxml={junit}", *extra]
     if fault:
         cmd += ["--eagle3-fault", fault]

@@ -31,6 +31,7 @@ from pytest_eagle3.errors import Eagle3Error
 FIXTURES_MODULE = "pytest_eagle3.plugin.fixtures"
 BISECT_PLUGIN = "eagle3-bisect"
 REPORT_PLUGIN = "eagle3-report"
+FIGURES_PLUGIN = "eagle3-figures"
 
 MARKERS = (
     "gpu: the GPU integration suite (pytest-eagle3): `pytest -m gpu --tp 8` runs it on CUDA; with --device cpu "
@@ -71,6 +72,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     options.add_options(parser)
 
 
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    from pytest_eagle3.plugin import hookspec
+
+    pluginmanager.add_hookspecs(hookspec)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser,
+                                  args: list[str]) -> Generator[None, None, None]:
+    # The short spellings (--tp, --device, --sglang-arg) are added only after
+    # the project's conftests declared their options, and only where free: a
+    # project's own --device wins, pytest-eagle3 keeps --eagle3-device.
+    try:
+        return (yield)
+    finally:
+        early_config.stash[options.TAKEN_KEY] = options.add_short_spellings(parser)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> int | None:
     # --eagle3-list-variants: print the path matrix and exit 0 before any
@@ -109,6 +128,10 @@ def pytest_configure(config: pytest.Config) -> None:
         from pytest_eagle3.plugin.report import ReportWriter
 
         config.pluginmanager.register(ReportWriter(config, settings.report), REPORT_PLUGIN)
+    if not config.pluginmanager.has_plugin(FIGURES_PLUGIN):
+        from pytest_eagle3.plugin.figures import Figures
+
+        config.pluginmanager.register(Figures(), FIGURES_PLUGIN)
     if importlib.util.find_spec(FIXTURES_MODULE) is not None:
         config.pluginmanager.import_plugin(FIXTURES_MODULE)
 
@@ -117,7 +140,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     settings = options.get_settings(config)
     from pytest_eagle3.libversions import module_version
 
-    lines = [_sglang_line(), HEADER_LIBS.format(torch=module_version("torch"),
+    lines = [taken.header() for taken in config.stash.get(options.TAKEN_KEY, ())]
+    lines += [_sglang_line(), HEADER_LIBS.format(torch=module_version("torch"),
                                                 transformers=module_version("transformers"))]
     hooks = _hooks_line()
     if hooks is not None:

@@ -13,6 +13,7 @@ on a broken install.  GPU presence is probed with ``CUDA_VISIBLE_DEVICES``,
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -99,8 +100,8 @@ INI_STARTUP_TIMEOUT = "eagle3_startup_timeout"
 INI_SGLANG_ARGS = "eagle3_sglang_args"
 
 # Messages (tests import these).
-MSG_BAD_TP = "--tp: expected one of {choices} (tensor-parallel ranks), got {value!r}"
-MSG_BAD_DEVICE = "--device: expected one of {choices}, got {value!r}"
+MSG_BAD_TP = "--eagle3-tp/--tp: expected one of {choices} (tensor-parallel ranks), got {value!r}"
+MSG_BAD_DEVICE = "--eagle3-device/--device: expected one of {choices}, got {value!r}"
 MSG_BAD_SGLANG_ARG = (
     "--sglang-arg: expected KEY=VALUE (VALUE is JSON when it parses, else a string), got {value!r}"
 )
@@ -276,18 +277,27 @@ def parse_plan_gpus(value: str) -> int:
     return count
 
 
+#: ``addoption`` keywords of the options that also have a short spelling.
+SPELLED_OPTIONS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
+    "--eagle3-tp": MappingProxyType(dict(
+        dest="eagle3_tp", metavar="N", type=parse_tp, default=None,
+        help="tensor-parallel size of the run, one of 1, 2, 4, 8 (default 1); tests marked "
+        "tp(n) with n above it are skipped")),
+    "--eagle3-device": MappingProxyType(dict(
+        dest="eagle3_device", metavar="cpu|cuda", type=parse_device, default=None,
+        help="where SGLang runs (default auto: cuda when a GPU is visible, else cpu)")),
+    "--eagle3-sglang-arg": MappingProxyType(dict(
+        dest="eagle3_sglang_args", metavar="KEY=VALUE", action="append", type=parse_sglang_arg, default=None,
+        help="extra SGLang server argument, repeatable; VALUE is JSON when it parses "
+        "(e.g. --eagle3-sglang-arg attention_backend=triton --eagle3-sglang-arg disable_cuda_graph=true)")),
+})
+
+
 def add_options(parser: pytest.Parser) -> None:
     """Register the ``eagle3`` option group and its ini keys."""
     group = parser.getgroup("eagle3", "EAGLE-3 aux hidden states (pytest-eagle3)")
-    group.addoption(
-        "--tp", dest="eagle3_tp", metavar="N", type=parse_tp, default=None,
-        help="tensor-parallel size of the run, one of 1, 2, 4, 8 (default 1); tests marked "
-        "tp(n) with n above it are skipped",
-    )
-    group.addoption(
-        "--device", dest="eagle3_device", metavar="cpu|cuda", type=parse_device, default=None,
-        help="where SGLang runs (default auto: cuda when a GPU is visible, else cpu)",
-    )
+    for name in ("--eagle3-tp", "--eagle3-device"):
+        group.addoption(name, **SPELLED_OPTIONS[name])
     group.addoption(
         "--eagle3-target", dest="eagle3_target", metavar="PRESET|PATH", default=None,
         help=f"target model preset or checkpoint directory (default {DEFAULT_TARGETS['cpu']} "
@@ -302,12 +312,7 @@ def add_options(parser: pytest.Parser) -> None:
         "--eagle3-rebuild", dest="eagle3_rebuild", action="store_true", default=False,
         help="rebuild cached checkpoints and references instead of reusing them",
     )
-    group.addoption(
-        "--sglang-arg", dest="eagle3_sglang_args", metavar="KEY=VALUE", action="append",
-        type=parse_sglang_arg, default=None,
-        help="extra SGLang server argument, repeatable; VALUE is JSON when it parses "
-        "(e.g. --sglang-arg attention_backend=triton --sglang-arg disable_cuda_graph=true)",
-    )
+    group.addoption("--eagle3-sglang-arg", **SPELLED_OPTIONS["--eagle3-sglang-arg"])
     group.addoption(
         "--eagle3-startup-timeout", dest="eagle3_startup_timeout", metavar="SECONDS",
         type=parse_timeout, default=None,
@@ -394,6 +399,88 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini(INI_CACHE, "eagle3 cache directory (see --eagle3-cache)")
     parser.addini(INI_STARTUP_TIMEOUT, "seconds an SGLang engine may take to start")
     parser.addini(INI_SGLANG_ARGS, "extra SGLang server arguments, one KEY=VALUE a line", type="linelist")
+
+
+#: The short spellings pytest-eagle3 is known by -> the option each stands for.
+SHORT_SPELLINGS: Mapping[str, str] = MappingProxyType({
+    "--tp": "--eagle3-tp", "--device": "--eagle3-device", "--sglang-arg": "--eagle3-sglang-arg",
+})
+HEADER_SPELLING_TAKEN = "eagle3: {short} belongs to {owner} here; pytest-eagle3's is {long}"
+ANONYMOUS_OWNER = "custom options (a conftest's parser.addoption)"
+
+
+def parser_groups(parser: pytest.Parser) -> list[tuple[str, Any]]:
+    """``(title, group)`` of the parser's named option groups (pytest 8 keeps the
+    title as ``description``, pytest 9 on the argparse group)."""
+    named = []
+    for group in parser._groups:
+        if group is parser._anonymous:
+            continue
+        title = getattr(group, "description", None) or getattr(getattr(group, "_arggroup", None), "title", None)
+        named.append((f"option group {title or group.name!r}", group))
+    return named
+
+
+@dataclass(frozen=True)
+class TakenSpelling:
+    """A short spelling another option already had when pytest-eagle3 looked.
+
+    Attributes:
+        short: e.g. ``"--device"``.
+        long: pytest-eagle3's own name for it, e.g. ``"--eagle3-device"``.
+        owner: the option group that holds it, e.g. ``"custom options"`` (a conftest's
+            ``parser.addoption``) or another plugin's group title.
+    """
+
+    short: str
+    long: str
+    owner: str
+
+    def header(self) -> str:
+        return HEADER_SPELLING_TAKEN.format(short=self.short, owner=self.owner, long=self.long)
+
+
+TAKEN_KEY = pytest.StashKey[tuple[TakenSpelling, ...]]()
+
+
+def add_short_spellings(parser: pytest.Parser) -> tuple[TakenSpelling, ...]:
+    """Add ``--tp``, ``--device`` and ``--sglang-arg`` as second names of the
+    ``--eagle3-*`` options, each only where no other option has it yet.
+
+    Called once the initial conftests are loaded (their ``pytest_addoption`` has
+    run) and before pytest parses the command line for good, so a project's own
+    ``--device`` wins and pytest-eagle3 keeps its ``--eagle3-device``.  Reads the
+    parser's option groups (pytest's ``Parser._groups`` / ``_anonymous``, present
+    in every pytest this plugin supports); when they cannot be read, nothing is
+    added and the ``--eagle3-*`` names still work.
+
+    Returns:
+        the short spellings another option already had.
+    """
+    owners: dict[str, str] = {}
+    try:
+        groups = [(ANONYMOUS_OWNER, parser._anonymous), *parser_groups(parser)]
+        for title, group in groups:
+            for argument in group.options:
+                for name in argument.names():
+                    owners.setdefault(name, title)
+        group = parser.getgroup("eagle3")
+    except (AttributeError, TypeError):
+        return ()
+    taken = []
+    for short, long in SHORT_SPELLINGS.items():
+        if short in owners:
+            taken.append(TakenSpelling(short, long, owners[short]))
+            continue
+        if long not in owners:
+            continue  # pytest-eagle3's own option is not there (options not added)
+        attrs = dict(SPELLED_OPTIONS[long], help=f"short for {long}, where no other option is called {short}")
+        try:
+            group.addoption(short, **attrs)
+        except (argparse.ArgumentError, ValueError):
+            # Known to argparse but not to pytest's groups (added some other way).
+            taken.append(TakenSpelling(short, long, "another option"))
+    return tuple(taken)
 
 
 # --- resolution ---

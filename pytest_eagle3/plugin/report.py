@@ -53,7 +53,6 @@ class ReportWriter:
         self.path = Path(path)
         self.tests: dict[str, dict[str, Any]] = {}
         self._item: pytest.Item | None = None
-        compare.OBSERVERS.append(self._observe)
 
     def __repr__(self) -> str:
         return f"<ReportWriter {self.path}>"
@@ -61,7 +60,7 @@ class ReportWriter:
     def __hash__(self) -> int:
         return id(self)
 
-    def _observe(self, report: Any) -> None:
+    def pytest_eagle3_verdict(self, config: pytest.Config, report: Any) -> None:
         if self._item is not None:
             self._item.user_properties.append((VERDICT_PROPERTY, compare.report_record(report)))
 
@@ -94,7 +93,6 @@ class ReportWriter:
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        compare.OBSERVERS[:] = [o for o in compare.OBSERVERS if o != self._observe]
         if hasattr(self.config, "workerinput"):
             return
         from pytest_eagle3.plugin.options import get_settings

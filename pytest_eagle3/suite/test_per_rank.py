@@ -37,34 +37,35 @@ def rank_captures(eagle3_capture, eagle3_engine_request):
 @pytest.mark.gpu
 @pytest.mark.tp(2, 4, 8)
 @pytest.mark.eagle3_engines(*WIDE_EMBEDDING)
-def test_every_rank_embedding_complete(rank_captures, eagle3_reference, eagle3_model_config, eagle3_settings):
+def test_every_rank_embedding_complete(rank_captures, eagle3_reference, eagle3_model_config, eagle3_settings,
+                                       pytestconfig):
     req, _, records = rank_captures
     facts = eagle3_model_config
     report = check_rank_embeddings(records, eagle3_reference, slot=req.predicted.index(0),
                                    hidden_size=facts.hidden_size, vocab_size=facts.vocab_size,
                                    tol=tolerance(eagle3_settings))
-    fail_if_bad(report)
+    fail_if_bad(report, config=pytestconfig)
 
 
 @pytest.mark.gpu
 @pytest.mark.tp(2, 4, 8)
 @pytest.mark.eagle3_engines(*WIDE)
-def test_ranks_hold_identical_captures(rank_captures, eagle3_model_config, eagle3_settings):
+def test_ranks_hold_identical_captures(rank_captures, eagle3_model_config, eagle3_settings, pytestconfig):
     _, captures, records = rank_captures
     report = check_ranks_agree(records, hidden_size=eagle3_model_config.hidden_size,
                                exact=eagle3_settings.device == "cpu", tol=tolerance(eagle3_settings))
-    fail_if_bad(report)
+    fail_if_bad(report, config=pytestconfig)
 
 
 @pytest.mark.gpu
 @pytest.mark.tp(2, 4, 8)
 @pytest.mark.eagle3_engines(*WIDE)
 def test_every_rank_fully_reduced(rank_captures, eagle3_reference, eagle3_model_config, eagle3_settings,
-                                  eagle3_checkpoint, eagle3_capture, eagle3_tp):
+                                  eagle3_checkpoint, eagle3_capture, eagle3_tp, pytestconfig):
     req, _, records = rank_captures
     facts = eagle3_model_config
     report = check_rank_slots(records, eagle3_reference, expected=list(req.predicted),
                               num_layers=facts.num_layers, hidden_size=facts.hidden_size,
                               tol=tolerance(eagle3_settings),
                               evidence=evidence(eagle3_checkpoint, eagle3_capture.prompts, facts, eagle3_tp))
-    fail_if_bad(report)
+    fail_if_bad(report, config=pytestconfig)

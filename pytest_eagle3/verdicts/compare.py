@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Any
+from typing import Any
 
 import pytest
 
@@ -499,11 +499,6 @@ def check_embedding_complete(
 # --- glue ---
 
 
-#: Callables told about every report :func:`fail_if_bad` sees, pass or fail
-#: (the JSON report of :mod:`pytest_eagle3.plugin.report` registers one).
-OBSERVERS: list[Callable[[Any], None]] = []
-
-
 def report_record(report: Any) -> dict[str, Any]:
     """A JSON-ready summary of a verdict report: ``ok``, ``verdict`` (its first
     line), ``slots`` (per slot: expected and best-matching snapshot with their
@@ -534,10 +529,11 @@ def _json_float(value: float) -> float | None:
 def fail_if_bad(report: Any, *, verbose: bool = False, config: pytest.Config | None = None) -> Any:
     """``pytest.fail(report.message())`` without a traceback when ``not report.ok``;
     returns the report otherwise.  ``config`` (or ``verbose``) turns on the tables
-    (``-v``).  Every :data:`OBSERVERS` entry sees the report first."""
+    (``-v``); with ``config`` the run's ``pytest_eagle3_verdict`` hook
+    (:mod:`pytest_eagle3.plugin.hookspec`) sees the report first."""
     __tracebackhide__ = True
-    for observe in OBSERVERS:
-        observe(report)
+    if config is not None and hasattr(config.hook, "pytest_eagle3_verdict"):
+        config.hook.pytest_eagle3_verdict(config=config, report=report)
     if not report.ok:
         if config is not None:
             verbose = verbose or config.get_verbosity() > 0
