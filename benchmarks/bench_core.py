@@ -113,7 +113,7 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
 
 def wide_case_ids(spec: TargetSpec, version: Any) -> list[int] | None:
     """Ids of the suite's every-TP case (embedding first), from the suite's own cases."""
-    from pytest_eagle3.capture import cases
+    from pytest_eagle3.planning import cases
 
     ids = cases.resolve(cases.WIDE_CASE, spec.facts.num_layers, spec.facts.hidden_size, version).ids
     return None if ids is None else list(ids)

@@ -4,7 +4,7 @@ Every ``test_capture_order`` item of the packaged suite records which snapshot
 each captured slot held (``eagle3_measured_rule``, and the slot verdicts) for
 the ids it configured.  This script merges those measurements, one entry per
 ``(sglang, num_layers, ids)``, into ``tests/data/measured_id_rules.json``, which
-``tests/test_measured_rules.py`` pins ``conventions.predict`` and
+``tests/unit/test_measured_rules.py`` pins ``conventions.predict`` and
 ``pytest-eagle3 inspect`` against.
 
     python benchmarks/measured_rules.py .tox/sglang0509/suite-report.json report-0523.json \\

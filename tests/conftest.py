@@ -1,8 +1,28 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytest_plugins = ["pytester"]
+
+#: Tests that start real SGLang engines live here, and only here, marked ``e2e``.
+E2E_DIR = Path(__file__).parent / "e2e"
+MSG_MARK_AND_FOLDER = (
+    "{nodeid}: {problem}; tests that start SGLang engines live in tests/e2e and carry the e2e mark, "
+    "the others live in tests/unit"
+)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The ``e2e`` marker and the folder agree (checked before ``-m`` deselects)."""
+    for item in items:
+        in_e2e = E2E_DIR in Path(item.path).parents
+        marked = item.get_closest_marker("e2e") is not None
+        if in_e2e != marked:
+            problem = "in tests/e2e without the e2e mark" if in_e2e else "marked e2e outside tests/e2e"
+            raise pytest.UsageError(MSG_MARK_AND_FOLDER.format(nodeid=item.nodeid, problem=problem))
 
 
 @pytest.fixture

@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Sequence
-
-import torch
+from typing import Any
 
 from pytest_eagle3.draft.random_draft import draft_config, draft_weights, write_draft  # noqa: F401
 

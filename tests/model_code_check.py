@@ -4,7 +4,7 @@ method (imported from SGLang) against the rule :mod:`pytest_eagle3.engine.model_
 read from the file, for several id lists.
 
 Prints one JSON object: ``{"checked": [...], "not_imported": [...], "disagree": [...]}``.
-Used by ``tests/test_model_code.py``.
+Used by ``tests/unit/test_model_code.py``.
 """
 
 from __future__ import annotations

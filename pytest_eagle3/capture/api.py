@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
 
 from pytest_eagle3.engine.install import SGLangInstall
 from pytest_eagle3.errors import Eagle3Error
@@ -37,8 +37,33 @@ if TYPE_CHECKING:
     from pytest_eagle3.engine.config import EngineConfig
     from pytest_eagle3.engine.cuda.recipe import CudaRecipe
     from pytest_eagle3.engine.server import SGLangServer
-    from pytest_eagle3.plugin.options import Settings
     from pytest_eagle3.target.spec import TargetFacts
+
+
+
+class CaptureOptions(Protocol):
+    """The run facts engine configs are built from (the plugin's ``Settings`` has them).
+
+    Attributes:
+        device: ``"cpu"`` or ``"cuda"``.
+        fault: a fault to inject into every engine, as the env value
+            (:mod:`pytest_eagle3.engine.faults`), or ``None``.
+        plan: only planning (``--eagle3-plan``): nothing starts.
+        sglang_args: the user's extra server arguments, ``(key, value)`` in order.
+    """
+
+    @property
+    def device(self) -> str: ...
+
+    @property
+    def fault(self) -> str | None: ...
+
+    @property
+    def plan(self) -> bool: ...
+
+    @property
+    def sglang_args(self) -> tuple[tuple[str, Any], ...]: ...
+
 
 CAPTURE_ONLY = "capture-only"
 EAGLE3_DRAFT = "eagle3-draft"
@@ -108,7 +133,7 @@ def capture_server_args(
     return args
 
 
-def engine_config(install: SGLangInstall, settings: "Settings", *, model_path: str, tp: int,
+def engine_config(install: SGLangInstall, settings: "CaptureOptions", *, model_path: str, tp: int,
                   ids: Sequence[int] | None, extra_args: Mapping[str, Any] | None = None,
                   facts: "TargetFacts | None" = None, draft: str | None = None) -> "EngineConfig":
     """The engine that captures ``ids`` with ``extra_args``: the one the
@@ -133,12 +158,11 @@ def engine_config(install: SGLangInstall, settings: "Settings", *, model_path: s
                                test_args=args, user_args=settings.sglang_args, cuda=cuda, extra_env=extra_env)
 
 
-def cuda_recipe_for(install: SGLangInstall, settings: "Settings", facts: "TargetFacts | None") -> "CudaRecipe":
+def cuda_recipe_for(install: SGLangInstall, settings: "CaptureOptions", facts: "TargetFacts | None") -> "CudaRecipe":
     """The CUDA recipe for the run's GPU (``nvidia-smi``; ``--eagle3-plan`` on a
-    machine without one assumes :data:`~pytest_eagle3.capture.declare.PLAN_GPU_ARCH`)."""
-    from pytest_eagle3.capture.declare import PLAN_GPU_ARCH
+    machine without one assumes :data:`~pytest_eagle3.engine.gpus.PLAN_GPU_ARCH`)."""
     from pytest_eagle3.engine.cuda.recipe import cuda_recipe
-    from pytest_eagle3.engine.variants import detect_gpu_arch
+    from pytest_eagle3.engine.gpus import PLAN_GPU_ARCH, detect_gpu_arch
 
     arch = detect_gpu_arch() or (PLAN_GPU_ARCH if settings.plan else None)
     return cuda_recipe(install, arch=arch,

@@ -54,7 +54,7 @@ from pytest_eagle3.contracts.draft import (
 from pytest_eagle3.contracts.stacks import STACKS, stack_options
 from pytest_eagle3.conventions import IdRule, Prediction, predict, rule_for_version
 from pytest_eagle3.errors import Eagle3ConfigError, Eagle3ContractError
-from pytest_eagle3.cli.idfix import Fix, plan_fix
+from pytest_eagle3.contracts.idfix import Fix, plan_fix
 
 MATCH, MISMATCH, FAILS, INVALID, UNKNOWN_VERDICT = "match", "mismatch", "fails", "invalid", "unknown"
 EXIT_CODES = {MATCH: 0, MISMATCH: 1, FAILS: 1, INVALID: 1, UNKNOWN_VERDICT: 1}

@@ -4,7 +4,7 @@ injected into the SGLang installed here.
 For each kind of the fault catalog (:data:`pytest_eagle3.engine.faults.CATALOG`)
 one child ``pytest --pyargs pytest_eagle3.suite --eagle3-fault KIND`` runs the
 smallest part of the suite that exercises it
-(:func:`pytest_eagle3.engine.faults.self_test_plan`: one engine per kind).  The
+(:func:`pytest_eagle3.planning.selftest.self_test_plan`: one engine per kind).  The
 fault is installed inside every SGLang process of that child (through the
 ``sglang.srt.plugins`` hooks), so it changes SGLang's own computation, not
 pytest-eagle3's copy of its output.  A kind is **caught** when every selected
@@ -183,7 +183,7 @@ def self_test(work: Path, *, no_tp: int = 1, kinds: Sequence[str] | None = None,
     Raises:
         ValueError: an unknown kind.
     """
-    from pytest_eagle3.engine.faults import self_test_plan
+    from pytest_eagle3.planning.selftest import self_test_plan
 
     runner = runner or run_child
     plan = self_test_plan(no_tp)
@@ -243,7 +243,7 @@ def add_self_test_parser(sub: "argparse._SubParsersAction") -> None:
 
 
 def cmd_self_test(args: argparse.Namespace) -> int:
-    from pytest_eagle3.engine.faults import self_test_plan
+    from pytest_eagle3.planning.selftest import self_test_plan
 
     extra = [a for a in args.pytest_args if a != "--"] if args.pytest_args else []
     unknown = [k for k in args.kind or () if k not in self_test_plan()]

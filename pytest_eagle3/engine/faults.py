@@ -41,8 +41,9 @@ import os
 import threading
 from typing import Any, Callable
 
+from pytest_eagle3.engine.sglang_hooks import FAULT_ENV
+
 #: Environment variable naming the fault, JSON ``{"kind": ..., ...}`` (a bare kind works too).
-FAULT_ENV = "PYTEST_EAGLE3_FAULT"
 
 #: kind -> (what SGLang then captures, the public report it reproduces).
 CATALOG: dict[str, tuple[str, str]] = {
@@ -97,36 +98,6 @@ CATALOG: dict[str, tuple[str, str]] = {
 #: Kinds that need TP > 1 to change anything.
 NEEDS_TP = ("unreduced-embedding", "partial-sum", "dp-gather-scaled")
 
-
-def self_test_plan(no_tp: int = 1) -> dict[str, tuple[int, tuple[str, ...]]]:
-    """kind -> (TP size, ids of the packaged tests that must fail naming it): the
-    smallest part of ``pytest_eagle3.suite`` that catches each fault, one engine
-    per kind (``tests/test_e2e_faults.py``; a ``--eagle3-self-test`` can run the same).
-
-    Kinds in :data:`NEEDS_TP` run at TP 2, the others at ``no_tp``, except
-    ``offset-missing``: on the embedding-first list ``[0, 3, 5]`` it would ask for
-    layer -1, which SGLang never captures (the packer then stops the scheduler
-    at the first forward: "captured 2 of 3"), so it runs on SpecForge's default
-    list ``[1, 3, 4]`` (SGLang: ``[2, 4, 5]``; faulted: ``[1, 3, 4]``), a TP 1 case.
-    """
-    from pytest_eagle3.capture.cases import WIDE_CASE
-
-    def order(tp: int, case: str = WIDE_CASE) -> str:
-        return f"test_capture_order[tp{tp}-{case}]"
-
-    return {
-        "offset-twice": (no_tp, (order(no_tp),)),
-        "offset-missing": (1, (order(1, "specforge-default-ids"),)),
-        "ids-ignored": (no_tp, (order(no_tp),)),
-        "reversed-order": (no_tp, (order(no_tp),)),
-        "normalized-input": (no_tp, (order(no_tp),)),
-        "no-residual": (no_tp, (order(no_tp),)),
-        "unreduced-embedding": (2, (order(2), f"test_embedding_rows_complete_on_every_shard[tp2-{WIDE_CASE}]")),
-        "partial-sum": (2, (order(2), f"test_every_rank_fully_reduced[tp2-{WIDE_CASE}]")),
-        "dp-gather-scaled": (2, (order(2),)),
-        # Rows of one decode forward of several requests: the batched path variant.
-        "wrong-request-rows": (no_tp, (f"test_captures_identical_through_path[tp{no_tp}-batch]",)),
-    }
 
 logger = logging.getLogger("pytest_eagle3.faults")
 

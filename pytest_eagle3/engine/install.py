@@ -21,7 +21,7 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
-from pytest_eagle3.engine.reaper import die_with_parent
+from pytest_eagle3.reaper import die_with_parent
 from pytest_eagle3.errors import Eagle3SGLangMissing
 
 if TYPE_CHECKING:

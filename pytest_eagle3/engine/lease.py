@@ -3,7 +3,7 @@ xdist) runs its engines on a block of ``--tp`` GPUs no other process uses.
 
 Blocks.  The visible GPUs are the entries of ``CUDA_VISIBLE_DEVICES`` when it
 lists any (physical ids, UUIDs or MIG ids, as written), else ``0 .. count-1``
-with ``count`` from :func:`pytest_eagle3.plugin.options.detect_gpus`.  They are cut
+with ``count`` from :func:`pytest_eagle3.engine.gpus.detect_gpus`.  They are cut
 into consecutive blocks of ``tp``: 8 GPUs at ``--tp 2`` give ``0,1 | 2,3 | 4,5
 | 6,7``; ``--tp 8`` gives one block; GPUs left over (6 GPUs at ``--tp 4``) are
 not used.  ``--tp`` above the visible count is refused earlier, as a usage error
@@ -69,11 +69,9 @@ from pytest_eagle3.errors import Eagle3ConfigError, Eagle3EngineError
 if TYPE_CHECKING:
     import pytest
 
-    from pytest_eagle3.plugin.options import Settings
+    from pytest_eagle3.engine.options import EngineOptions
 
 ENV_LOCK_DIR = "PYTEST_EAGLE3_GPU_LOCKS"
-#: xdist's own override of ``-n auto``; when set, it wins over :func:`auto_num_workers`.
-ENV_XDIST_AUTO = "PYTEST_XDIST_AUTO_NUM_WORKERS"
 
 #: How long a worker waits for a free block before its engine start fails.
 WAIT_TIMEOUT_S = 7200.0
@@ -147,7 +145,7 @@ def visible_gpu_ids(count: int, env: Mapping[str, str] | None = None) -> tuple[s
     """Ids of the ``count`` visible GPUs: ``CUDA_VISIBLE_DEVICES`` entries when it
     lists at least ``count`` (the first ``count``), else ``"0" .. str(count - 1)``.
 
-    ``count`` is what the GPU probe saw (:attr:`pytest_eagle3.plugin.options.GpuProbe.count`),
+    ``count`` is what the GPU probe saw (:attr:`pytest_eagle3.engine.gpus.GpuProbe.count`),
     which is already capped by ``CUDA_VISIBLE_DEVICES``.
     """
     env = os.environ if env is None else env
@@ -183,7 +181,7 @@ def describe_blocks(blocks: Sequence[GpuBlock]) -> str:
     return " | ".join(b.label for b in blocks)
 
 
-def settings_blocks(settings: "Settings", env: Mapping[str, str] | None = None) -> list[GpuBlock]:
+def settings_blocks(settings: "EngineOptions", env: Mapping[str, str] | None = None) -> list[GpuBlock]:
     """The blocks of a ``--device cuda`` run (``settings.gpu.count`` GPUs, ``settings.tp`` each)."""
     return gpu_blocks(visible_gpu_ids(settings.gpu.count, env), settings.tp)
 
@@ -221,26 +219,7 @@ def owner_label(config: "pytest.Config | None" = None) -> str:
     return f"{who} (pid {os.getpid()} on {socket.gethostname()}{run})"
 
 
-def is_eagle3_run(config: "pytest.Config") -> bool:
-    """Whether this pytest run is about pytest-eagle3 at all: an eagle3 option on
-    the command line, an eagle3 target from the environment or ini file, or the
-    packaged suite among the arguments.  Unrelated projects in an environment where
-    the plugin is installed keep xdist's own ``-n auto``."""
-    opt = config.option
-    names = ("eagle3_tp", "eagle3_device", "eagle3_target", "eagle3_cache", "eagle3_draft", "eagle3_plan")
-    if any(getattr(opt, name, None) not in (None, False) for name in names):
-        return True
-    if os.environ.get("PYTEST_EAGLE3_TARGET"):
-        return True
-    try:
-        if config.getini("eagle3_target"):
-            return True
-    except ValueError:
-        pass
-    return any("pytest_eagle3" in str(arg) for arg in getattr(config, "args", ()))
-
-
-def auto_num_workers(settings: "Settings") -> int:
+def auto_num_workers(settings: "EngineOptions") -> int:
     """``-n auto`` for an eagle3 run.
 
     ``--device cuda``: one worker per block, ``visible GPUs // tp`` (at least 1):
@@ -254,7 +233,7 @@ def auto_num_workers(settings: "Settings") -> int:
     return 1
 
 
-def oversubscription(settings: "Settings", numprocesses: Any) -> str | None:
+def oversubscription(settings: "EngineOptions", numprocesses: Any) -> str | None:
     """The warning for ``-n N`` above the number of blocks on cuda, else ``None``."""
     if settings.device != "cuda" or not isinstance(numprocesses, int) or numprocesses < 2:
         return None
@@ -510,7 +489,7 @@ class GpuLeaser:
     @classmethod
     def for_run(
         cls,
-        settings: "Settings",
+        settings: "EngineOptions",
         config: "pytest.Config | None" = None,
         *,
         progress: Callable[[str], None] | None = None,

@@ -306,7 +306,7 @@ class SGLangServer:
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
-        from pytest_eagle3.engine.reaper import spawn
+        from pytest_eagle3.reaper import spawn
 
         self._reaper = spawn(self.proc.pid)
         self._t0 = t0
@@ -479,7 +479,7 @@ def _die_with_parent() -> None:
 
     Covers the server's first process when the test process is killed with
     SIGKILL (no teardown runs); the rest of its process group is taken down by
-    the watchdog (:mod:`pytest_eagle3.engine.reaper`).  Also used for the
+    the watchdog (:mod:`pytest_eagle3.reaper`).  Also used for the
     reference worker and the ``--help`` probe.  No-op where prctl is missing.
     """
     try:

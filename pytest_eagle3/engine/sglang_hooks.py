@@ -35,8 +35,7 @@ import os
 from pathlib import Path
 
 HOOKS_ENV = "PYTEST_EAGLE3_SGLANG_HOOKS"
-#: Same as :data:`pytest_eagle3.engine.faults.FAULT_ENV` (kept here: this module
-#: must stay importable without torch or SGLang).
+#: The engine env var carrying the fault to inject (:mod:`pytest_eagle3.engine.faults`).
 FAULT_ENV = "PYTEST_EAGLE3_FAULT"
 
 logger = logging.getLogger("pytest_eagle3.sglang_hooks")

@@ -39,16 +39,16 @@ Nothing here imports torch or sglang.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TextIO
 
+from pytest_eagle3.engine.gpus import detect_gpu_arch, normalize_arch
+
 if TYPE_CHECKING:
     from pytest_eagle3.engine.install import SGLangInstall
-    from pytest_eagle3.plugin.options import Settings
+    from pytest_eagle3.engine.options import EngineOptions
 
 
 class _TpSize:
@@ -222,41 +222,9 @@ def cpu_tier_fixes() -> frozenset[str]:
     return frozenset(getattr(patches, "FIXES", ()))
 
 
-def normalize_arch(arch: str | Sequence[int] | None) -> str | None:
-    """``"sm90"`` from ``"sm90"``, ``"sm_90"``, ``"9.0"``, ``"90"`` or ``(9, 0)``; ``None`` stays ``None``.
-
-    >>> normalize_arch("10.0"), normalize_arch((9, 0)), normalize_arch("sm_120")
-    ('sm100', 'sm90', 'sm120')
-    """
-    if arch is None:
-        return None
-    if not isinstance(arch, str):
-        major, minor = (list(arch) + [0])[:2]
-        return f"sm{int(major)}{int(minor)}"
-    text = arch.strip().lower().replace("sm_", "").replace("sm", "")
-    major, dot, minor = text.partition(".")
-    if dot and major.isdigit() and (minor.isdigit() or not minor):
-        return f"sm{int(major)}{int(minor or 0)}"
-    return f"sm{text}" if text.isdigit() else None
-
-
 def _arch_matches(arch: str, wanted: tuple[str, ...]) -> bool:
     # sm10x: compute capability 10.x (SGLang's is_sm100 covers SM100/SM103).
     return any(arch == w or (w == SM10X and arch.startswith("sm10") and len(arch) == 5) for w in wanted)
-
-
-def detect_gpu_arch() -> str | None:
-    """Compute capability of GPU 0 from ``nvidia-smi`` (no torch), e.g. ``"sm90"``; ``None`` if unknown."""
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return None
-    try:
-        out = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=15, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    lines = [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
-    return normalize_arch(lines[0]) if lines else None
 
 
 # --- the variants ---------------------------------------------------------
@@ -559,7 +527,7 @@ def format_matrix(install: "SGLangInstall", device: str, tp: int,
     return "\n".join(lines) + "\n"
 
 
-def list_variants(settings: "Settings", *, out: TextIO | None = None) -> int:
+def list_variants(settings: "EngineOptions", *, out: TextIO | None = None) -> int:
     """``--eagle3-list-variants``: write :func:`format_matrix` for the run's
     device and TP to ``out`` (stdout) and return exit code 0.
 

@@ -65,7 +65,7 @@ class BisectPlugin:
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
-        from pytest_eagle3.capture import cases
+        from pytest_eagle3.planning import cases
         from pytest_eagle3.plugin.options import get_settings
 
         settings = get_settings(config)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
@@ -31,7 +30,7 @@ if TYPE_CHECKING:
 
     from pytest_eagle3.capture.api import Captures
     from pytest_eagle3.capture.draft_path import DraftPathCaptures
-    from pytest_eagle3.capture.declare import EngineNeed, EngineRequest
+    from pytest_eagle3.planning.declare import EngineNeed, EngineRequest
     from pytest_eagle3.engine.config import EngineConfig
     from pytest_eagle3.engine.install import SGLangInstall
     from pytest_eagle3.engine.lease import GpuLeaser
@@ -354,7 +353,7 @@ def eagle3_capture(request: pytest.FixtureRequest, eagle3_engine_pool: "EnginePo
 
 @pytest.fixture
 def eagle3_need(request: pytest.FixtureRequest) -> "EngineNeed":
-    """The :class:`~pytest_eagle3.capture.declare.EngineNeed` this test was
+    """The :class:`~pytest_eagle3.planning.declare.EngineNeed` this test was
     generated for (``@pytest.mark.eagle3_engines(...)``).
 
     Raises:
@@ -362,7 +361,7 @@ def eagle3_need(request: pytest.FixtureRequest) -> "EngineNeed":
     """
     raise Eagle3ConfigError(
         f"{request.node.nodeid} uses eagle3_need but declares no engines: add "
-        "@pytest.mark.eagle3_engines(*needs) (pytest_eagle3.capture.declare)"
+        "@pytest.mark.eagle3_engines(*needs) (pytest_eagle3.planning.declare)"
     )
 
 
@@ -371,8 +370,8 @@ def eagle3_engine_request(eagle3_need: "EngineNeed", eagle3_tp: int, eagle3_sett
                           eagle3_sglang: "SGLangInstall", eagle3_model_config: "TargetFacts",
                           record_property: Any) -> "EngineRequest":
     """The declared need resolved for this target and SGLang
-    (:func:`pytest_eagle3.capture.declare.resolve`, as ``--eagle3-plan`` does)."""
-    from pytest_eagle3.capture.declare import NeedContext, resolve
+    (:func:`pytest_eagle3.planning.declare.resolve`, as ``--eagle3-plan`` does)."""
+    from pytest_eagle3.planning.declare import NeedContext, resolve
 
     request = resolve(eagle3_need, NeedContext(eagle3_settings, eagle3_tp, eagle3_sglang, eagle3_model_config))
     if eagle3_need.acceptance and request.draft is not None:
@@ -382,7 +381,7 @@ def eagle3_engine_request(eagle3_need: "EngineNeed", eagle3_tp: int, eagle3_sett
         validate_draft(request.draft, eagle3_model_config.hidden_size, eagle3_model_config.vocab_size)
     if request.draft is not None and not eagle3_need.acceptance:
         # The draft path's random draft for this id list, built once per machine.
-        from pytest_eagle3.capture.declare import target_config
+        from pytest_eagle3.planning.declare import target_config
         from pytest_eagle3.draft.random_draft import ensure_capture_draft
 
         ensure_capture_draft(eagle3_settings.cache_dir, target_config(eagle3_model_config), request.ids)

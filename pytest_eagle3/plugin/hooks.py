@@ -16,7 +16,6 @@ import importlib.util
 import os
 import re
 from collections.abc import Generator
-from pathlib import Path
 from typing import NoReturn
 
 import pytest
@@ -24,8 +23,9 @@ import pytest
 from pytest_eagle3.plugin import options
 from pytest_eagle3.plugin import session
 from pytest_eagle3.plugin import session as eagle3_session
-from pytest_eagle3.capture import declare
+from pytest_eagle3.planning import declare
 from pytest_eagle3.engine import lease
+from pytest_eagle3.plugin import workers
 from pytest_eagle3.errors import Eagle3Error
 
 FIXTURES_MODULE = "pytest_eagle3.plugin.fixtures"
@@ -39,7 +39,7 @@ MARKERS = (
     "tp(*sizes): needs that many tensor-parallel ranks; tp(4) runs at TP 4, tp(1, 2, 4) "
     "runs at each size (parameter eagle3_tp); sizes above --tp are skipped",
     "slow: starts an engine of its own or a TP 8 engine on cpu (minutes); skipped unless --eagle3-slow",
-    "eagle3_engines(*needs): the engines a pytest-eagle3 test needs (pytest_eagle3.capture.declare.EngineNeed); "
+    "eagle3_engines(*needs): the engines a pytest-eagle3 test needs (pytest_eagle3.planning.declare.EngineNeed); "
     "the test is generated only for the TP sizes and needs this run can execute",
 )
 #: Internal mark of a declared test for which nothing applies in this run (dropped after collection).
@@ -191,7 +191,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     # (lease.auto_num_workers says why).  Runs before pytest_configure, so the
     # settings are resolved here unvalidated.  None (xdist's own default) when
     # PYTEST_XDIST_AUTO_NUM_WORKERS is set or the run is not about eagle3 at all.
-    if os.environ.get(lease.ENV_XDIST_AUTO) or not lease.is_eagle3_run(config):
+    if os.environ.get(workers.ENV_XDIST_AUTO) or not workers.is_eagle3_run(config):
         return None
     return lease.auto_num_workers(options.resolve_settings(config, validate=False))
 
@@ -239,7 +239,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def _generate_declared(metafunc: pytest.Metafunc, run: session.Eagle3Session, sizes: tuple[int, ...] | None,
                        needs: list[declare.EngineNeed]) -> None:
     """Generate ``(eagle3_tp, eagle3_need)`` for the pairs this run can execute
-    (:func:`pytest_eagle3.capture.declare.collect_reason`); record the rest."""
+    (:func:`pytest_eagle3.planning.declare.collect_reason`); record the rest."""
     settings = options.get_settings(metafunc.config)
     nodeid = metafunc.definition.nodeid
     install, facts = run.collect_context()

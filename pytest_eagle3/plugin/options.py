@@ -17,8 +17,6 @@ import argparse
 import json
 import os
 import re
-import shutil
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +24,8 @@ from types import MappingProxyType
 from typing import Any
 
 import pytest
+
+from pytest_eagle3.engine.gpus import GpuProbe, detect_gpus
 
 #: Tensor-parallel sizes the suite knows how to run.
 TP_CHOICES: tuple[int, ...] = (1, 2, 4, 8)
@@ -129,19 +129,6 @@ MSG_CACHE_NOT_WRITABLE = (
 MSG_TP_HEADS = (
     "--tp {tp} does not divide the target's {heads} attention heads; use --tp {valid}"
 )
-
-
-@dataclass(frozen=True)
-class GpuProbe:
-    """What the torch-free GPU probe saw.
-
-    Attributes:
-        count: visible GPUs; ``0`` when none.
-        how: a short human description of the evidence, e.g. ``"nvidia-smi -L: 2 GPUs"``.
-    """
-
-    count: int
-    how: str
 
 
 @dataclass(frozen=True)
@@ -494,43 +481,6 @@ def default_cache_dir(env: Mapping[str, str] | None = None) -> tuple[Path, str]:
     xdg = env.get("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return base / "pytest-eagle3", "default"
-
-
-def detect_gpus(env: Mapping[str, str] | None = None) -> GpuProbe:
-    """Count visible NVIDIA GPUs without importing torch.
-
-    ``CUDA_VISIBLE_DEVICES`` set to ``""`` or ``-1`` means none; a list caps the
-    count.  The physical count comes from ``nvidia-smi -L`` when it is on PATH,
-    else from ``/dev/nvidia<N>`` device nodes.
-    """
-    env = os.environ if env is None else env
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        entries = [e for e in visible.split(",") if e.strip()]
-        if not entries or entries[0].strip() == "-1":
-            return GpuProbe(0, f"CUDA_VISIBLE_DEVICES={visible!r}")
-    physical, how = _physical_gpus()
-    if visible is not None and physical:
-        count = min(len(entries), physical)
-        return GpuProbe(count, f"{how}, CUDA_VISIBLE_DEVICES={visible!r}")
-    return GpuProbe(physical, how)
-
-
-def _physical_gpus() -> tuple[int, str]:
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        try:
-            out = subprocess.run(
-                [smi, "-L"], capture_output=True, text=True, timeout=15, check=False
-            )
-        except (OSError, subprocess.SubprocessError) as exc:
-            return 0, f"nvidia-smi -L failed: {exc}"
-        count = sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
-        return count, f"nvidia-smi -L: {count} GPU{'s' if count != 1 else ''}"
-    nodes = [p for p in Path("/dev").glob("nvidia[0-9]*") if p.name[6:].isdigit()]
-    if nodes:
-        return len(nodes), f"{len(nodes)} /dev/nvidia<N> device nodes"
-    return 0, "no nvidia-smi, no /dev/nvidia<N>"
 
 
 def resolve_settings(config: pytest.Config, *, validate: bool = True) -> Settings:

@@ -11,9 +11,9 @@ that overrides the fixture is not seen).  Then pytest exits without running a
 test, like ``--collect-only``; xdist is switched off (``-n`` is reported, not used).
 
 How a test maps to an engine: a packaged test declares its engines once
-(``@pytest.mark.eagle3_engines(...)``, :mod:`pytest_eagle3.capture.declare`)
+(``@pytest.mark.eagle3_engines(...)``, :mod:`pytest_eagle3.planning.declare`)
 and is generated with an ``eagle3_need`` parameter; the plan resolves that need
-with :func:`~pytest_eagle3.capture.declare.resolve` and builds its engine with
+with :func:`~pytest_eagle3.planning.declare.resolve` and builds its engine with
 :func:`~pytest_eagle3.capture.api.engine_config`, exactly what the
 ``eagle3_engine_request`` and ``eagle3_capture`` fixtures do at run time.  A
 test with an ``eagle3_case`` parameter instead (a hand-written test, like the
@@ -165,9 +165,9 @@ def build_plan(items: Sequence[pytest.Item], settings: Settings, *,
     ``install`` defaults to the cached probe of the installed SGLang; a missing or
     broken SGLang is reported in the plan, not raised.
     """
-    from pytest_eagle3.capture import cases
+    from pytest_eagle3.planning import cases
     from pytest_eagle3.capture.api import engine_config
-    from pytest_eagle3.capture.declare import EngineNeed, NeedContext, resolve
+    from pytest_eagle3.planning.declare import EngineNeed, NeedContext, resolve
 
     plan = Plan(settings, workers=workers)
     problem: str | None = None

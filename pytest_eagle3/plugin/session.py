@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import pytest
 
+from pytest_eagle3.planning import declare
+
 if TYPE_CHECKING:
     from pytest_eagle3.engine.install import SGLangInstall
     from pytest_eagle3.target.spec import TargetFacts
@@ -241,8 +243,8 @@ def tp_marker_values(marker: pytest.Mark, nodeid: str) -> tuple[int, ...]:
 
 #: Parameter naming the capture case; tests with equal (tp, case) share an engine.
 CASE_ARGNAME = "eagle3_case"
-#: Parameter holding a declared :class:`~pytest_eagle3.capture.declare.EngineNeed`.
-NEED_ARGNAME = "eagle3_need"
+#: Parameter holding a declared :class:`~pytest_eagle3.planning.declare.EngineNeed`.
+NEED_ARGNAME = declare.NEED_ARGNAME
 
 
 def uses_eagle3(fixturenames: Iterable[str]) -> bool:

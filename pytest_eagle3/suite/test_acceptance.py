@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_eagle3.capture.declare import acceptance_need
+from pytest_eagle3.planning.declare import acceptance_need
 
 #: A parallel run's accept length must be at least this fraction of TP 1's (vLLM's pattern).
 RELATIVE_GATE = 0.95

@@ -9,14 +9,14 @@ naming both and the file:line; the other tests of the run follow what was
 measured (:func:`pytest_eagle3.suite.support.measured_snapshots`).  Where the
 rule could not be read it is measured and recorded, never guessed.  Id lists
 the rule says fail at setup or at the first forward are left out at
-collection (:func:`pytest_eagle3.capture.declare.collect_reason`).
+collection (:func:`pytest_eagle3.planning.declare.collect_reason`).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from pytest_eagle3.capture.declare import case_needs
+from pytest_eagle3.planning.declare import case_needs
 from pytest_eagle3.suite.support import RULE_DISAGREES, evidence, measured_snapshots, tolerance
 from pytest_eagle3.verdicts.compare import compare_slots, fail_if_bad
 from pytest_eagle3.verdicts.snapshots import label

@@ -2,7 +2,7 @@
 
 For every contract fixture (and ``--eagle3-draft PATH --eagle3-stack NAME``)
 the declared need resolves to the ids SGLang reads from the draft config and
-the contract the stack trained on (:func:`pytest_eagle3.capture.declare.resolve`);
+the contract the stack trained on (:func:`pytest_eagle3.planning.declare.resolve`);
 each captured slot is compared with the contract.
 
 Outcomes for the fixtures: PASS when SGLang captures the contract; XFAIL with
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_eagle3.capture.declare import case_needs, user_draft_need
+from pytest_eagle3.planning.declare import case_needs, user_draft_need
 from pytest_eagle3.suite.support import FOLLOWS_MEASURED, evidence, measured_snapshots, tolerance
 from pytest_eagle3.verdicts.compare import compare_slots, fail_if_bad
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_eagle3.capture import cases
-from pytest_eagle3.capture.declare import case_needs
+from pytest_eagle3.planning import cases
+from pytest_eagle3.planning.declare import case_needs
 from pytest_eagle3.suite.support import FOLLOWS_MEASURED, measured_snapshots, tolerance
 from pytest_eagle3.verdicts.compare import check_embedding_complete, compare_slots, fail_if_bad, vocab_shard
 

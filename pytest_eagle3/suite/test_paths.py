@@ -1,7 +1,7 @@
 """Captures are identical through every parallel/scheduling path SGLang offers here.
 
 Each variant of :mod:`pytest_eagle3.engine.variants` is declared as an engine
-need (:func:`pytest_eagle3.capture.declare.variant_needs`): the wide case's id
+need (:func:`pytest_eagle3.planning.declare.variant_needs`): the wide case's id
 list (or the variant's own ids) with the variant's server arguments and request
 shape.  Every returned row is compared with the reference row at its position:
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_eagle3.capture.declare import variant_needs
+from pytest_eagle3.planning.declare import variant_needs
 from pytest_eagle3.engine.variants import VARIANTS, path_not_exercised, path_not_taken, prefill_rows
 from pytest_eagle3.suite.support import attention_tp, evidence, tolerance
 from pytest_eagle3.verdicts.compare import compare_slots, fail_if_bad

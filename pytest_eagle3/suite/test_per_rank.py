@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_eagle3.capture import cases
-from pytest_eagle3.capture.declare import case_needs
+from pytest_eagle3.planning import cases
+from pytest_eagle3.planning.declare import case_needs
 from pytest_eagle3.suite.support import evidence, tolerance
 from pytest_eagle3.verdicts.compare import fail_if_bad
 from pytest_eagle3.verdicts.rankcheck import check_rank_embeddings, check_rank_slots, check_ranks_agree

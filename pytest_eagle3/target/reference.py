@@ -153,8 +153,8 @@ def worker_env() -> dict[str, str]:
 
 
 def die_with_parent() -> None:
-    """SIGKILL the worker when pytest dies (see :func:`pytest_eagle3.engine.reaper.die_with_parent`)."""
-    from pytest_eagle3.engine.reaper import die_with_parent as _die
+    """SIGKILL the worker when pytest dies (see :func:`pytest_eagle3.reaper.die_with_parent`)."""
+    from pytest_eagle3.reaper import die_with_parent as _die
 
     _die()
 

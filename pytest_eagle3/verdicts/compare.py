@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from pytest_eagle3.verdicts.shards import VOCAB_PADDING, vocab_shard, vocab_shard_ranges  # noqa: F401
-from pytest_eagle3.verdicts.snapshots import describe, label
+from pytest_eagle3.verdicts.snapshots import describe, fmt_err, label
 
 #: A slot whose best match is farther than this (and than ``2 * tol``) "matches no snapshot".
 NO_MATCH_TOL = 0.05
@@ -70,15 +70,6 @@ EMB_OFF_ROW = (
 EMB_MORE = "... and {n} more rows (-v lists them all)"
 EMB_MAX_LINES = 8
 
-
-
-def fmt_err(x: float) -> str:
-    """``0.004``, ``0.61``, ``6e-06``: two significant digits."""
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf"
-    return f"{x:.2g}"
 
 
 def _key(x: float) -> float:

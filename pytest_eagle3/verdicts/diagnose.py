@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
-from pytest_eagle3.verdicts.snapshots import full_label, label
+from pytest_eagle3.verdicts.snapshots import fmt_err, full_label, label
 
 if TYPE_CHECKING:
     import torch
@@ -163,14 +163,6 @@ class Diagnosis:
     @property
     def lines(self) -> list[str]:
         return [*self.pattern_lines, *(self.slot_lines[s] for s in sorted(self.slot_lines))]
-
-
-def _fmt(x: float) -> str:
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf"
-    return f"{x:.2g}"
 
 
 def _rel(a: "torch.Tensor", b: "torch.Tensor") -> float:
@@ -433,7 +425,7 @@ def diagnose_slots(captured: Any, reference: Any, verdicts: Sequence[Any], *, ex
                 continue
             kind, what, why, err = found
             kinds.append(kind)
-            slot_lines[v.slot] = SLOT_HOLDS.format(slot=v.slot, what=what, err=_fmt(err), why=why,
+            slot_lines[v.slot] = SLOT_HOLDS.format(slot=v.slot, what=what, err=fmt_err(err), why=why,
                                                    tag=TAG.format(kind=kind))
     return Diagnosis(slot_lines=slot_lines, pattern_lines=tuple(patterns), kinds=tuple(dict.fromkeys(kinds)))
 

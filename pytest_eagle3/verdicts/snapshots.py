@@ -15,6 +15,8 @@ prompt, ``[tokens, hidden]``.  Snapshots are identified by their index in the
 
 from __future__ import annotations
 
+import math
+
 #: Symbolic index of the pre-final-norm output of the last layer.
 FINAL_PRENORM = "final_prenorm"
 
@@ -52,3 +54,12 @@ def describe(index: int, num_layers: int) -> str:
 def full_label(index: int, num_layers: int) -> str:
     """``hs[3] (input of layer 3)``."""
     return f"{label(index, num_layers)} ({describe(index, num_layers)})"
+
+
+def fmt_err(x: float) -> str:
+    """``0.004``, ``0.61``, ``6e-06``: two significant digits."""
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf"
+    return f"{x:.2g}"

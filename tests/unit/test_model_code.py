@@ -28,7 +28,7 @@ from pytest_eagle3.conventions import (
 from pytest_eagle3.engine.model_code import read_rules
 
 ARCH = "DeepseekV3ForCausalLM"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _models_dir(tmp_path: Path) -> Path:
@@ -310,7 +310,7 @@ def test_the_read_rule_agrees_with_the_real_method(installed_check):
 def test_an_unreadable_rule_is_measured_not_guessed(tmp_path):
     """Collection keeps the tests that measure the rule or judge a contract, and leaves
     out with one line those that compare with a prediction nobody could read."""
-    from pytest_eagle3.capture import declare
+    from pytest_eagle3.planning import declare
     from pytest_eagle3.engine.install import SGLangInstall
     from pytest_eagle3.plugin.options import Settings
     from pytest_eagle3.target.spec import TargetSpec

@@ -1,5 +1,5 @@
 """``pytest-eagle3 self-test`` verdicts, table and exit codes, with a stand-in for
-the child pytest (the real children run in ``tests/test_e2e_faults.py``)."""
+the child pytest (the real children run in ``tests/e2e/test_fault_self_test.py``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from pytest_eagle3.cli import main as cli_main
 from pytest_eagle3.cli import selftest
-from pytest_eagle3.engine.faults import self_test_plan
+from pytest_eagle3.planning.selftest import self_test_plan
 
 TESTS = ("test_capture_order[tp1-kimi-embedding-first]", "test_every_rank_fully_reduced[tp2-kimi-embedding-first]")
 

@@ -20,7 +20,7 @@ import pytest
 
 from tests.safetensors_files import write_safetensors
 from pytest_eagle3.cli import main as cli
-from pytest_eagle3.cli import idfix
+from pytest_eagle3.contracts import idfix
 from pytest_eagle3.cli import inspect as inspect_cli
 from pytest_eagle3.cli import preflight
 from pytest_eagle3.contracts.catalog import load_contract_fixtures

@@ -1,5 +1,5 @@
 """``--eagle3-prompts FILE``: token ids or text (the target's tokenizer), checked
-before any engine starts (bad files: ``tests/test_bad_input.py``)."""
+before any engine starts (bad files: ``tests/unit/test_bad_input.py``)."""
 
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ import pytest
 
 from pytest_eagle3.plugin import options
 from pytest_eagle3.plugin import hooks as plugin
+from pytest_eagle3.plugin import workers
 from pytest_eagle3.engine import lease
 from pytest_eagle3.engine.config import EngineConfig
 from pytest_eagle3.errors import Eagle3ConfigError
@@ -138,7 +139,7 @@ def test_auto_num_workers_for_the_packaged_suite(pytester: pytest.Pytester, monk
 
 def test_xdist_env_override_wins(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(options, "detect_gpus", lambda env=None: options.GpuProbe(8, "simulated"))
-    monkeypatch.setenv(lease.ENV_XDIST_AUTO, "3")
+    monkeypatch.setenv(workers.ENV_XDIST_AUTO, "3")
     assert plugin.pytest_xdist_auto_num_workers(pytester.parseconfig("--device", "cuda", "--tp", "2")) is None
 
 

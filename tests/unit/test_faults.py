@@ -1,7 +1,7 @@
 """engine/faults.py without an engine: the switch, the catalog, each hook on small stand-ins.
 
 The real effect inside SGLang's workers is proven end to end by
-``tests/test_e2e_faults.py``.
+``tests/e2e/test_fault_self_test.py``.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import pytest
 
 from pytest_eagle3.engine import faults, sglang_hooks
 from pytest_eagle3.engine.faults import CATALOG, FAULT_ENV, FaultError, describe, read_fault
+from pytest_eagle3.planning.selftest import self_test_plan
 
 PUBLIC_KINDS = (
     "offset-twice", "offset-missing", "ids-ignored", "reversed-order", "normalized-input", "no-residual",
@@ -160,7 +161,7 @@ def test_self_test_plan_names_collected_suite_tests(tmp_path) -> None:
     import sys
 
     pytest.importorskip("sglang", exc_type=ImportError)
-    plan = faults.self_test_plan()
+    plan = self_test_plan()
     assert set(plan) == set(CATALOG)
     assert all(plan[k][0] == 2 for k in faults.NEEDS_TP)
     proc = subprocess.run(

@@ -12,7 +12,7 @@ fault over the union of those selections must pass: the control.
 One engine per inner run.  Kinds that need TP > 1 (a vocab shard, a rank's
 partial MLP sum, the attention-TP size) run at TP 2, the others at TP 1
 (``PYTEST_EAGLE3_FAULT_TP=2`` runs those at TP 2 too, except ``offset-missing``,
-whose id list exists at TP 1 only): :func:`pytest_eagle3.engine.faults.self_test_plan`.
+whose id list exists at TP 1 only): :func:`pytest_eagle3.planning.selftest.self_test_plan`.
 Measured on 2 shared cores: about 13-20 minutes in all (one engine per fault, the
 control three), most of it engine starts.
 """
@@ -24,7 +24,8 @@ import os
 import pytest
 
 from pytest_eagle3.cli import selftest
-from pytest_eagle3.engine.faults import CATALOG, NEEDS_TP, self_test_plan
+from pytest_eagle3.engine.faults import CATALOG, NEEDS_TP
+from pytest_eagle3.planning.selftest import self_test_plan
 from pytest_eagle3.plugin.options import default_cache_dir
 from tests.inner_run import RUN_MARK
 

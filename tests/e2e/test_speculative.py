@@ -109,7 +109,7 @@ def _start(install, target: Path, tp: int, name: str, test_args: dict[str, Any],
 
 #: TP sizes of this file's engines.  TP 2 (speculative output = greedy, the
 #: draft path's captures) is covered by the packaged suite in the main job
-#: (test_acceptance at --tp 2, tests/test_e2e_cpu.py); PYTEST_EAGLE3_SPEC_TP=1,2 adds it here.
+#: (test_acceptance at --tp 2, tests/e2e/test_suite_on_cpu.py); PYTEST_EAGLE3_SPEC_TP=1,2 adds it here.
 SPEC_TPS = [int(x) for x in os.environ.get("PYTEST_EAGLE3_SPEC_TP", "1").split(",")]
 
 

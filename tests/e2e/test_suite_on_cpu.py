@@ -22,7 +22,7 @@ pytestmark = pytest.mark.e2e
 WRONG_LAYER_TEST = '''
 import pytest
 from pytest_eagle3.verdicts.compare import compare_slots, fail_if_bad
-from pytest_eagle3.capture import cases
+from pytest_eagle3.planning import cases
 
 
 @pytest.mark.tp(1)
@@ -42,7 +42,7 @@ def test_inspect_fix_is_what_sglang_captures(eagle3_case, eagle3_capture, eagle3
                                             eagle3_sglang):
     """pytest-eagle3 inspect's fix for vllm-first-id-1 lists 1 second; SGLang must
     capture the contract [hs[1], hs[4], hs[6]] from it, in layer order."""
-    from pytest_eagle3.cli.idfix import ids_for
+    from pytest_eagle3.contracts.idfix import ids_for
 
     L, H = eagle3_model_config.num_layers, eagle3_model_config.hidden_size
     contract = list(cases.resolve("vllm-first-id-1", L, H, eagle3_sglang.id_rule()).contract.to_snapshot_indices(L))
@@ -59,7 +59,7 @@ def test_inspect_fix_is_what_sglang_captures(eagle3_case, eagle3_capture, eagle3
 def test_server_info_proves_the_plain_path(eagle3_case, eagle3_capture, eagle3_model_config, eagle3_sglang):
     """The path proof on the real engine's /server_info: the plain engine returns
     every prompt row, and a variant flag this engine does not have is named."""
-    from pytest_eagle3.capture.declare import EngineRequest
+    from pytest_eagle3.planning.declare import EngineRequest
     from pytest_eagle3.engine.variants import path_not_taken, prefill_rows
 
     f = eagle3_model_config
@@ -80,7 +80,7 @@ import pytest
 from pytest_eagle3.verdicts.compare import fail_if_bad
 from pytest_eagle3.conventions import predict
 from pytest_eagle3.verdicts.rankcheck import check_rank_embeddings, check_rank_slots, check_ranks_agree
-from pytest_eagle3.capture import cases
+from pytest_eagle3.planning import cases
 
 FAULTS = {
     "unreduced-embedding": {"kind": "unreduced-embedding", "rank": 1, "slot": 0},
@@ -289,7 +289,7 @@ def test_inspect_verdicts_agree_with_the_engine(inner: InnerRun, tmp_path) -> No
     outcome the real engine measured: match <-> passed, mismatch <-> xfailed."""
     from pytest_eagle3.engine.install import locate
     from pytest_eagle3.cli.preflight import inspect_draft
-    from pytest_eagle3.capture import cases
+    from pytest_eagle3.planning import cases
     from pytest_eagle3.suite.support import write_draft_config
 
     version = locate()[0]

@@ -10,7 +10,7 @@ pytest).  This watchdog, started next to each engine and outside its group,
 polls the pytest process and SIGKILLs the whole group once pytest is gone;
 it exits by itself when the group is empty.
 
-Run as ``python -m pytest_eagle3.engine.reaper WATCH_PID PGID``.  Plain
+Run as ``python -m pytest_eagle3.reaper WATCH_PID PGID``.  Plain
 stdlib: no torch, no sglang.
 """
 
@@ -82,7 +82,7 @@ def spawn(pgid: int, watch_pid: int | None = None) -> subprocess.Popen:
     """Start the watchdog for ``pgid`` (watching this process by default), detached
     from this process's own group so a signal to pytest's group does not end it first."""
     return subprocess.Popen(
-        [sys.executable, "-m", "pytest_eagle3.engine.reaper", str(watch_pid or os.getpid()), str(pgid)],
+        [sys.executable, "-m", "pytest_eagle3.reaper", str(watch_pid or os.getpid()), str(pgid)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True, close_fds=True,
     )
@@ -91,7 +91,7 @@ def spawn(pgid: int, watch_pid: int | None = None) -> subprocess.Popen:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2 or not all(a.isdigit() for a in args):
-        print("usage: python -m pytest_eagle3.engine.reaper WATCH_PID PGID", file=sys.stderr)
+        print("usage: python -m pytest_eagle3.reaper WATCH_PID PGID", file=sys.stderr)
         return 2
     return watch(int(args[0]), int(args[1]))
 

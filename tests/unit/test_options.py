@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_eagle3.engine import gpus
 from pytest_eagle3.plugin import options
 from pytest_eagle3.plugin.options import (
     MSG_BAD_SGLANG_ARG,
@@ -252,7 +253,7 @@ def test_detect_gpus_honours_hidden_devices(visible: str) -> None:
 
 
 def test_detect_gpus_caps_by_visible_list(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(options, "_physical_gpus", lambda: (8, "nvidia-smi -L: 8 GPUs"))
+    monkeypatch.setattr(gpus, "_physical_gpus", lambda: (8, "nvidia-smi -L: 8 GPUs"))
     probe = detect_gpus({"CUDA_VISIBLE_DEVICES": "2,3"})
     assert probe.count == 2
     assert probe.how == "nvidia-smi -L: 8 GPUs, CUDA_VISIBLE_DEVICES='2,3'"

@@ -29,7 +29,7 @@ TP = int(os.environ.get("PYTEST_EAGLE3_CONTROLS_TP", "1"))
 INNER = '''
 import json
 import pytest
-from pytest_eagle3.capture.declare import EngineRequest
+from pytest_eagle3.planning.declare import EngineRequest
 from pytest_eagle3.capture.spec_metrics import aggregate
 from pytest_eagle3.draft.power import load_examples
 

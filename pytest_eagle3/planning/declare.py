@@ -31,9 +31,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
-from pytest_eagle3.capture import cases
+from pytest_eagle3.planning import cases
 from pytest_eagle3.errors import Eagle3ConfigError
 from pytest_eagle3.target.spec import DEFAULT_ARCHITECTURE
 
@@ -41,15 +41,12 @@ if TYPE_CHECKING:
     from pytest_eagle3.conventions import IdRule
     from pytest_eagle3.engine.install import SGLangInstall
     from pytest_eagle3.engine.variants import Variant
-    from pytest_eagle3.plugin.options import Settings
     from pytest_eagle3.target.spec import TargetFacts
 
 #: Marker carrying a test's :class:`EngineNeed` declarations.
 MARKER = "eagle3_engines"
 #: Parameter name of the need a generated test runs with.
 NEED_ARGNAME = "eagle3_need"
-#: GPU architecture ``--eagle3-plan`` assumes where it cannot see one (H100/H200 runners).
-PLAN_GPU_ARCH = "sm90"
 #: Need name of the user's own draft (``--eagle3-draft``).
 USER_DRAFT = "your-draft"
 
@@ -142,6 +139,45 @@ class EngineNeed:
         return v is not None and (bool(v.server_args) or v.ids is not None)
 
 
+class PlanOptions(Protocol):
+    """The run facts that decide which needs apply (the plugin's ``Settings`` has them).
+
+    Attributes:
+        device: ``"cpu"`` or ``"cuda"``; tp: the run's tensor-parallel size.
+        slow: tests marked slow run; plan: only planning (``--eagle3-plan``).
+        target: the target preset or checkpoint path; cache_dir: the cache.
+        draft, stack: the user's own draft and its training stack (``None``: none).
+        capture_method: ``auto``, ``capture-only`` or ``eagle3-draft``.
+    """
+
+    @property
+    def device(self) -> str: ...
+
+    @property
+    def tp(self) -> int: ...
+
+    @property
+    def slow(self) -> bool: ...
+
+    @property
+    def plan(self) -> bool: ...
+
+    @property
+    def target(self) -> str: ...
+
+    @property
+    def cache_dir(self) -> Path: ...
+
+    @property
+    def draft(self) -> Path | None: ...
+
+    @property
+    def stack(self) -> str | None: ...
+
+    @property
+    def capture_method(self) -> str: ...
+
+
 @dataclass(frozen=True)
 class NeedContext:
     """What deciding a need takes: the run, the installed SGLang, the target.
@@ -151,7 +187,7 @@ class NeedContext:
     and fail at run time with that error.
     """
 
-    settings: "Settings"
+    settings: "PlanOptions"
     tp: int
     install: "SGLangInstall | None" = None
     facts: "TargetFacts | None" = None
@@ -245,7 +281,7 @@ def acceptance_need(*, portable: bool = False) -> EngineNeed:
                       measures_rule=True)
 
 
-def acceptance_draft(settings: "Settings", *, portable: bool = False) -> Path | None:
+def acceptance_draft(settings: "PlanOptions", *, portable: bool = False) -> Path | None:
     """The trained draft the acceptance tests load: ``--eagle3-draft``, else the
     target preset's shipped draft (``fixtures/drafts/<preset>``; ``portable``:
     ``fixtures/drafts/<preset>-portable``), else ``None``."""
@@ -317,7 +353,7 @@ def collect_reason(need: EngineNeed, ctx: NeedContext) -> str | None:
     v = need.variant
     if v is not None:
         if ctx.install is not None:
-            from pytest_eagle3.engine.variants import detect_gpu_arch
+            from pytest_eagle3.engine.gpus import PLAN_GPU_ARCH, detect_gpu_arch
 
             arch = detect_gpu_arch() if s.device == "cuda" else None
             if arch is None and s.device == "cuda" and s.plan:
@@ -417,8 +453,8 @@ def known_incompatibility(what: str, contract: Any, ids: Sequence[int] | None, p
                           architecture: str = "DeepseekV3ForCausalLM") -> str:
     """The XFAIL reason of a contract the installed SGLang's rule cannot serve with
     these ids, with the fix ``pytest-eagle3 inspect`` proposes
-    (:func:`pytest_eagle3.cli.idfix.plan_fix`): other ids, or why none exist."""
-    from pytest_eagle3.cli.idfix import plan_fix
+    (:func:`pytest_eagle3.contracts.idfix.plan_fix`): other ids, or why none exist."""
+    from pytest_eagle3.contracts.idfix import plan_fix
 
     L = num_layers
     rule = install.id_rule(architecture)

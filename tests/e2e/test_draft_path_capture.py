@@ -5,7 +5,7 @@ SGLang's captures from an engine that loads an EAGLE-3 draft (a random-weights
 draft per id list, SGLang reading the ids from its ``config.json``) with
 ``--enable-return-hidden-states``: the path every SGLang that serves DeepSeek
 EAGLE-3 has, with no ``--enable-return-aux-hidden-states``.  Outcomes must be
-those of the capture-only run (tests/test_e2e_cpu.py).  One engine per id list.
+those of the capture-only run (tests/e2e/test_suite_on_cpu.py).  One engine per id list.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
+torch = pytest.importorskip("torch")
 
 from pytest_eagle3.engine import recorder_hook
 from pytest_eagle3.engine.recordings import MISSING_RANKS, UNEVEN, Recorder

@@ -13,7 +13,7 @@ import sys
 import types
 
 import pytest
-import torch
+torch = pytest.importorskip("torch")
 
 from pytest_eagle3.engine.cpu import older_releases
 from pytest_eagle3.engine.cpu.recipe import SHIM_DIR

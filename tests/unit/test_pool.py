@@ -11,7 +11,7 @@ import pytest
 from pytest_eagle3.engine import pool as pool_module
 from pytest_eagle3.engine.config import EngineConfig
 from pytest_eagle3.errors import Eagle3EngineError
-from tests.test_lease import FakeServer
+from tests.unit.test_lease import FakeServer
 
 
 def engine(key: str, tp: int = 1) -> EngineConfig:

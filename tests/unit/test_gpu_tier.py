@@ -32,7 +32,7 @@ def test_gpu_preset_keeps_the_widths_the_kernels_check() -> None:
     assert f.num_layers >= 8 and f.torch_dtype == "bfloat16" and spec.init.build_device == "cuda"
     assert all(f.num_attention_heads % tp == 0 and f.vocab_size % tp == 0 for tp in (1, 2, 4, 8))
     # Every suite id list stays distinct on it (no collapse at the first forward).
-    from pytest_eagle3.capture import cases
+    from pytest_eagle3.planning import cases
     from pytest_eagle3.conventions import predict
 
     for name in cases.case_names():

@@ -15,7 +15,7 @@ from fake_model_files import like_release, write_deepseek_file
 
 import pytest
 
-from pytest_eagle3.capture import declare
+from pytest_eagle3.planning import declare
 from pytest_eagle3.engine.config import build_engine_config
 from pytest_eagle3.engine.install import SGLangInstall
 from pytest_eagle3.engine.sglang_hooks import IMPORT_HOOK_LOADER, PLUGIN_LOADER, SITE_HOOK_DIR
@@ -104,7 +104,7 @@ def _run_python(tmp_path: Path, code: str, env_extra: dict[str, str], extra_path
     (fake / "sglang" / "srt" / "server_args.py").write_text("VALUE = 1\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_EAGLE3")}
     env["PYTHONPATH"] = os.pathsep.join([str(SITE_HOOK_DIR), *map(str, extra_path), str(fake),
-                                         str(Path(__file__).resolve().parents[1])])
+                                         str(Path(__file__).resolve().parents[2])])
     env.update(env_extra)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

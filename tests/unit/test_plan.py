@@ -18,7 +18,7 @@ from pytest_eagle3.plugin import plan
 # imported during a test from sys.modules, and a later import would load a copy
 # that a monkeypatch of the first does not reach.
 from pytest_eagle3.engine import install
-from pytest_eagle3.capture import declare
+from pytest_eagle3.planning import declare
 from pytest_eagle3.plugin.options import MSG_PLAN_GPUS_ALONE, default_cache_dir
 from pytest_eagle3.target.spec import TargetSpec
 
@@ -192,7 +192,7 @@ def test_unmapped_tests_are_decided_at_run_time(pytester: pytest.Pytester) -> No
 
 DECLARED = """
 import pytest
-from pytest_eagle3.capture.declare import case_needs
+from pytest_eagle3.planning.declare import case_needs
 
 @pytest.mark.tp(1, 2, 4)
 @pytest.mark.eagle3_engines(*case_needs(["kimi-embedding-first", "vllm-first-id-1"]))

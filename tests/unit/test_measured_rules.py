@@ -26,7 +26,7 @@ from pytest_eagle3.cli.preflight import inspect_draft
 from pytest_eagle3.conventions import predict
 from pytest_eagle3.suite.support import write_draft_config
 
-DATA = Path(__file__).parent / "data" / "measured_id_rules.json"
+DATA = Path(__file__).parents[1] / "data" / "measured_id_rules.json"
 MEASUREMENTS = json.loads(DATA.read_text())["measurements"]
 FAILS = "fails-at-first-forward"
 
