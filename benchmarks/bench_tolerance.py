@@ -13,7 +13,7 @@ between the worst noise and the best wrong distance, with margin on both sides
     python benchmarks/bench_tolerance.py --target gpu-dsv3    # on a GPU runner (built on cuda)
     python benchmarks/bench_tolerance.py --json FILE
 
-Prints a markdown table; the README's tolerance table is its output.
+Prints a markdown table; the tolerance table of docs/gpu-tier.md is its output.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Builds a local git repository of SGLang's Python package (the release installed
 in this environment, unpacked; forks bisect their own checkout the same way),
 with a handful of commits, one of which brings back the pre-PR #25454 id rule
-("always add 1": the Kimi-K2.5 seed bug, every aux slot one layer late and no
-embedding slot).  Then runs, as the README's bisect section says::
+("always add 1": the Kimi-K2.5 capture bug of SGLang 0.5.9, every aux slot one layer
+late and no embedding slot).  Then runs, as docs/bisect-and-self-test.md says::
 
     git bisect start <bad> <good>
     git bisect run python -m pytest --pyargs pytest_eagle3.suite --eagle3-bisect --device cpu

@@ -25,15 +25,21 @@ returns only its uncached rows (:func:`pytest_eagle3.engine.config.base_server_a
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
 
 from pytest_eagle3.engine.install import SGLangInstall
 from pytest_eagle3.errors import Eagle3Error
+from pytest_eagle3.engine.config import build_engine_config
+from pytest_eagle3.engine.cuda.recipe import cuda_recipe
+from pytest_eagle3.engine.gpus import PLAN_GPU_ARCH, detect_gpu_arch
+from pytest_eagle3.capture.draft_path import draft_path_server_args
+from pytest_eagle3.capture.response import (  # noqa: F401  (the capture API's own names)
+    DECODE_ROWS_NOT_PER_TOKEN, DECODE_ROWS_UNEXPLAINED, NO_HIDDEN_STATES, Captures, Eagle3DecodeRowsNotPerToken,
+    parse_response,
+)
+from pytest_eagle3.engine.faults import FAULT_ENV
 
 if TYPE_CHECKING:
-    import torch
-
     from pytest_eagle3.engine.config import EngineConfig
     from pytest_eagle3.engine.cuda.recipe import CudaRecipe
     from pytest_eagle3.engine.server import SGLangServer
@@ -76,10 +82,6 @@ NEEDS_DRAFT = (
     "{sglang} has no --enable-return-aux-hidden-states (added in 0.5.23); reading "
     "its captures needs a real EAGLE-3 draft checkpoint (--eagle3-draft PATH)"
 )
-NO_HIDDEN_STATES = (
-    "SGLang answered without meta_info['hidden_states'] for prompt {index} "
-    "(is --enable-return-hidden-states / return_hidden_states honoured by this version?)"
-)
 
 
 class Eagle3CaptureUnsupported(Eagle3Error):
@@ -120,8 +122,6 @@ def capture_server_args(
     ``config.json`` (:func:`pytest_eagle3.capture.draft_path.draft_path_server_args`).
     """
     if draft_path is not None:
-        from pytest_eagle3.capture.draft_path import draft_path_server_args
-
         return draft_path_server_args(install, draft_path)
     select_method(install, prefer=CAPTURE_ONLY)
     args: dict[str, Any] = {
@@ -144,15 +144,12 @@ def engine_config(install: SGLangInstall, settings: "CaptureOptions", *, model_p
     Raises:
         Eagle3CaptureUnsupported: this SGLang cannot return captures this way.
     """
-    from pytest_eagle3.engine.config import build_engine_config
 
     args = capture_server_args(install, list(ids) if ids is not None else None, draft_path=draft)
     args.update(extra_args or {})
     cuda = cuda_recipe_for(install, settings, facts) if settings.device == "cuda" else None
     extra_env = {}
     if getattr(settings, "fault", None):
-        from pytest_eagle3.engine.faults import FAULT_ENV
-
         extra_env[FAULT_ENV] = str(settings.fault)
     return build_engine_config(install, model_path=model_path, tp=tp, device=settings.device,
                                test_args=args, user_args=settings.sglang_args, cuda=cuda, extra_env=extra_env)
@@ -161,91 +158,12 @@ def engine_config(install: SGLangInstall, settings: "CaptureOptions", *, model_p
 def cuda_recipe_for(install: SGLangInstall, settings: "CaptureOptions", facts: "TargetFacts | None") -> "CudaRecipe":
     """The CUDA recipe for the run's GPU (``nvidia-smi``; ``--eagle3-plan`` on a
     machine without one assumes :data:`~pytest_eagle3.engine.gpus.PLAN_GPU_ARCH`)."""
-    from pytest_eagle3.engine.cuda.recipe import cuda_recipe
-    from pytest_eagle3.engine.gpus import PLAN_GPU_ARCH, detect_gpu_arch
 
     arch = detect_gpu_arch() or (PLAN_GPU_ARCH if settings.plan else None)
     return cuda_recipe(install, arch=arch,
                        kv_lora_rank=facts.kv_lora_rank if facts else None,
                        qk_rope_head_dim=facts.qk_rope_head_dim if facts else None,
                        torch_dtype=facts.torch_dtype if facts else "bfloat16")
-
-
-@dataclass
-class Captures:
-    """What SGLang captured for one request.
-
-    Attributes:
-        prompt: the prompt's token ids (``T`` of them).
-        prefill: ``[T, K*H]`` float32, row ``t`` = captures at prompt position ``t``.
-        decode: ``[n, K*H]`` float32, row ``j`` = captures at position ``T + j``
-            (whose input token is ``output_ids[j]``).
-        output_ids: generated token ids.
-        rid: the request id the test sent (SGLang's ``rid``), so per-rank
-            records can be attributed to it; ``None`` when not known.
-    """
-
-    prompt: list[int]
-    prefill: "torch.Tensor"
-    decode: "torch.Tensor"
-    output_ids: list[int]
-    rid: str | None = None
-
-    @property
-    def width(self) -> int:
-        return int(self.prefill.shape[-1])
-
-
-DECODE_ROWS_NOT_PER_TOKEN = (
-    "prompt {index}: SGLang returned {rows} decode hidden-state rows for {tokens} generated tokens "
-    "(one per token but the last is {want}) after {verifies} verify steps: this SGLang keeps one row per "
-    "verify step, not per accepted token (measured on sglang 0.5.9 and 0.5.12), so decode rows cannot be "
-    "attributed to positions once a draft token is accepted"
-)
-
-
-DECODE_ROWS_UNEXPLAINED = (
-    "prompt {index}: SGLang returned {rows} decode hidden-state rows for {tokens} generated tokens "
-    "(one per token but the last is {want}; {verifies} verify steps): they cannot be attributed to positions"
-)
-
-
-class Eagle3DecodeRowsNotPerToken(Eagle3Error):
-    """A speculative response whose decode rows are not one per generated token."""
-
-
-def parse_response(response: dict[str, Any], prompt: Sequence[int], index: int = 0) -> Captures:
-    """Turn one ``/generate`` response into :class:`Captures`.
-
-    ``decode`` rows are one per generated token but the last.  A speculative
-    response (it has ``spec_verify_ct``) whose row count differs is refused:
-    some releases return one row per verify step instead, which cannot be
-    mapped to positions (:data:`DECODE_ROWS_NOT_PER_TOKEN`).
-
-    Raises:
-        Eagle3Error: the response carries no hidden states.
-        Eagle3DecodeRowsNotPerToken: decode rows are not one per token.
-    """
-    import torch
-
-    meta = response.get("meta_info") or {}
-    states = meta.get("hidden_states")
-    if not states:
-        raise Eagle3Error(NO_HIDDEN_STATES.format(index=index))
-    prefill = torch.tensor(states[0], dtype=torch.float32)
-    if prefill.dim() == 1:
-        prefill = prefill.unsqueeze(0)
-    rows = [torch.tensor(row, dtype=torch.float32).reshape(-1) for row in states[1:]]
-    decode = torch.stack(rows) if rows else prefill.new_zeros((0, prefill.shape[-1]))
-    tokens = len(response.get("output_ids") or [])
-    if "spec_verify_ct" in meta and tokens and len(rows) != tokens - 1:
-        template = (DECODE_ROWS_NOT_PER_TOKEN if len(rows) == meta.get("spec_verify_ct")
-                    else DECODE_ROWS_UNEXPLAINED)
-        raise Eagle3DecodeRowsNotPerToken(template.format(
-            index=index, rows=len(rows), tokens=tokens, want=tokens - 1, verifies=meta.get("spec_verify_ct")))
-    rid = meta.get("id")
-    return Captures(list(prompt), prefill, decode, list(response.get("output_ids") or []),
-                    str(rid) if rid is not None else None)
 
 
 def capture(

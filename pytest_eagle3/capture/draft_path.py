@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from pytest_eagle3.capture.api import Captures, Eagle3DecodeRowsNotPerToken, parse_response
+from pytest_eagle3.capture.response import Captures, Eagle3DecodeRowsNotPerToken, parse_response
 from pytest_eagle3.capture.spec_metrics import SpecMetrics, has_spec_metrics, read_spec_metrics
 from pytest_eagle3.engine.config import speculative_server_args
 from pytest_eagle3.engine.install import SGLangInstall

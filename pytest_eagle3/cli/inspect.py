@@ -16,6 +16,12 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from pytest_eagle3.errors import Eagle3ConfigError, Eagle3ContractError
+from pytest_eagle3.contracts.stacks import STACKS
+from pytest_eagle3.target.spec import DEFAULT_ARCHITECTURE, resolve_target
+from pytest_eagle3.engine.install import locate
+from pytest_eagle3.engine.model_code import read_rules
+from pytest_eagle3.errors import Eagle3SGLangMissing
+from pytest_eagle3.cli.preflight import inspect_draft, unreadable_dict
 
 DESCRIPTION = """\
 Print a draft's training contract (what its fc was trained on), what an SGLang
@@ -86,7 +92,6 @@ def _option(value: str) -> tuple[str, Any]:
 
 def add_inspect_parser(sub: Any) -> argparse.ArgumentParser:
     """Add the ``inspect`` subcommand to ``sub`` (an argparse subparsers action)."""
-    from pytest_eagle3.contracts.stacks import STACKS
 
     p = sub.add_parser(
         "inspect", help="check a draft's training contract against what SGLang will capture for it",
@@ -115,11 +120,8 @@ def add_inspect_parser(sub: Any) -> argparse.ArgumentParser:
 
 def _layers(args: argparse.Namespace) -> tuple[int, str, int | None, str]:
     """``(L, description, target hidden size or None, architecture)``."""
-    from pytest_eagle3.target.spec import DEFAULT_ARCHITECTURE
 
     if args.target is not None:
-        from pytest_eagle3.target.spec import resolve_target
-
         t = resolve_target(args.target)
         if args.layers is not None and args.layers != t.facts.num_layers:
             raise Eagle3ConfigError(LAYERS_DIFFER_MSG.format(layers=args.layers, target=args.target,
@@ -137,9 +139,6 @@ def _sglang(args: argparse.Namespace, architecture: str) -> tuple[str, str, Any]
     version table (rule ``None``)."""
     if args.sglang_version is not None:
         return args.sglang_version, "--sglang-version", None
-    from pytest_eagle3.engine.install import locate
-    from pytest_eagle3.engine.model_code import read_rules
-    from pytest_eagle3.errors import Eagle3SGLangMissing
 
     try:
         version, location = locate()
@@ -149,8 +148,6 @@ def _sglang(args: argparse.Namespace, architecture: str) -> tuple[str, str, Any]
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from pytest_eagle3.cli.preflight import inspect_draft, unreadable_dict
-
     L, target, hidden, architecture = _layers(args)
     version, source, rule = _sglang(args, architecture)
     try:

@@ -24,6 +24,11 @@ from typing import Sequence
 from pytest_eagle3.errors import Eagle3Error
 from pytest_eagle3.cli.inspect import add_inspect_parser, cmd_inspect
 from pytest_eagle3.cli.selftest import add_self_test_parser, cmd_self_test
+from pytest_eagle3.capture.api import Eagle3CaptureUnsupported, select_method
+from pytest_eagle3.conventions import predict, rule_for_version
+from pytest_eagle3.engine.install import probe
+from pytest_eagle3.target.spec import DEFAULT_ARCHITECTURE
+from pytest_eagle3.verdicts.snapshots import full_label
 
 
 def _ids(value: str) -> list[int]:
@@ -52,12 +57,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from pytest_eagle3.capture.api import Eagle3CaptureUnsupported, select_method
-    from pytest_eagle3.conventions import predict, rule_for_version
-    from pytest_eagle3.engine.install import probe
-    from pytest_eagle3.target.spec import DEFAULT_ARCHITECTURE
-    from pytest_eagle3.verdicts.snapshots import full_label
-
     install = probe(args.cache)
     print(install.describe())
     try:

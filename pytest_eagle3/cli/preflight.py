@@ -30,7 +30,6 @@ measures the running engine.  Pure Python: no torch, no SGLang import.
 
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,16 +39,14 @@ from packaging.version import InvalidVersion, Version
 
 from pytest_eagle3.contracts.contract import Contract, entry_text
 from pytest_eagle3.contracts.draft import (
-    BAD_CONFIG_MSG,
     EAGLE_CONFIG_KEY,
     FC_WIDTH_MSG,
     NO_AUX_MSG,
-    NO_CONFIG_MSG,
-    NO_DIR_MSG,
     TOP_LEVEL_KEY,
     DraftInfo,
     contract_for_draft,
     load_draft,
+    read_draft_config,
 )
 from pytest_eagle3.contracts.stacks import STACKS, stack_options
 from pytest_eagle3.conventions import IdRule, Prediction, predict, rule_for_version
@@ -272,17 +269,7 @@ def read_draft(path: str | Path) -> DraftInfo:
             (bad or conflicting ids, unreadable weights): the draft is invalid.
     """
     p = Path(path).expanduser()
-    if not p.is_dir():
-        raise Eagle3ConfigError(NO_DIR_MSG.format(path=p))
-    cfg = p / "config.json"
-    if not cfg.is_file():
-        raise Eagle3ConfigError(NO_CONFIG_MSG.format(path=p))
-    try:
-        data = json.loads(cfg.read_text())
-    except (OSError, ValueError) as exc:
-        raise Eagle3ConfigError(BAD_CONFIG_MSG.format(path=cfg, error=exc)) from None
-    if not isinstance(data, dict):
-        raise Eagle3ConfigError(BAD_CONFIG_MSG.format(path=cfg, error="not a JSON object"))
+    read_draft_config(p, Eagle3ConfigError)
     info = load_draft(p)
     if not info.use_aux_hidden_state:
         raise Eagle3ConfigError(NO_AUX_MSG.format(path=info.path))

@@ -33,6 +33,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
+from pytest_eagle3.planning.selftest import self_test_plan
 
 #: Verdicts of one kind.
 CAUGHT = "caught"
@@ -183,7 +184,6 @@ def self_test(work: Path, *, no_tp: int = 1, kinds: Sequence[str] | None = None,
     Raises:
         ValueError: an unknown kind.
     """
-    from pytest_eagle3.planning.selftest import self_test_plan
 
     runner = runner or run_child
     plan = self_test_plan(no_tp)
@@ -243,8 +243,6 @@ def add_self_test_parser(sub: "argparse._SubParsersAction") -> None:
 
 
 def cmd_self_test(args: argparse.Namespace) -> int:
-    from pytest_eagle3.planning.selftest import self_test_plan
-
     extra = [a for a in args.pytest_args if a != "--"] if args.pytest_args else []
     unknown = [k for k in args.kind or () if k not in self_test_plan()]
     if unknown:

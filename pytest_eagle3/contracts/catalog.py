@@ -1,7 +1,6 @@
 """Contract fixtures: ``fixtures/contracts/*.json``, each a draft config a user could write.
 
 File format (JSON object)::
-
     {"name": "specforge-default-ids",
      "description": "...",
      "stack": "specforge-hf",             # a STACKS name
@@ -26,6 +25,7 @@ from typing import Any
 from pytest_eagle3.contracts.contract import Contract
 from pytest_eagle3.contracts.stacks import translate
 from pytest_eagle3.errors import Eagle3ContractError
+from pytest_eagle3.target.spec import fixtures_dir
 
 #: The layer count ``expected`` is written for (tiny-dsv3).
 FIXTURE_NUM_LAYERS = 8
@@ -102,7 +102,6 @@ class ContractFixture:
 
 def contracts_dir() -> Path:
     """``fixtures/contracts`` (``pytest_eagle3/data/contracts`` in a wheel)."""
-    from pytest_eagle3.target.spec import fixtures_dir
 
     return fixtures_dir() / "contracts"
 

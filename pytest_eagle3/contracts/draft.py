@@ -32,6 +32,8 @@ from typing import Any
 from pytest_eagle3.contracts.contract import Contract
 from pytest_eagle3.contracts.stacks import translate
 from pytest_eagle3.errors import Eagle3ContractError
+from pytest_eagle3.engine.install import sglang_location_and_version
+from pytest_eagle3.engine.model_code import read_rules
 
 #: Where the ids can be; the first is what SGLang reads.
 EAGLE_CONFIG_KEY = "eagle_config.eagle_aux_hidden_state_layer_ids"
@@ -44,7 +46,7 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024
 # Message templates (tests import these).
 NO_DIR_MSG = "draft path {path} is not a directory; pass the draft checkpoint directory"
 NO_CONFIG_MSG = "draft directory {path} has no config.json"
-BAD_CONFIG_MSG = "draft config {path} is not valid JSON: {error}"
+BAD_CONFIG_MSG = "draft config {path} is invalid: {error}"
 BAD_IDS_MSG = "draft config {path}: {key} must be a list of non-negative ints, got {ids!r}"
 EMPTY_IDS_MSG = (
     "draft config {path}: {key} is an empty list; name the layers the draft was trained on, "
@@ -203,6 +205,35 @@ def _as_ids(value: Any, path: Path, key: str) -> tuple[int, ...]:
     return tuple(value)
 
 
+def read_draft_config(path: str | Path, error: type[Eagle3ContractError] = Eagle3ContractError,
+                      ) -> dict[str, Any]:
+    """The parsed ``config.json`` of a draft checkpoint directory: the one reader of
+    a draft config (:func:`load_draft`, ``pytest-eagle3 inspect``, the draft checks).
+
+    Args:
+        path: the draft directory.
+        error: the error class to raise (a usage error where the user named the
+            path, a contract or draft error where the draft itself is wrong).
+
+    Raises:
+        Eagle3ConfigError: (``error``, one line) not a directory, no ``config.json``,
+            unreadable or invalid JSON, not a JSON object.
+    """
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        raise error(NO_DIR_MSG.format(path=p))
+    cfg_file = p / "config.json"
+    if not cfg_file.is_file():
+        raise error(NO_CONFIG_MSG.format(path=p))
+    try:
+        config = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise error(BAD_CONFIG_MSG.format(path=cfg_file, error=" ".join(str(exc).split()))) from None
+    if not isinstance(config, dict):
+        raise error(BAD_CONFIG_MSG.format(path=cfg_file, error="not a JSON object"))
+    return config
+
+
 def load_draft(path: str | Path) -> DraftInfo:
     """Read ``config.json`` and the ``fc`` shape of a draft checkpoint directory.
 
@@ -212,17 +243,8 @@ def load_draft(path: str | Path) -> DraftInfo:
             files without an fc weight.
     """
     p = Path(path)
-    if not p.is_dir():
-        raise Eagle3ContractError(NO_DIR_MSG.format(path=p))
+    config = read_draft_config(p)
     cfg_file = p / "config.json"
-    if not cfg_file.is_file():
-        raise Eagle3ContractError(NO_CONFIG_MSG.format(path=p))
-    try:
-        config = json.loads(cfg_file.read_text())
-    except (OSError, ValueError) as exc:
-        raise Eagle3ContractError(BAD_CONFIG_MSG.format(path=cfg_file, error=exc)) from None
-    if not isinstance(config, dict):
-        raise Eagle3ContractError(BAD_CONFIG_MSG.format(path=cfg_file, error="not a JSON object"))
 
     fmt = "speculators" if ("speculators_model_type" in config or "speculators_config" in config) else "hf"
     eagle_config = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
@@ -271,8 +293,6 @@ def installed_sglang_rule() -> Any:
     """The id rule of the importable SGLang's DeepSeek model, read from its model
     file (:mod:`pytest_eagle3.engine.model_code`; no import of sglang), or None
     when there is none."""
-    from pytest_eagle3.engine.install import sglang_location_and_version
-    from pytest_eagle3.engine.model_code import read_rules
 
     location, _ = sglang_location_and_version()
     return read_rules(location, "DeepseekV3ForCausalLM").rule if location is not None else None

@@ -20,12 +20,12 @@ Modules (each does one job; none imports torch at import time):
 from __future__ import annotations
 
 from pytest_eagle3.draft.validate import Eagle3DraftError, validate_draft
+from pytest_eagle3.target.spec import fixtures_dir
 
 __all__ = ["Eagle3DraftError", "validate_draft", "shipped_draft_dir"]
 
 
 def shipped_draft_dir(preset: str):
     """``fixtures/drafts/<preset>``: the packaged draft of a target preset (may not exist)."""
-    from pytest_eagle3.target.spec import fixtures_dir
 
     return fixtures_dir() / "drafts" / preset

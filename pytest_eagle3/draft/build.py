@@ -31,6 +31,12 @@ import uuid
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
+from pytest_eagle3.target.checkpoint import cache
+from pytest_eagle3.contracts.catalog import contracts_dir, load_contract_fixture
+from pytest_eagle3.errors import Eagle3ContractError
+from pytest_eagle3.draft import data, offline, wiring
+from pytest_eagle3.draft.train import TrainSettings, train_draft
+from pytest_eagle3.target.spec import TargetSpec, fixtures_dir, load_prompts, prompts_path
 
 #: Bump when the files written for the same inputs change.
 DRAFT_BUILDER_VERSION = "1"
@@ -44,7 +50,6 @@ WEIGHTS_FILE = "model.safetensors"
 
 def checkpoint_key(spec) -> str:
     """The target checkpoint's cache key (sha256 of its spec and builder version)."""
-    from pytest_eagle3.target.checkpoint import cache
 
     if hasattr(cache, "cache_key"):
         return cache.cache_key(spec)
@@ -57,8 +62,6 @@ def contract_ids(contract: str, num_layers: int, hidden_size: int) -> tuple[list
     Raises:
         Eagle3ContractError: unknown or invalid fixture on this target.
     """
-    from pytest_eagle3.contracts.catalog import contracts_dir, load_contract_fixture
-    from pytest_eagle3.errors import Eagle3ContractError
 
     path = contracts_dir() / f"{contract}.json"
     if not path.is_file():
@@ -125,10 +128,6 @@ def build_draft(
     """
     import torch
     from safetensors.torch import save_file
-
-    from pytest_eagle3.draft import data, offline, wiring
-    from pytest_eagle3.draft.train import TrainSettings, train_draft
-    from pytest_eagle3.target.spec import TargetSpec, fixtures_dir, load_prompts, prompts_path
 
     say = progress or (lambda _msg: None)
     settings = settings or TrainSettings()
@@ -239,7 +238,6 @@ def build_draft(
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: train and write a preset's draft directory."""
-    from pytest_eagle3.draft.train import TrainSettings
 
     ap = argparse.ArgumentParser(prog="python -m pytest_eagle3.draft.build", description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default=DEFAULT_PRESET)

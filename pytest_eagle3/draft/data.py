@@ -1,6 +1,6 @@
 """What the synthetic draft learns: the target's greedy continuations of the suite prompts.
 
-A random target's next token behaves like a hash of its hidden state (DESIGN.md,
+A random target's next token behaves like a hash of its hidden state (docs/design.md,
 "Synthetic EAGLE-3 drafts on a random target"), so the draft memorises the target's
 greedy continuation of each suite prompt (``fixtures/prompts.json``), and the
 acceptance test replays exactly those prompts.
@@ -24,11 +24,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from pytest_eagle3.target.spec import prompts_path
+from pytest_eagle3.target.checkpoint.init import Dims, forward_hidden_states, make_weights
 
 if TYPE_CHECKING:
     import torch
 
-    from pytest_eagle3.target.checkpoint.init import Dims
 
 #: Default number of greedy tokens generated per prompt before the margin cut.
 MAX_NEW_TOKENS = 64
@@ -90,8 +91,6 @@ def prompt_names(path=None) -> list[str]:
     """Names of the prompts in ``prompts.json`` (``prompt_<i>`` when unnamed)."""
     import json
 
-    from pytest_eagle3.target.spec import prompts_path
-
     data = json.loads((path or prompts_path()).read_text(encoding="utf-8"))
     return [
         (e.get("name") if isinstance(e, dict) else None) or f"prompt_{i}"
@@ -104,8 +103,6 @@ def greedy(
 ) -> tuple[list[int], list[float]]:
     """Greedy continuation by full forwards (no KV cache): ``(tokens, top-2 margins)``."""
     import torch
-
-    from pytest_eagle3.target.checkpoint.init import forward_hidden_states
 
     toks = list(prompt)
     out, margins = [], []
@@ -148,8 +145,6 @@ def snapshots(sd: dict[str, torch.Tensor], dims: Dims, tokens: list[int]) -> tor
     ``[i] = hs[i]`` for ``0 <= i <= L``, ``[L+1]`` = ``final_prenorm``)."""
     import torch
 
-    from pytest_eagle3.target.checkpoint.init import forward_hidden_states
-
     with torch.no_grad():
         hs = forward_hidden_states(sd, dims, torch.tensor([tokens]))
     return torch.stack([h[0] for h in hs])
@@ -157,7 +152,6 @@ def snapshots(sd: dict[str, torch.Tensor], dims: Dims, tokens: list[int]) -> tor
 
 def target_weights(spec) -> tuple[dict[str, torch.Tensor], Dims]:
     """The preset's checkpoint weights (bit-identical to its ``model.safetensors``) and dims."""
-    from pytest_eagle3.target.checkpoint.init import Dims, make_weights
 
     sd, _ = make_weights(spec)
     return sd, Dims.from_config(spec.config)

@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 from pytest_eagle3.draft.config import DraftConfig
+from pytest_eagle3.draft.model import chain_forward
+from pytest_eagle3.draft.wiring import ALL_WIRINGS, miswired
 
 if TYPE_CHECKING:
     import torch
@@ -81,8 +83,6 @@ def chain_hits(
     """
     import torch
 
-    from pytest_eagle3.draft.model import chain_forward
-
     tokens = torch.tensor(example.tokens)
     N, first = tokens.shape[0], example.first_start
     R = example.num_starts
@@ -130,8 +130,6 @@ def evaluate(
     steps: int = DEFAULT_STEPS,
 ) -> Quality:
     """Offline quality over ``examples`` with aux rows ``auxes[j]`` ``[>= N_j - 1, K*Ht]``."""
-    import torch
-
     rows = hit1 = verifies = tokens = 0
     step_hits = [0] * steps
     step_rows = [0] * steps
@@ -190,7 +188,6 @@ def evaluate_wirings(
     Returns:
         ``{wiring: Quality}``.
     """
-    from pytest_eagle3.draft.wiring import ALL_WIRINGS, miswired
 
     names = list(names) if names is not None else list(ALL_WIRINGS)
     if norms is None:

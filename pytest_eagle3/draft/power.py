@@ -1,8 +1,9 @@
 """Does the acceptance gate have teeth?  The draft offline, on SGLang's own captures.
 
 A draft that ignores its aux input can memorise the suite's continuations as
-well as one that uses it (DESIGN.md), so an acceptance gate proves nothing
-unless miswired inputs make the same draft fail it.  :func:`offline_power`
+well as one that uses it (docs/design.md, "Synthetic EAGLE-3 drafts"), so
+an acceptance gate proves nothing unless miswired inputs make the same draft
+fail it.  :func:`offline_power`
 feeds the draft the aux states SGLang really captured (the contract's slots
 replaced by the engine's rows) and the same states rearranged the way each
 wiring fault would (:data:`pytest_eagle3.draft.wiring.MISWIRINGS`), and returns
@@ -20,11 +21,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
+from pytest_eagle3.draft.config import DraftConfig
+from pytest_eagle3.draft.data import DraftExample
+from pytest_eagle3.draft.offline import evaluate_wirings
+from pytest_eagle3.draft.wiring import BENIGN, CORRECT, MISWIRINGS, input_layernorm_weights
 
 if TYPE_CHECKING:
     import torch
 
-    from pytest_eagle3.draft.data import DraftExample
     from pytest_eagle3.draft.offline import Quality
 
 LOST_POWER = (
@@ -69,8 +73,6 @@ def load_draft(draft_dir: Path) -> tuple[dict, Any]:
     """``(params, DraftConfig)`` of a draft directory (``model.safetensors``)."""
     from safetensors.torch import load_file
 
-    from pytest_eagle3.draft.config import DraftConfig
-
     cfg = DraftConfig.from_hf_config(json.loads((Path(draft_dir) / "config.json").read_text()))
     return load_file(str(Path(draft_dir) / "model.safetensors")), cfg
 
@@ -78,7 +80,6 @@ def load_draft(draft_dir: Path) -> tuple[dict, Any]:
 def load_examples(draft_dir: Path) -> "list[DraftExample]":
     """The prompts and greedy continuations a shipped draft learnt (``continuations.json``);
     ``[]`` for a draft without one."""
-    from pytest_eagle3.draft.data import DraftExample
 
     try:
         seqs = json.loads((Path(draft_dir) / "continuations.json").read_text())["sequences"]
@@ -110,10 +111,6 @@ def offline_power(draft_dir: Path, checkpoint_dir: Path, examples: "Sequence[Dra
     :mod:`pytest_eagle3.draft.wiring`, built from ``stacks`` (pass
     :func:`with_captures` stacks to measure SGLang's captures)."""
     import torch
-    from safetensors.torch import load_file
-
-    from pytest_eagle3.draft.offline import evaluate_wirings
-    from pytest_eagle3.draft.wiring import BENIGN, CORRECT, MISWIRINGS, input_layernorm_weights
 
     params, cfg = load_draft(draft_dir)
     weights = _target_weights(checkpoint_dir)
@@ -136,7 +133,6 @@ def _target_weights(checkpoint_dir: Path) -> "dict[str, torch.Tensor]":
 
 def power_problems(qualities: "dict[str, Quality]", gates: DraftGates, reference: "Quality | None" = None) -> list[str]:
     """One line per way the gate lacks teeth (empty: it has them)."""
-    from pytest_eagle3.draft.wiring import CORRECT, MISWIRINGS
 
     lines = []
     correct = qualities[CORRECT]

@@ -1,6 +1,6 @@
 """Train the synthetic EAGLE-3 draft: fixed seed, fixed step count, one CPU thread.
 
-The recipe (DESIGN.md, "Synthetic EAGLE-3 drafts on a random target"):
+The recipe (docs/design.md, "Synthetic EAGLE-3 drafts on a random target"):
 
 * data: the target's greedy continuations of the suite prompts, cut at the first
   near-tie (:func:`pytest_eagle3.draft.data.make_examples`), and the aux rows of the
@@ -41,6 +41,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from pytest_eagle3.draft.config import FC, DraftConfig
+from pytest_eagle3.draft.model import pack, packed_chain_forward
+from pytest_eagle3.draft.wiring import aux_rows, benign, corrupt
 
 if TYPE_CHECKING:
     import torch
@@ -162,9 +164,6 @@ def train_draft(
     """
     import torch
     import torch.nn.functional as F
-
-    from pytest_eagle3.draft.model import pack, packed_chain_forward
-    from pytest_eagle3.draft.wiring import aux_rows, benign, corrupt
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -27,11 +27,11 @@ an optional ``model.`` prefix.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from pytest_eagle3.contracts.draft import read_safetensors_header
+from pytest_eagle3.contracts.draft import BAD_CONFIG_MSG, read_draft_config, read_safetensors_header
+from pytest_eagle3.contracts.draft import NO_DIR_MSG as NOT_DIR_MSG
 from pytest_eagle3.draft.config import ARCHITECTURE, FC, LM_HEAD, DraftConfig
 from pytest_eagle3.errors import Eagle3ContractError
 
@@ -42,9 +42,6 @@ class Eagle3DraftError(Eagle3ContractError):
     SGLang needs is missing. The message is one line naming the file and the fix."""
 
 
-NOT_DIR_MSG = "draft path {path} is not a directory; pass the EAGLE-3 draft checkpoint directory"
-NO_CONFIG_MSG = "draft directory {path} has no config.json"
-BAD_CONFIG_MSG = "draft config {path} is invalid: {error}"
 NOT_EAGLE3_MSG = (
     "draft config {path} has architectures {arch}; SGLang loads an EAGLE-3 draft as "
     "['" + ARCHITECTURE + "']"
@@ -97,17 +94,7 @@ def read_config(path: Path) -> dict[str, Any]:
     Raises:
         Eagle3DraftError: missing, unreadable or not a JSON object.
     """
-    cfg_file = Path(path) / "config.json"
-    if not cfg_file.is_file():
-        raise Eagle3DraftError(NO_CONFIG_MSG.format(path=path))
-    try:
-        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        error = " ".join(str(exc).split())
-        raise Eagle3DraftError(BAD_CONFIG_MSG.format(path=cfg_file, error=error)) from None
-    if not isinstance(cfg, dict):
-        raise Eagle3DraftError(BAD_CONFIG_MSG.format(path=cfg_file, error="not a JSON object"))
-    return cfg
+    return read_draft_config(path, Eagle3DraftError)
 
 
 def validate_draft(path: str | Path, target_hidden_size: int, target_vocab_size: int) -> DraftConfig:

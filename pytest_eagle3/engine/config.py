@@ -101,7 +101,7 @@ def base_server_args(model_path: str, tp: int) -> dict[str, Any]:
     """Arguments every engine gets: the checkpoint, TP, no tokenizer, no radix cache.
 
     The radix cache is disabled because a repeated prompt would return only the
-    uncached rows of its aux hidden states (DESIGN.md, "SGLang facts").
+    uncached rows of its aux hidden states (docs/design.md, "SGLang facts").
     """
     return {
         "model_path": model_path,

@@ -23,6 +23,9 @@ from typing import TYPE_CHECKING
 
 from pytest_eagle3.reaper import die_with_parent
 from pytest_eagle3.errors import Eagle3SGLangMissing
+from pytest_eagle3.libversions import owning_distribution
+from pytest_eagle3.engine.model_code import read_rules
+from pytest_eagle3.engine.sglang_hooks import IMPORT_HOOK_LOADER, PLUGIN_LOADER
 
 if TYPE_CHECKING:
     from pytest_eagle3.conventions import IdRule
@@ -65,7 +68,6 @@ class SGLangInstall:
     def distribution(self) -> str | None:
         """The installed distribution that owns this copy (``sglang``, or a fork's
         own name such as ``sglang-kt``); ``None`` for a source tree."""
-        from pytest_eagle3.libversions import owning_distribution
 
         found = owning_distribution("sglang", self.location)
         return found[0] if found else None
@@ -87,7 +89,6 @@ class SGLangInstall:
     def model_code(self, architecture: str = "DeepseekV3ForCausalLM") -> "ModelCode":
         """The capture rules of ``architecture`` read from this install's model file
         (:func:`pytest_eagle3.engine.model_code.read_rules`; cached, well under a second)."""
-        from pytest_eagle3.engine.model_code import read_rules
 
         return read_rules(self.location, architecture)
 
@@ -131,7 +132,6 @@ class SGLangInstall:
     @property
     def hook_loader(self) -> str:
         """How pytest-eagle3's hooks reach SGLang's processes (for the report header)."""
-        from pytest_eagle3.engine.sglang_hooks import IMPORT_HOOK_LOADER, PLUGIN_LOADER
 
         return PLUGIN_LOADER if self.general_plugins else IMPORT_HOOK_LOADER
 

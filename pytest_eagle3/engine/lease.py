@@ -226,7 +226,8 @@ def auto_num_workers(settings: "EngineOptions") -> int:
     every worker then leases a block at once and none waits.  ``--device cpu``: 1.
     A CPU engine at TP ``n`` binds ``n`` OpenMP threads and its scheduler keeps
     polling; two engines on a small machine (the CPU tier is measured on 2 cores)
-    only slow each other down, and each rank needs about 1.3 GB (DESIGN.md).
+    only slow each other down, and each rank needs about 1.3 GB (docs/design.md,
+    "SGLang on a plain x86 CPU").
     """
     if settings.device == "cuda":
         return max(1, settings.gpu.count // max(1, settings.tp))

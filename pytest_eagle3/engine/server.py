@@ -2,7 +2,7 @@
 
 SGLang is always hosted in a child process of the test process: a scheduler
 exception makes SGLang kill its own process tree with SIGKILL, which must never
-take pytest with it (DESIGN.md, "SGLang facts").  The server is
+take pytest with it (docs/design.md, "SGLang facts").  The server is
 ``python -m sglang.launch_server`` from the environment's SGLang, so any fork
 is tested through the same public entry point its users deploy.
 
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from pytest_eagle3.errors import Eagle3EngineError
+from pytest_eagle3.reaper import spawn
 
 #: Lines of SGLang's log quoted in startup and request errors.
 LOG_TAIL_LINES = 60
@@ -306,7 +307,6 @@ class SGLangServer:
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
-        from pytest_eagle3.reaper import spawn
 
         self._reaper = spawn(self.proc.pid)
         self._t0 = t0

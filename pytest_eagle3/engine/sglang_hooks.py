@@ -8,7 +8,7 @@ pytest-eagle3's ``pyproject.toml`` and does nothing unless the engine host set
 
 ``PYTEST_EAGLE3_SGLANG_HOOKS`` is a comma-separated list of hook sets:
 
-* ``cpu``: the CPU-tier fixes from ``DESIGN.md`` ("SGLang on a plain x86 CPU").
+* ``cpu``: the CPU-tier fixes from docs/design.md, "SGLang on a plain x86 CPU".
   They route around missing CPU kernels and leave the code under test
   (capture, collectives, embedding, logits processor, speculative worker)
   untouched.

@@ -45,6 +45,9 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TextIO
 
 from pytest_eagle3.engine.gpus import detect_gpu_arch, normalize_arch
+from pytest_eagle3.engine.cpu import patches
+from pytest_eagle3.engine import install as sglang_install
+from pytest_eagle3.errors import Eagle3Error
 
 if TYPE_CHECKING:
     from pytest_eagle3.engine.install import SGLangInstall
@@ -217,7 +220,6 @@ def _missing_flags(variant: Variant, install: "SGLangInstall") -> str:
 def cpu_tier_fixes() -> frozenset[str]:
     """Names of the fixes the CPU tier installs in SGLang's processes
     (``pytest_eagle3.engine.cpu.patches.FIXES``; empty when it names none)."""
-    from pytest_eagle3.engine.cpu import patches
 
     return frozenset(getattr(patches, "FIXES", ()))
 
@@ -409,7 +411,6 @@ def prefill_rows(prompt_len: int, server_info: Mapping[str, Any], *, repeat: int
     ``prompt_len``-token prompt, from the engine's own resolved settings
     (``/server_info``: ``chunked_prefill_size``, ``disable_radix_cache``,
     ``page_size``), as measured on sglang 0.5.23 (module docstring):
-
     * a radix-cache hit (cache on, ``repeat > 1``) returns the uncached tail:
       the matched prefix is ``page_size * ((T - 1) // page_size)`` tokens
       (``Req._compute_max_prefix_len``);
@@ -538,11 +539,8 @@ def list_variants(settings: "EngineOptions", *, out: TextIO | None = None) -> in
     """
     import pytest
 
-    from pytest_eagle3.engine.install import probe
-    from pytest_eagle3.errors import Eagle3Error
-
     try:
-        install = probe(settings.cache_dir)
+        install = sglang_install.probe(settings.cache_dir)
     except Eagle3Error as exc:
         raise pytest.UsageError(f"--eagle3-list-variants: {exc}") from None
     arch = detect_gpu_arch() if settings.device == "cuda" else None

@@ -1,7 +1,6 @@
 """One declaration of the engine a packaged test needs.
 
 A packaged test says which engine it needs with the ``eagle3_engines`` marker::
-
     @pytest.mark.tp(1, 2, 4, 8)
     @pytest.mark.eagle3_engines(*case_needs())
     def test_capture_order(eagle3_need, eagle3_engine_request, eagle3_capture, ...):
@@ -36,6 +35,13 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence
 from pytest_eagle3.planning import cases
 from pytest_eagle3.errors import Eagle3ConfigError
 from pytest_eagle3.target.spec import DEFAULT_ARCHITECTURE
+from pytest_eagle3.draft import shipped_draft_dir
+from pytest_eagle3.draft.random_draft import capture_draft_dir
+from pytest_eagle3.conventions import predict
+from pytest_eagle3.contracts.idfix import plan_fix
+from pytest_eagle3.capture.draft_path import draft_layer_ids
+from pytest_eagle3.contracts.draft import contract_for_draft, load_draft
+from pytest_eagle3.engine.gpus import PLAN_GPU_ARCH, detect_gpu_arch
 
 if TYPE_CHECKING:
     from pytest_eagle3.conventions import IdRule
@@ -270,7 +276,7 @@ def acceptance_need(*, portable: bool = False) -> EngineNeed:
     at every TP size of the test's marker; its engine also serves draft-path captures.
 
     ``portable``: the preset's portable draft, whose contract every release
-    serves, so a release that cannot serve the shipped draft (the seed era:
+    serves, so a release that cannot serve the shipped draft (0.5.9, 0.5.12:
     its acceptance collapse is an XFAIL) still has an acceptance gate that must
     hold on its draft path.
     """
@@ -287,7 +293,6 @@ def acceptance_draft(settings: "PlanOptions", *, portable: bool = False) -> Path
     ``fixtures/drafts/<preset>-portable``), else ``None``."""
     if settings.draft is not None and not portable:
         return Path(settings.draft)
-    from pytest_eagle3.draft import shipped_draft_dir
 
     shipped = shipped_draft_dir(f"{settings.target}{PORTABLE_SUFFIX if portable else ''}")
     return shipped if (shipped / "config.json").is_file() else None
@@ -323,7 +328,6 @@ def target_config(facts: "TargetFacts") -> dict[str, Any]:
 
 def capture_draft(ctx: NeedContext, ids: Sequence[int] | None) -> str:
     """The cached random draft declaring ``ids`` (path only; the fixture builds it)."""
-    from pytest_eagle3.draft.random_draft import capture_draft_dir
 
     assert ctx.facts is not None
     return str(capture_draft_dir(ctx.settings.cache_dir, target_config(ctx.facts), ids))
@@ -353,8 +357,6 @@ def collect_reason(need: EngineNeed, ctx: NeedContext) -> str | None:
     v = need.variant
     if v is not None:
         if ctx.install is not None:
-            from pytest_eagle3.engine.gpus import PLAN_GPU_ARCH, detect_gpu_arch
-
             arch = detect_gpu_arch() if s.device == "cuda" else None
             if arch is None and s.device == "cuda" and s.plan:
                 arch = PLAN_GPU_ARCH  # --eagle3-plan on a machine without GPUs
@@ -380,7 +382,6 @@ def collect_reason(need: EngineNeed, ctx: NeedContext) -> str | None:
         request = resolve(need, ctx)
     except Eagle3ConfigError:
         return None  # reported by the test itself at run time
-    from pytest_eagle3.conventions import predict
 
     L = ctx.facts.num_layers
     rule = installed_rule(ctx)
@@ -409,7 +410,6 @@ def resolve(need: EngineNeed, ctx: NeedContext) -> EngineRequest:
     """
     if ctx.install is None or ctx.facts is None:
         raise ValueError("resolve() needs the installed SGLang and the target facts")
-    from pytest_eagle3.conventions import predict
 
     L, H, rule = ctx.facts.num_layers, ctx.facts.hidden_size, installed_rule(ctx)
     v = need.variant
@@ -454,7 +454,6 @@ def known_incompatibility(what: str, contract: Any, ids: Sequence[int] | None, p
     """The XFAIL reason of a contract the installed SGLang's rule cannot serve with
     these ids, with the fix ``pytest-eagle3 inspect`` proposes
     (:func:`pytest_eagle3.contracts.idfix.plan_fix`): other ids, or why none exist."""
-    from pytest_eagle3.contracts.idfix import plan_fix
 
     L = num_layers
     rule = install.id_rule(architecture)
@@ -478,8 +477,6 @@ def _acceptance_request(ctx: NeedContext, *, portable: bool = False) -> EngineRe
     rule feeds it other layers, the request carries that known incompatibility
     (``xfail_reason``) and the acceptance test expects the collapse.
     """
-    from pytest_eagle3.capture.draft_path import draft_layer_ids
-    from pytest_eagle3.conventions import predict
 
     assert ctx.facts is not None and ctx.install is not None
     draft = acceptance_draft(ctx.settings, portable=portable)
@@ -546,8 +543,6 @@ def _ids(ids: Sequence[int] | None) -> tuple[int, ...] | None:
 def _user_draft_request(ctx: NeedContext) -> EngineRequest:
     """``--eagle3-draft``: the ids SGLang reads from the draft config, the
     contract its training stack declares; a mismatch fails (no XFAIL)."""
-    from pytest_eagle3.contracts.draft import contract_for_draft, load_draft
-    from pytest_eagle3.conventions import predict
 
     s = ctx.settings
     assert ctx.facts is not None and ctx.install is not None

@@ -27,6 +27,8 @@ from typing import Any
 import pytest
 
 from pytest_eagle3.plugin import session as eagle3_session
+from pytest_eagle3.planning import cases
+from pytest_eagle3.plugin.options import get_settings
 
 GOOD, BAD, UNTESTABLE = 0, 1, 125
 #: Class names of errors that mean "this commit cannot be tested".
@@ -65,9 +67,6 @@ class BisectPlugin:
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
-        from pytest_eagle3.planning import cases
-        from pytest_eagle3.plugin.options import get_settings
-
         settings = get_settings(config)
         sizes = sorted({1, settings.tp})
         keep, drop = [], []

@@ -27,6 +27,17 @@ from pytest_eagle3.planning import declare
 from pytest_eagle3.engine import lease
 from pytest_eagle3.plugin import workers
 from pytest_eagle3.errors import Eagle3Error
+from pytest_eagle3.plugin import hookspec, plan
+from pytest_eagle3.engine.variants import list_variants
+from pytest_eagle3.libversions import module_version
+from pytest_eagle3.draft.validate import NOT_DIR_MSG, read_config
+from pytest_eagle3.target.spec import LocalTarget, resolve_target
+from pytest_eagle3.engine.install import SGLangInstall, sglang_location_and_version
+from pytest_eagle3.plugin.bisect import BisectPlugin, mark_untestable
+from pytest_eagle3.plugin.report import ReportWriter
+from pytest_eagle3.plugin.figures import Figures
+from pytest_eagle3.engine.faults import describe, read_fault
+from pytest_eagle3.target.prompts import load_prompts
 
 FIXTURES_MODULE = "pytest_eagle3.plugin.fixtures"
 BISECT_PLUGIN = "eagle3-bisect"
@@ -73,8 +84,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
-    from pytest_eagle3.plugin import hookspec
-
     pluginmanager.add_hookspecs(hookspec)
 
 
@@ -96,7 +105,6 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
     # collection, as --markers/--fixtures do (pytest's own cmdline_main hooks).
     if not getattr(config.option, "eagle3_list_variants", False):
         return None
-    from pytest_eagle3.engine.variants import list_variants
 
     return list_variants(options.resolve_settings(config, validate=False))
 
@@ -113,24 +121,16 @@ def pytest_configure(config: pytest.Config) -> None:
         check_user_draft(settings)
     session.get_session(config)
     if settings.plan:
-        from pytest_eagle3.plugin import plan
-
         plan.switch_off_xdist(config)
     elif not hasattr(config, "workerinput"):
         warning = lease.oversubscription(settings, getattr(config.option, "numprocesses", None))
         if warning:
             config.issue_config_time_warning(pytest.PytestConfigWarning(warning), stacklevel=2)
     if settings.bisect and not config.pluginmanager.has_plugin(BISECT_PLUGIN):
-        from pytest_eagle3.plugin.bisect import BisectPlugin
-
         config.pluginmanager.register(BisectPlugin(config), BISECT_PLUGIN)
     if settings.report is not None and not config.pluginmanager.has_plugin(REPORT_PLUGIN):
-        from pytest_eagle3.plugin.report import ReportWriter
-
         config.pluginmanager.register(ReportWriter(config, settings.report), REPORT_PLUGIN)
     if not config.pluginmanager.has_plugin(FIGURES_PLUGIN):
-        from pytest_eagle3.plugin.figures import Figures
-
         config.pluginmanager.register(Figures(), FIGURES_PLUGIN)
     if importlib.util.find_spec(FIXTURES_MODULE) is not None:
         config.pluginmanager.import_plugin(FIXTURES_MODULE)
@@ -138,7 +138,6 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     settings = options.get_settings(config)
-    from pytest_eagle3.libversions import module_version
 
     lines = [taken.header() for taken in config.stash.get(options.TAKEN_KEY, ())]
     lines += [_sglang_line(), HEADER_LIBS.format(torch=module_version("torch"),
@@ -164,8 +163,6 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         )
     )
     if settings.fault:
-        from pytest_eagle3.engine.faults import describe, read_fault
-
         fault = read_fault({"PYTEST_EAGLE3_FAULT": settings.fault})
         if fault is not None:
             lines.append(HEADER_FAULT.format(fault=describe(fault)) + _src(settings, "fault"))
@@ -202,7 +199,6 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
     settings = options.get_settings(session.config)
     if not settings.plan:
         return None
-    from pytest_eagle3.plugin import plan
 
     plan.write_plan(session, settings)
     return True
@@ -353,7 +349,6 @@ def check_user_draft(settings: options.Settings) -> None:
     Raises:
         pytest.UsageError: one line naming the problem.
     """
-    from pytest_eagle3.draft.validate import NOT_DIR_MSG, read_config
 
     if not settings.draft.is_dir():
         raise pytest.UsageError(f"--eagle3-draft: {NOT_DIR_MSG.format(path=settings.draft)}")
@@ -372,7 +367,6 @@ def check_target(settings: options.Settings) -> None:
             ``config.json``, bad spec, ``--tp`` not dividing the heads, a bad
             prompts file, or an unwritable default cache.
     """
-    from pytest_eagle3.target.spec import resolve_target
 
     try:
         target = resolve_target(settings.target)
@@ -382,9 +376,6 @@ def check_target(settings: options.Settings) -> None:
     if problem:
         raise pytest.UsageError(problem)
     if settings.prompts is not None:
-        from pytest_eagle3.target.prompts import load_prompts
-        from pytest_eagle3.target.spec import LocalTarget
-
         try:
             load_prompts(settings.prompts, vocab_size=target.facts.vocab_size,
                          tokenizer_dir=target.path if isinstance(target, LocalTarget) else None)
@@ -423,8 +414,6 @@ def _fail_without_traceback(exc: Eagle3Error, item: pytest.Item | None = None) -
     # pytest would print both ("During handling of the above exception ...").
     __tracebackhide__ = True
     if item is not None and options.get_settings(item.config).bisect:
-        from pytest_eagle3.plugin.bisect import mark_untestable
-
         mark_untestable(item, type(exc).__name__, str(exc))
     pytest.fail(f"{type(exc).__name__}: {exc}", pytrace=False)
 
@@ -456,7 +445,6 @@ def _src(settings: options.Settings, name: str) -> str:
 
 def _sglang_line() -> str:
     """Version and location of the importable ``sglang`` package, without importing it."""
-    from pytest_eagle3.engine.install import sglang_location_and_version
 
     location, version = sglang_location_and_version()
     if location is None:
@@ -466,7 +454,6 @@ def _sglang_line() -> str:
 
 def _hooks_line() -> str | None:
     """How pytest-eagle3's hooks reach the installed SGLang's processes (detected from its files)."""
-    from pytest_eagle3.engine.install import SGLangInstall, sglang_location_and_version
 
     location, version = sglang_location_and_version()
     if location is None:

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from pytest_eagle3.engine.gpus import GpuProbe, detect_gpus
+from pytest_eagle3.engine.faults import FAULT_ENV, FaultError, read_fault
 
 #: Tensor-parallel sizes the suite knows how to run.
 TP_CHOICES: tuple[int, ...] = (1, 2, 4, 8)
@@ -44,7 +45,6 @@ def _resolve_fault(value: str | None, sources: dict[str, str]) -> str | None:
     Raises:
         pytest.UsageError: unknown kind or bad JSON (one line).
     """
-    from pytest_eagle3.engine.faults import FAULT_ENV, FaultError, read_fault
 
     raw, source = (value, "cli") if value else (os.environ.get(FAULT_ENV) or None, "env")
     if not raw:
@@ -380,7 +380,7 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption(
         "--eagle3-report", dest="eagle3_report", metavar="FILE", default=None,
         help="write a JSON report of every pytest-eagle3 test (SGLang version and commit, "
-        "server args, contract, per-slot best match and error, per-rank results); schema in the README",
+        "server args, contract, per-slot best match and error, per-rank results); schema in docs/report.md",
     )
     parser.addini(INI_TARGET, "eagle3 target preset or checkpoint path (see --eagle3-target)")
     parser.addini(INI_CACHE, "eagle3 cache directory (see --eagle3-cache)")

@@ -47,6 +47,14 @@ import pytest
 from pytest_eagle3.plugin import session as eagle3_session
 from pytest_eagle3.errors import Eagle3Error
 from pytest_eagle3.plugin.options import Settings
+from pytest_eagle3.target.spec import LocalTarget, resolve_target
+from pytest_eagle3.target.checkpoint.cache import entry_dir
+from pytest_eagle3.planning import cases
+from pytest_eagle3.capture.api import cuda_recipe_for, engine_config
+from pytest_eagle3.planning.declare import EngineNeed, NeedContext, resolve
+from pytest_eagle3.engine.server import SGLangServer
+from pytest_eagle3.engine import lease
+from pytest_eagle3.engine import install as sglang_install
 
 if TYPE_CHECKING:
     from pytest_eagle3.engine.config import EngineConfig
@@ -148,12 +156,10 @@ def static_skip(item: pytest.Item) -> str | None:
 def _target(settings: Settings) -> "tuple[str, TargetFacts]":
     """``(model path, facts)`` of the run's target, from JSON only (the path the
     default ``eagle3_checkpoint`` fixture resolves)."""
-    from pytest_eagle3.target.spec import LocalTarget, resolve_target
 
     target = resolve_target(settings.target)
     if isinstance(target, LocalTarget):
         return str(target.path), target.facts
-    from pytest_eagle3.target.checkpoint.cache import entry_dir
 
     return str(entry_dir(target, settings.cache_dir)), target.facts
 
@@ -165,9 +171,6 @@ def build_plan(items: Sequence[pytest.Item], settings: Settings, *,
     ``install`` defaults to the cached probe of the installed SGLang; a missing or
     broken SGLang is reported in the plan, not raised.
     """
-    from pytest_eagle3.planning import cases
-    from pytest_eagle3.capture.api import engine_config
-    from pytest_eagle3.planning.declare import EngineNeed, NeedContext, resolve
 
     plan = Plan(settings, workers=workers)
     problem: str | None = None
@@ -178,10 +181,8 @@ def build_plan(items: Sequence[pytest.Item], settings: Settings, *,
     except Eagle3Error as exc:
         problem = f"target {settings.target}: {exc}"
     if install is None and problem is None:
-        from pytest_eagle3.engine.install import probe
-
         try:
-            install = probe(settings.cache_dir)
+            install = sglang_install.probe(settings.cache_dir)
         except Eagle3Error as exc:
             problem = MSG_NO_SGLANG.format(error=exc)
             plan.sglang = problem
@@ -233,7 +234,6 @@ def build_plan(items: Sequence[pytest.Item], settings: Settings, *,
 def command_line(config: "EngineConfig", *, nccl_port: bool = False) -> str:
     """The ``launch_server`` command the engine would run (shell-quoted), with
     placeholders (unquoted, in angle brackets) for the ports chosen at each start."""
-    from pytest_eagle3.engine.server import SGLangServer
 
     argv = SGLangServer(config.name, config.args(), log_dir=Path(".")).argv()
     argv[0] = Path(sys.executable).name if argv[0] == sys.executable else argv[0]
@@ -249,7 +249,6 @@ def _env_line(env: dict[str, str], placeholders: dict[str, str]) -> str:
 
 def render(plan: Plan) -> list[str]:
     """The plan as terminal lines (see the module docstring for what each says)."""
-    from pytest_eagle3.engine import lease
 
     s = plan.settings
     used = sum(len(e.tests) for e in plan.engines)
@@ -261,8 +260,6 @@ def render(plan: Plan) -> list[str]:
     if plan.model_path:
         lines.append(MSG_MODEL.format(path=plan.model_path))
     if s.device == "cuda" and plan.install is not None:
-        from pytest_eagle3.capture.api import cuda_recipe_for
-
         lines.append(MSG_CUDA_RECIPE.format(recipe=cuda_recipe_for(plan.install, s, plan.facts).describe()))
     blocks: list[lease.GpuBlock] = []
     if s.device == "cuda":

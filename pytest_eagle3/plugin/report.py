@@ -8,7 +8,6 @@ goes through :func:`pytest_eagle3.verdicts.compare.fail_if_bad` is added as an
 (temporary name, then rename).
 
 Schema (version :data:`SCHEMA`; fields are only added, never renamed)::
-
     {"schema": 1,
      "pytest_eagle3": "0.1.0",
      "sglang": {"version": "0.5.23", "location": "/.../sglang", "commit": "abc123..." | null},
@@ -40,6 +39,8 @@ import pytest
 
 from pytest_eagle3.plugin import session as eagle3_session
 from pytest_eagle3.verdicts import compare
+from pytest_eagle3.engine.install import sglang_location_and_version
+from pytest_eagle3.plugin.options import get_settings
 
 SCHEMA = 1
 VERDICT_PROPERTY = "eagle3_verdict"
@@ -95,7 +96,6 @@ class ReportWriter:
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if hasattr(self.config, "workerinput"):
             return
-        from pytest_eagle3.plugin.options import get_settings
 
         settings = get_settings(self.config)
         run = eagle3_session.get_session(self.config)
@@ -146,7 +146,6 @@ def _first_line(report: pytest.TestReport) -> str | None:
 def sglang_identity() -> dict[str, Any]:
     """Version, location and (for a git checkout) commit of the importable SGLang,
     without importing it."""
-    from pytest_eagle3.engine.install import sglang_location_and_version
 
     location, version = sglang_location_and_version()
     commit = None

@@ -21,6 +21,10 @@ from typing import TYPE_CHECKING, Any, Iterable
 import pytest
 
 from pytest_eagle3.planning import declare
+from pytest_eagle3.plugin.options import TP_CHOICES, check_tp_divides, get_settings
+from pytest_eagle3.errors import Eagle3Error
+from pytest_eagle3.engine import install as sglang_install
+from pytest_eagle3.target.spec import resolve_target
 
 if TYPE_CHECKING:
     from pytest_eagle3.engine.install import SGLangInstall
@@ -84,26 +88,18 @@ class Eagle3Session:
         (its ``config.json``), read once per run for collection; ``None`` for
         what cannot be read (the tests then report that error themselves)."""
         if self._context is None:
-            from pytest_eagle3.errors import Eagle3Error
-            from pytest_eagle3.plugin.options import get_settings
-
             settings = get_settings(self.config)
             install = facts = None
             try:
-                from pytest_eagle3.target.spec import resolve_target
-
                 facts = resolve_target(settings.target).facts
             except Eagle3Error:
                 pass
-            from pytest_eagle3.plugin.options import check_tp_divides
 
             # A bad target or --tp is reported once, after collection, before
             # anything (the probe's flag cache included) is written.
             if facts is not None and not check_tp_divides(settings.tp, facts.num_attention_heads):
                 try:
-                    from pytest_eagle3.engine.install import probe
-
-                    install = probe(settings.cache_dir)
+                    install = sglang_install.probe(settings.cache_dir)
                 except Eagle3Error:
                     pass
             self._context = (install, facts)
@@ -230,7 +226,6 @@ def tp_marker_values(marker: pytest.Mark, nodeid: str) -> tuple[int, ...]:
     Raises:
         pytest.fail.Exception: a value outside 1, 2, 4, 8 (or no value).
     """
-    from pytest_eagle3.plugin.options import TP_CHOICES
 
     values = marker.args
     ok = bool(values) and all(isinstance(v, int) and not isinstance(v, bool) and v in TP_CHOICES for v in values)
@@ -285,6 +280,5 @@ def item_tp(item: pytest.Item) -> int:
     marker = item.get_closest_marker("tp")
     if marker is not None:
         return max(tp_marker_values(marker, item.nodeid))
-    from pytest_eagle3.plugin.options import get_settings
 
     return get_settings(item.config).tp

@@ -8,6 +8,7 @@ from typing import Sequence
 from typing import TYPE_CHECKING
 
 from pytest_eagle3.plugin.options import Settings
+from pytest_eagle3.verdicts.diagnose import checkpoint_evidence
 
 if TYPE_CHECKING:
     from pytest_eagle3.target.spec import TargetFacts
@@ -18,11 +19,12 @@ if TYPE_CHECKING:
 #: so 1e-4 (about 20x the noise) leaves no room for a capture that is merely
 #: close to the right snapshot; the diagnoses match their candidates within it too.  CUDA runs in bf16
 #: (engine/cuda/recipe.py): ``benchmarks/bench_tolerance.py`` measured
-#: transformers bf16 vs fp32 on tiny-dsv3 (no GPU was lent to measure
-#: gpu-dsv3): noise grows with depth from 1.7e-3 (hs[0]) to 0.16
-#: (final_prenorm), while the nearest wrong snapshot is >= 0.71 away and a
-#: capture before the MLP all-reduce 0.43-0.46 (DESIGN.md).  0.3 sits between
-#: them with about 2x margin on each side.
+#: transformers bf16 vs fp32 on tiny-dsv3 (gpu-dsv3 not measured yet; on a
+#: GPU runner ``--target gpu-dsv3`` measures it): noise grows with depth from
+#: 1.7e-3 (hs[0]) to 0.16 (final_prenorm), while the nearest wrong snapshot is
+#: >= 0.71 away and a capture before the MLP all-reduce 0.43-0.46
+#: (docs/design.md, "Reduced-layer targets").  0.3 sits between them with
+#: about 2x margin on each side.
 CPU_TOL = 1e-4
 CUDA_TOL = 0.3
 
@@ -59,7 +61,6 @@ def evidence(checkpoint: Path, prompts: Sequence[Sequence[int]], facts: "TargetF
     """Per prompt, the lazy candidates that let a failing comparison name its bug
     (:func:`pytest_eagle3.verdicts.diagnose.checkpoint_evidence`): nothing is
     read or computed unless a slot matches no snapshot."""
-    from pytest_eagle3.verdicts.diagnose import checkpoint_evidence
 
     return checkpoint_evidence(checkpoint, prompts, tp=tp, vocab_size=facts.vocab_size, attn_tp=attn_tp)
 

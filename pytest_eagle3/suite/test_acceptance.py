@@ -9,7 +9,7 @@ it through ``--speculative-draft-model-path`` and reads its aux layer ids from
 its ``config.json``, exactly as users ship it.
 
 Where the installed SGLang's id rule cannot feed the shipped draft its contract
-(the seed era: 0.5.9 and 0.5.12 add 1 to every id and cannot capture the
+(0.5.9 and 0.5.12 add 1 to every id and cannot capture the
 embedding), its collapse is a known incompatibility (XFAIL with the measured
 figures; a gate that still holds FAILS, the rule being wrong), and the same
 tests also run the preset's portable draft (``fixtures/drafts/<preset>-portable``,
@@ -35,6 +35,13 @@ from __future__ import annotations
 import pytest
 
 from pytest_eagle3.planning.declare import acceptance_need
+from pytest_eagle3.draft.power import load_examples, offline_power, power_problems, read_gates, with_captures
+from pytest_eagle3.capture.spec_metrics import aggregate
+from pytest_eagle3.draft.wiring import CORRECT
+from pytest_eagle3.target.reference import ensure_reference
+from pytest_eagle3.capture.api import CAPTURE_ONLY, Eagle3CaptureUnsupported, select_method
+from pytest_eagle3.capture.draft_path import compare_captures
+from pytest_eagle3.suite.support import tolerance
 
 #: A parallel run's accept length must be at least this fraction of TP 1's (vLLM's pattern).
 RELATIVE_GATE = 0.95
@@ -65,7 +72,6 @@ _TP1_ACCEPT = pytest.StashKey[dict]()
 
 def _workload(draft_dir, prompts):
     """``(names, prompts, max_new_tokens, expected continuations or None)``."""
-    from pytest_eagle3.draft.power import load_examples
 
     examples = load_examples(draft_dir)
     if examples:
@@ -80,9 +86,6 @@ def _workload(draft_dir, prompts):
 def test_draft_acceptance_meets_the_gate(eagle3_engine_request, eagle3_capture, eagle3_settings, eagle3_tp,
                                          eagle3_prompts, record_property, request):
     from pathlib import Path
-
-    from pytest_eagle3.capture.spec_metrics import aggregate
-    from pytest_eagle3.draft.power import read_gates
 
     req = eagle3_engine_request
     draft = Path(req.draft)
@@ -137,11 +140,6 @@ def test_acceptance_gate_has_power(eagle3_engine_request, eagle3_capture, eagle3
                                    eagle3_model_config, record_property):
     from pathlib import Path
 
-    from pytest_eagle3.draft.power import (load_examples, offline_power, power_problems, read_gates,
-                                           with_captures)
-    from pytest_eagle3.draft.wiring import CORRECT
-    from pytest_eagle3.target.reference import ensure_reference
-
     req = eagle3_engine_request
     draft = Path(req.draft)
     examples = load_examples(draft)
@@ -193,9 +191,6 @@ def test_draft_path_agrees_with_capture_only(eagle3_engine_request, eagle3_captu
                                              eagle3_prompts):
     """The acceptance engine's draft-path prefill captures equal the capture-only
     engine's for the same ids (the wide case's engine, shared with the capture tests)."""
-    from pytest_eagle3.capture.api import CAPTURE_ONLY, Eagle3CaptureUnsupported, select_method
-    from pytest_eagle3.capture.draft_path import compare_captures
-    from pytest_eagle3.suite.support import tolerance
 
     try:
         select_method(eagle3_sglang, prefer=CAPTURE_ONLY)

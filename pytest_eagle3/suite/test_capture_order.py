@@ -35,7 +35,7 @@ UNKNOWN_UNMATCHED = (
 @pytest.mark.tp(1, 2, 4, 8)
 @pytest.mark.eagle3_engines(*case_needs(measures_rule=True))
 def test_capture_order(eagle3_engine_request, eagle3_capture, eagle3_reference, eagle3_model_config,
-                       eagle3_sglang, eagle3_settings, eagle3_checkpoint, eagle3_tp, record_property):
+                       eagle3_sglang, eagle3_settings, eagle3_checkpoint, eagle3_tp, record_property, pytestconfig):
     req = eagle3_engine_request
     L, H = eagle3_model_config.num_layers, eagle3_model_config.hidden_size
     rule = eagle3_sglang.id_rule(eagle3_model_config.architecture)
@@ -71,7 +71,7 @@ def test_capture_order(eagle3_engine_request, eagle3_capture, eagle3_reference, 
                 wrong=len(report.wrong), k=len(report.slots),
                 ids=ids, measured=_labels(measured, L), source=rule.source, kind=rule.kind,
                 predicted=_labels(req.predicted, L)) + "\n" + report.message(), pytrace=False)
-        fail_if_bad(report, config=eagle3_capture.request.config)
+        fail_if_bad(report, config=pytestconfig)
 
 
 def _labels(indices, num_layers: int) -> str:

@@ -30,7 +30,7 @@ NO_EMBEDDING_SLOT = "no slot holds the embedding hs[0] the contract starts with"
 @pytest.mark.eagle3_engines(user_draft_need(), *case_needs(needs_contract=True))
 def test_draft_receives_its_training_contract(eagle3_engine_request, eagle3_capture, eagle3_reference,
                                               eagle3_model_config, eagle3_sglang, eagle3_settings,
-                                              eagle3_checkpoint, eagle3_tp, record_property):
+                                              eagle3_checkpoint, eagle3_tp, record_property, pytestconfig):
     req = eagle3_engine_request
     L, H = eagle3_model_config.num_layers, eagle3_model_config.hidden_size
     record_property("eagle3_contract", req.contract)
@@ -64,7 +64,7 @@ def test_draft_receives_its_training_contract(eagle3_engine_request, eagle3_capt
         elif req.xfail_reason is not None:
             if as_predicted is not None and as_predicted.ok:
                 pytest.xfail(KNOWN_MISMATCH.format(reason=req.xfail_reason, diagnosis=_diagnosis(report)))
-        fail_if_bad(report, config=eagle3_capture.request.config)
+        fail_if_bad(report, config=pytestconfig)
 
 
 def _diagnosis(report) -> str:

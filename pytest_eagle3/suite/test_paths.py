@@ -31,6 +31,7 @@ from pytest_eagle3.planning.declare import variant_needs
 from pytest_eagle3.engine.variants import VARIANTS, path_not_exercised, path_not_taken, prefill_rows
 from pytest_eagle3.suite.support import attention_tp, evidence, tolerance
 from pytest_eagle3.verdicts.compare import compare_slots, fail_if_bad
+from pytest_eagle3.target.reference import ensure_reference
 
 ROWS_MISSING = ("{variant}: prompt {i} ({T} tokens) returned {n} prefill rows and {d} decode rows; expected {want} "
                 "(SGLang's /server_info: {settings})")
@@ -43,7 +44,7 @@ ROW_SETTINGS = ("chunked_prefill_size", "disable_radix_cache", "page_size")
 @pytest.mark.eagle3_engines(*variant_needs(VARIANTS))
 def test_captures_identical_through_path(eagle3_need, eagle3_engine_request, eagle3_capture, eagle3_reference,
                                          eagle3_checkpoint, eagle3_model_config, eagle3_settings, eagle3_tp,
-                                         record_property):
+                                         record_property, pytestconfig):
     req = eagle3_engine_request
     name = eagle3_need.variant.name
     L, H = eagle3_model_config.num_layers, eagle3_model_config.hidden_size
@@ -60,8 +61,6 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_request, eag
     attn_tp = attention_tp(eagle3_tp, req.extra_args)
     candidates = evidence(eagle3_checkpoint, eagle3_capture.prompts, eagle3_model_config, eagle3_tp, attn_tp=attn_tp)
     if req.decode_steps:
-        from pytest_eagle3.target.reference import ensure_reference
-
         seqs = [list(c.prompt) + list(c.output_ids[:-1]) for c in captures]
         extended = ensure_reference(eagle3_checkpoint, seqs)
         extended_candidates = evidence(eagle3_checkpoint, seqs, eagle3_model_config, eagle3_tp, attn_tp=attn_tp)
@@ -76,7 +75,7 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_request, eag
                                hidden_size=H, tol=tol,
                                side_names=(f"SGLang ({name}, prefill rows {T - n}..{T - 1})", "reference"),
                                evidence=lambda ev=candidates[i], T=T, n=n: ev().rows(T - n, T))
-        fail_if_bad(report, config=eagle3_capture.request.config)
+        fail_if_bad(report, config=pytestconfig)
         if d:
             assert extended is not None
             report = compare_slots(cap.decode, extended[i][:, T:T + d], expected=list(req.expected), num_layers=L,
@@ -84,7 +83,7 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_request, eag
                                    side_names=(f"SGLang ({name}, decode rows {T}..{T + d - 1})", "reference"),
                                    evidence=lambda i=i, T=T, d=d: _decode_evidence(
                                        extended_candidates, extended, captures, i, T, d))
-            fail_if_bad(report, config=eagle3_capture.request.config)
+            fail_if_bad(report, config=pytestconfig)
 
 
 def _decode_evidence(candidates, extended, captures, i, T, d):

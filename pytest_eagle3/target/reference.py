@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pytest_eagle3.errors import Eagle3ConfigError, Eagle3Error
+import pytest_eagle3
+from pytest_eagle3.reaper import die_with_parent as _die
 
 if TYPE_CHECKING:
     import torch
@@ -145,7 +147,6 @@ def worker_env() -> dict[str, str]:
         TOKENIZERS_PARALLELISM="false",
         PYTHONUNBUFFERED="1",
     )
-    import pytest_eagle3
 
     pkg_parent = str(Path(pytest_eagle3.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, env.get("PYTHONPATH", "")) if p)
@@ -154,7 +155,6 @@ def worker_env() -> dict[str, str]:
 
 def die_with_parent() -> None:
     """SIGKILL the worker when pytest dies (see :func:`pytest_eagle3.reaper.die_with_parent`)."""
-    from pytest_eagle3.reaper import die_with_parent as _die
 
     _die()
 

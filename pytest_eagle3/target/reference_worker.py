@@ -11,7 +11,7 @@ attention), runs each prompt alone (batch 1, no padding, no KV cache) with
 ``prompt_<i>`` = ``[L+2, tokens, hidden]``: ``hs[0..L]`` then ``final_prenorm``
 (the input of the final norm, captured by a forward pre-hook), the layout of
 :mod:`pytest_eagle3.verdicts.snapshots`. Rotary ``inv_freq`` buffers are kept in float32
-whatever ``--dtype`` is (DESIGN.md pitfall).
+whatever ``--dtype`` is (docs/design.md, "Ground truth": the ``inv_freq`` pitfall).
 
 With ``--details-tp N`` it writes :func:`run_details`'s tensors instead
 (post-attention residuals, MLP outputs and each of ``N`` TP ranks' unreduced

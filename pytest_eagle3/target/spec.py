@@ -10,7 +10,6 @@ A *target* is either
 :func:`resolve_target` turns the ``--eagle3-target`` value into one of them.
 
 Spec file format (JSON object)::
-
     {"name": "tiny-dsv3", "description": "...", "seed": 0,
      "init": {... InitParams fields ...},
      "config": {... Hugging Face config.json ...}}
@@ -28,6 +27,8 @@ from pathlib import Path
 from typing import Any, Union
 
 from pytest_eagle3.errors import Eagle3ConfigError
+import pytest_eagle3
+from pytest_eagle3.target.prompts import load_prompts as read
 
 #: ``{value}``: what the user passed; ``{known}``: comma-separated preset names.
 UNKNOWN_TARGET_MSG = (
@@ -58,7 +59,6 @@ def fixtures_dir() -> Path:
     repository's ``fixtures/``); in a source checkout or editable install it is
     ``<repo>/fixtures``.
     """
-    import pytest_eagle3
 
     pkg = Path(pytest_eagle3.__file__).resolve().parent
     inside = pkg / "data"
@@ -82,7 +82,7 @@ def list_presets() -> list[str]:
 
 @dataclass(frozen=True)
 class InitParams:
-    """Parameters of the distinguishable-layers init (DESIGN.md, "Reduced-layer targets").
+    """Parameters of the distinguishable-layers init (docs/design.md, "Reduced-layer targets").
 
     Attributes:
         embedding_std: std of ``embed_tokens`` entries, N(0, std^2).
@@ -409,6 +409,5 @@ def load_prompts(path: Path | None = None, *, vocab_size: int | None = None) -> 
     Raises:
         Eagle3ConfigError: unreadable file, bad format, text, or an id out of range.
     """
-    from pytest_eagle3.target.prompts import load_prompts as read
 
     return read(prompts_path() if path is None else Path(path), vocab_size=vocab_size or 2**62)

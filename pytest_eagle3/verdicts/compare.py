@@ -11,7 +11,7 @@ normalized layer input, a partial sum, ...), after the slot lines.
 
 Distances are relative L2 errors ``||captured - reference|| / ||reference||``
 computed in float64: cosine cannot tell a tensor from its RMS-normed copy or
-deep adjacent layers apart, relative L2 can (see ``DESIGN.md``).
+deep adjacent layers apart, relative L2 can (docs/design.md, "Reduced-layer targets").
 
 torch is imported inside the functions only.
 """
@@ -27,6 +27,7 @@ import pytest
 
 from pytest_eagle3.verdicts.shards import VOCAB_PADDING, vocab_shard, vocab_shard_ranges  # noqa: F401
 from pytest_eagle3.verdicts.snapshots import describe, fmt_err, label
+from pytest_eagle3.verdicts.diagnose import diagnose_slots
 
 #: A slot whose best match is farther than this (and than ``2 * tol``) "matches no snapshot".
 NO_MATCH_TOL = 0.05
@@ -314,8 +315,6 @@ def compare_slots(
     )
     diagnosis = None
     if diagnose and problem is None and not all(v.ok for v in verdicts):
-        from pytest_eagle3.verdicts.diagnose import diagnose_slots
-
         diagnosis = diagnose_slots(cap, ref, verdicts, expected=[int(e) for e in expected], num_layers=L,
                                    hidden_size=H, tol=tol, evidence=evidence)
     return SlotReport(**report, slots=verdicts, problem=problem, diagnosis=diagnosis)

@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
 from pytest_eagle3.verdicts.snapshots import fmt_err, full_label, label
+from pytest_eagle3.verdicts.shards import vocab_shard, vocab_shard_ranges
+from pytest_eagle3.target.reference import ensure_reference_details
 
 if TYPE_CHECKING:
     import torch
@@ -290,10 +292,6 @@ def _scaled(slot: "torch.Tensor", reference: "torch.Tensor", ev: Evidence, num_l
 def _zero_rows(slot: "torch.Tensor", reference: "torch.Tensor", expected: int, ev: Evidence, num_layers: int,
                tol: float) -> tuple[str, str, str, float] | None:
     """Some rows exact zeros, the others right: an embedding before its all-reduce."""
-    import torch
-
-    from pytest_eagle3.verdicts.shards import vocab_shard, vocab_shard_ranges
-
     zero = (slot == 0).all(dim=-1)
     n_zero = int(zero.sum())
     if n_zero == 0 or n_zero == slot.shape[0]:
@@ -464,8 +462,6 @@ def checkpoint_evidence(checkpoint_dir: Path, prompts: Sequence[Sequence[int]], 
 
     @lru_cache(maxsize=1)
     def shared() -> tuple[Any, float, list[dict[str, Any]]]:
-        from pytest_eagle3.target.reference import ensure_reference_details
-
         norms, eps = layer_norms(checkpoint_dir)
         return norms, eps, ensure_reference_details(checkpoint_dir, prompts, tp, cache_dir=cache_dir)
 

@@ -3,7 +3,7 @@
 A *snapshot* is one tensor of the target's residual stream for every token of a
 prompt, ``[tokens, hidden]``.  Snapshots are identified by their index in the
 ``output_hidden_states`` tuple ``hs`` of transformers' ``DeepseekV3ForCausalLM``
-(measured on transformers 5.x, see ``DESIGN.md``):
+(measured on transformers 5.x; docs/design.md, "Ground truth"):
 
 * ``hs[0]``: the embedding output (input of layer 0);
 * ``hs[k]`` for ``1 <= k <= L-1``: the output of layer ``k-1`` = input of layer

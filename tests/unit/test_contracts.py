@@ -443,7 +443,7 @@ def test_draft_dir_problems(tmp_path: Path) -> None:
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "config.json").write_text("{not json")
-    with pytest.raises(Eagle3ContractError, match="not valid JSON"):
+    with pytest.raises(Eagle3ContractError, match="is invalid: "):
         load_draft(bad)
     d = make_draft(tmp_path, {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 4]}}, name="nohidden")
     with pytest.raises(Eagle3ContractError, match="no target_hidden_size or hidden_size"):

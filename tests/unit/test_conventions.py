@@ -30,7 +30,7 @@ def test_old_sglang_always_adds_one() -> None:
 
 
 def test_kimi_story_ids_on_old_sglang() -> None:
-    """Kimi-K2.5 (61 layers): a draft declaring [2, 30, 58] got layers [3, 31, 59] (DESIGN.md)."""
+    """Kimi-K2.5 (61 layers): a draft declaring [2, 30, 58] got layers [3, 31, 59] (docs/design.md, "The problem")."""
     assert predict([2, 30, 58], 61, "0.5.12").layers_to_capture == (3, 31, 59)
 
 

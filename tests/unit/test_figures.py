@@ -28,8 +28,9 @@ def test_draft_acceptance_meets_the_gate(record_property, need):
 def test_acceptance_gate_has_power(record_property):
     record_property("eagle3_offline", {
         "correct": {"first_token_accuracy": 1.0, "accept_length": 3.879, "reference_accept_length": 3.88},
-        "ids+1": {"first_token_accuracy": 0.0, "accept_length": 1.031, "reference_accept_length": 3.88},
-        "fc-permuted": {"first_token_accuracy": 0.0, "accept_length": 1.113, "reference_accept_length": 3.88}})
+        "ids-plus-1": {"first_token_accuracy": 0.0, "accept_length": 1.031, "reference_accept_length": 3.88},
+        "slots-permuted": {"first_token_accuracy": 0.0, "accept_length": 1.113, "reference_accept_length": 3.88},
+        "bf16-rounded": {"first_token_accuracy": 1.0, "accept_length": 3.879, "reference_accept_length": 3.88}})
 
 @pytest.mark.parametrize("case", ["tp1-wide", "tp2-wide"])
 def test_capture_order(pytestconfig, case):
@@ -53,7 +54,7 @@ def test_a_passing_run_prints_its_figures(pytester: pytest.Pytester) -> None:
         "acceptance * accept length * rate * verifies * gate length/rate * outcome",
         "test_draft_acceptance_meets_the_gate[[]acceptance[]] * 3.985 * 0.985 * 66 * 2.53/0.50 * passed",
         "test_acceptance_gate_has_power: offline accept length 3.879 on SGLang's captures, 3.880 on the reference; "
-        "best miswired 1.113 (fc-permuted)",
+        "best miswired 1.113 (slots-permuted)",
         "",
         "capture case * tests * worst rel. error * tolerance",
         "tp1-wide * 2 * 5e-06 * 0.0001 * ok",

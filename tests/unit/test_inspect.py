@@ -382,7 +382,7 @@ def test_draft_path_problems(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "config.json").write_text("{not json")
-    assert "is not valid JSON" in usage_error(capsys, "--draft", str(bad), *common)
+    assert "is invalid: " in usage_error(capsys, "--draft", str(bad), *common)
     no_aux = make_draft(tmp_path / "no-aux", [1, 3, 4])
     cfg = json.loads((no_aux / "config.json").read_text())
     cfg["eagle_config"]["use_aux_hidden_state"] = False

@@ -2,7 +2,7 @@
 
 ``tests/data/measured_id_rules.json`` holds what the packaged suite measured on
 real SGLang releases and forks (``benchmarks/measured_rules.py`` collects it
-from suite reports; ``docs``/README, "Compatibility"): for a draft's ids on an
+from suite reports; docs/compatibility.md): for a draft's ids on an
 ``L``-layer target, the snapshot each captured slot held, or
 ``"fails-at-first-forward"``.
 

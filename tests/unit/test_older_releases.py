@@ -1,9 +1,9 @@
-"""Older SGLang releases: feature detection, one-line reasons, and the seed-era verdicts.
+"""Older SGLang releases: feature detection, one-line reasons, and the SGLang 0.5.9 verdicts.
 
 Nothing here starts SGLang: installs are fake package directories holding the
 few files feature detection reads (``srt/plugins/__init__.py``,
 ``srt/models/deepseek_v2.py``).  The real releases run in the tox envs
-(``tox -e sglang0509``; README, "Compatibility").
+(``tox -e sglang0509``; docs/compatibility.md).
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def test_decode_rows_per_verify_step_are_refused_not_misattributed():
 
 
 def test_portable_acceptance_draft_runs_only_where_the_shipped_one_cannot(tmp_path):
-    """Seed era: the shipped draft's collapse is an XFAIL, so the portable draft (ids [1, 3, 4],
+    """Always-+1 releases (0.5.9, 0.5.12): the shipped draft's collapse is an XFAIL, so the portable draft (ids [1, 3, 4],
     hs[2], hs[4], hs[5] under every rule) gives that release an acceptance gate that must hold."""
     portable = declare.acceptance_need(portable=True)
     old = _ctx(fake_sglang(tmp_path / "a", plugins=False))

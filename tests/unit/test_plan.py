@@ -313,7 +313,7 @@ def test_acceptance_engine_sorts_next_to_the_capture_engine_of_its_ids(pytester:
     """With one engine alive at a time, the test that compares the draft path with
     capture-only (acceptance engine, then the wide case's engine) must sit between
     the acceptance tests and the wide case's tests, so neither engine starts twice
-    (CI of session 2: the wide case's TP 1 engine started twice)."""
+    (otherwise the wide case's TP 1 engine starts twice)."""
     result = pytester.runpytest_subprocess(
         "--pyargs", "pytest_eagle3.suite", "--tp", "2", "--device", "cpu", "--collect-only", "-q",
         f"--eagle3-cache={CACHE}", "-p", "no:cacheprovider",

@@ -1,4 +1,5 @@
-"""The transformers reference on tiny-dsv3, and the separability DESIGN.md relies on."""
+"""The transformers reference on tiny-dsv3, and the separability that docs/design.md,
+"Reduced-layer targets that can tell layers apart", relies on."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from pytest_eagle3.target.spec import TargetSpec, load_prompts
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-#: DESIGN.md: any two snapshots of a prompt must differ by at least this relative L2.
+#: docs/design.md, "Reduced-layer targets that can tell layers apart": any two
+#: snapshots of a prompt must differ by at least this relative L2.
 MIN_SEPARATION = 0.4
 
 

@@ -3,7 +3,7 @@
 Each fix routes around a missing CPU kernel or dispatcher entry; none touches
 the code pytest-eagle3 tests (aux hidden state capture, collectives, the
 embedding, the logits processor, the speculative worker).  Sources are in
-``DESIGN.md`` ("SGLang on a plain x86 CPU"), measured on sglang 0.5.23.
+docs/design.md, "SGLang on a plain x86 CPU", measured on sglang 0.5.23.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The CPU tier's environment and server arguments (DESIGN.md, "SGLang on a plain x86 CPU").
+"""The CPU tier's environment and server arguments (docs/design.md, "SGLang on a plain x86 CPU").
 
 Measured on sglang 0.5.23, torch 2.14.1, 2 x86 cores without AMX: real SGLang
 serves the reduced DeepSeek-V3 at TP 1, 2, 4 and 8 with all-reduce through gloo.

@@ -8,7 +8,7 @@ torch; on CUDA the engine runs as users run it:
   backend rejects the target's MLA widths; then :data:`FALLBACK_ATTENTION`
   (triton takes any width), named in the report header.  What the kernels
   accept (read from sglang 0.5.23 ``server_args.py`` and flashinfer sources,
-  DESIGN.md "SGLang on CUDA"): trtllm-gen MLA (SGLang's DeepSeek-V3 default on
+  docs/design.md, "SGLang on CUDA"): trtllm-gen MLA (SGLang's DeepSeek-V3 default on
   SM100) needs ``(kv_lora_rank, qk_rope_head_dim)`` in
   :data:`TRTLLM_MLA_WIDTHS`; fa3 (the SM90 default) and FlashInfer MLA need
   bf16/fp16, the latent width a multiple of 128 and the rope width a multiple

@@ -14,6 +14,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
+from pytest_eagle3.target.checkpoint.init import make_weights
 
 if TYPE_CHECKING:
     import torch
@@ -100,7 +101,6 @@ def build_checkpoint(spec: TargetSpec, out_dir: Path) -> None:
         Eagle3ConfigError: the spec's config is not a supported layout.
         OSError: ``out_dir`` cannot be written.
     """
-    from pytest_eagle3.target.checkpoint.init import make_weights
 
     weights, scales = make_weights(spec)
     out_dir = Path(out_dir)

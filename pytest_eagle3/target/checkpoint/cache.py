@@ -1,7 +1,6 @@
 """The keyed, atomic, xdist-safe checkpoint cache.
 
 Layout under ``cache_root``::
-
     checkpoints/
       <name>-<key[:16]>/          a complete entry: config.json, model.safetensors,
         manifest.json             build_info.json, and manifest.json written last
@@ -26,6 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pytest_eagle3.errors import Eagle3ConfigError
+from pytest_eagle3.target.checkpoint import builder
+from pytest_eagle3.target.checkpoint.builder import BUILDER_VERSION
 
 if TYPE_CHECKING:
     from pytest_eagle3.target.spec import TargetSpec
@@ -47,7 +48,6 @@ def cache_key(spec: TargetSpec) -> str:
     """Hex sha256 of the spec's canonical JSON (:attr:`TargetSpec.canonical_json`,
     everything that determines the checkpoint bytes) plus
     :data:`~pytest_eagle3.target.checkpoint.builder.BUILDER_VERSION`."""
-    from pytest_eagle3.target.checkpoint.builder import BUILDER_VERSION
 
     material = f"{spec.canonical_json}|builder_version={BUILDER_VERSION}"
     return hashlib.sha256(material.encode("ascii")).hexdigest()
@@ -166,8 +166,6 @@ def ensure_checkpoint(spec: TargetSpec, cache_root: Path, *, rebuild: bool = Fal
     """
     from filelock import FileLock, Timeout
 
-    from pytest_eagle3.target.checkpoint.builder import build_checkpoint
-
     key = cache_key(spec)
     final = entry_dir(spec, cache_root)
     parent = final.parent
@@ -190,7 +188,7 @@ def ensure_checkpoint(spec: TargetSpec, cache_root: Path, *, rebuild: bool = Fal
             for leftover in parent.glob(f".{final.name}.*"):
                 _remove(leftover)
             try:
-                build_checkpoint(spec, tmp)
+                builder.build_checkpoint(spec, tmp)
                 for p in tmp.iterdir():
                     os.chmod(p, 0o644)
                 write_manifest(tmp, key)

@@ -1,6 +1,6 @@
 """Deterministic "distinguishable-layers" weights for a DeepSeek-V3-layout target.
 
-The init of DESIGN.md ("Reduced-layer targets that can tell layers apart"):
+The init of docs/design.md, "Reduced-layer targets that can tell layers apart":
 
 * every linear weight N(0, gain / fan_in); ``embed_tokens`` N(0, embedding_std^2);
 * every RMSNorm weight ``exp(N(0, sigma^2))`` (lognormal), so a tensor and its

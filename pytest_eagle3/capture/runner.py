@@ -1,0 +1,181 @@
+"""Start (or reuse) SGLang engines configured to capture, and read what they capture.
+
+:class:`CaptureRunner` joins the run's engine pool (:mod:`pytest_eagle3.engine.pool`),
+the engine configs (:func:`pytest_eagle3.capture.api.engine_config`) and the three
+ways to read captures: the capture-only API (:func:`pytest_eagle3.capture.api.capture`),
+the draft path (:func:`pytest_eagle3.capture.draft_path.capture_draft_path`) and the
+per-TP-rank recorder (:mod:`pytest_eagle3.engine.recordings`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
+
+from pytest_eagle3.capture.api import CaptureOptions, capture, engine_config
+from pytest_eagle3.capture.draft_path import capture_draft_path
+from pytest_eagle3.engine.recordings import Recorder, prefill_records
+
+if TYPE_CHECKING:
+    from pytest_eagle3.capture.draft_path import DraftPathCaptures
+    from pytest_eagle3.capture.response import Captures
+    from pytest_eagle3.engine.config import EngineConfig
+    from pytest_eagle3.engine.install import SGLangInstall
+    from pytest_eagle3.engine.pool import EnginePool
+    from pytest_eagle3.engine.recordings import Record
+    from pytest_eagle3.target.spec import TargetFacts
+
+
+class EngineRequest(Protocol):
+    """One engine and request shape a test declared
+    (:class:`pytest_eagle3.planning.declare.EngineRequest` is one).
+
+    Attributes:
+        ids: the draft's aux layer ids, ``None`` for SGLang's default.
+        extra_args: server arguments of the path variant.
+        draft: a draft directory the engine loads, or ``None``.
+        decode_steps: decode steps per request after the prefill.
+        batch: all prompts in one request.
+        repeat: how many times the prompts are sent (the last send is read).
+    """
+
+    ids: Sequence[int] | None
+    extra_args: Mapping[str, Any]
+    draft: str | None
+    decode_steps: int
+    batch: bool
+    repeat: int
+
+
+class CaptureRunner:
+    """Start (or reuse) an engine configured to capture, and read its captures.
+
+    Call it as ``runner(layer_ids)``; see :meth:`__call__`.  The fixture
+    ``eagle3_capture`` is one, for the test's TP size.
+
+    Args:
+        pool: the run's engines (:class:`~pytest_eagle3.engine.pool.EnginePool`).
+        install: the installed SGLang.
+        checkpoint: the target checkpoint directory.
+        options: the run's device, fault and extra server arguments.
+        tp: the TP size of every engine this runner starts.
+        prompts: the default prompts, token ids.
+        facts: the target's ``config.json`` facts.
+        who: who asks for engines (a test id), for the pool's bookkeeping.
+        on_engine: called with each engine's config and log path before the
+            engine is used (the plugin attaches the log to the test report).
+    """
+
+    def __init__(self, *, pool: "EnginePool", install: "SGLangInstall", checkpoint: Path,
+                 options: CaptureOptions, tp: int, prompts: list[list[int]],
+                 facts: "TargetFacts | None" = None, who: str = "",
+                 on_engine: "Callable[[EngineConfig, Path], None] | None" = None) -> None:
+        self.who = who
+        self.on_engine = on_engine
+        self.facts = facts
+        self.pool = pool
+        self.install = install
+        self.checkpoint = checkpoint
+        self.options = options
+        self.tp = tp
+        self.prompts = prompts
+        self.last_config: "EngineConfig | None" = None
+
+    def engine_config(self, layer_ids: Sequence[int] | None, extra_args: Mapping[str, Any] | None = None,
+                      draft: str | None = None) -> "EngineConfig":
+        """The engine for ``layer_ids`` and ``extra_args`` (the one ``--eagle3-plan`` prints);
+        with ``draft``, the draft-path engine loading it (ids from its ``config.json``)."""
+
+        return engine_config(self.install, self.options, model_path=str(self.checkpoint), tp=self.tp,
+                             ids=layer_ids, extra_args=extra_args, facts=self.facts, draft=draft)
+
+    def run(self, request: "EngineRequest") -> "list[Captures]":
+        """Captures of the suite prompts for a declared :class:`EngineRequest`
+        (its ids, server args and request shape); the last of ``request.repeat`` sends."""
+        runs = [self(request.ids, decode_steps=request.decode_steps, extra_args=request.extra_args,
+                     batch=request.batch, draft=request.draft) for _ in range(max(1, request.repeat))]
+        return runs[-1]
+
+    def server_info(self, request: "EngineRequest") -> dict[str, Any]:
+        """``/server_info`` of ``request``'s engine: the server args as SGLang
+        resolved them plus its scheduler info (read once per engine)."""
+        server = self._server(request.ids, request.extra_args, request.draft)
+        key = ("server_info", self.last_config)
+        if key not in self.pool.results:
+            self.pool.results[key] = server.server_info()
+        return self.pool.results[key]
+
+    def speculate(self, request: "EngineRequest", prompts: Sequence[Sequence[int]],
+                  max_new_tokens: Sequence[int]) -> "list[DraftPathCaptures]":
+        """Greedy speculative decoding of ``prompts`` on the engine of ``request``
+        (which loads a draft): each request's output, captures and speculative
+        metrics (:mod:`pytest_eagle3.capture.draft_path`).  Run once per engine,
+        prompts and lengths in a session; later calls return the same results.
+
+        Raises:
+            Eagle3Error: the engine did not run speculative decoding (no metrics).
+        """
+
+        assert request.draft is not None, "speculate() needs a request that loads a draft"
+        server = self._server(request.ids, request.extra_args, request.draft)
+        assert self.last_config is not None
+        # Greedy decoding on one engine is deterministic: the tests that read the
+        # same run (the gate, its power check) share it instead of decoding twice.
+        key = ("speculate", self.last_config, tuple(map(tuple, prompts)), tuple(int(n) for n in max_new_tokens))
+        if key not in self.pool.results:
+            out = []
+            for prompt, n in zip(prompts, max_new_tokens):
+                out += capture_draft_path(server, [prompt], decode_steps=max(0, int(n) - 1))
+            self.pool.results[key] = out
+        return list(self.pool.results[key])
+
+    def __call__(self, layer_ids: Sequence[int] | None, *, prompts: Sequence[Sequence[int]] | None = None,
+                 decode_steps: int = 0, extra_args: Mapping[str, Any] | None = None,
+                 batch: bool = False, draft: str | None = None) -> "list[Captures]":
+        """Captures of ``prompts`` (default: the suite prompts) with draft ids ``layer_ids``.
+
+        ``layer_ids=None`` leaves SGLang's default list; ``batch`` sends all
+        prompts in one request.  The engine's log is attached to the test report
+        if the test fails.
+
+        Raises:
+            Eagle3CaptureUnsupported: this SGLang cannot return captures without a draft.
+            Eagle3EngineError: the engine failed to start or answer (with its log tail).
+        """
+
+        server = self._server(layer_ids, extra_args, draft)
+        return capture(server, self.prompts if prompts is None else prompts, decode_steps=decode_steps,
+                       batch=batch)
+
+    def _server(self, layer_ids: Sequence[int] | None, extra_args: Mapping[str, Any] | None,
+                draft: str | None = None) -> Any:
+        config = self.engine_config(layer_ids, extra_args, draft)
+        self.last_config = config
+        if self.on_engine is not None:
+            self.on_engine(config, self.pool.log_path(config))
+        return self.pool.get(config, who=self.who)
+
+    def with_ranks(self, layer_ids: Sequence[int] | None, *, prompts: Sequence[Sequence[int]] | None = None,
+                   decode_steps: int = 0, extra_args: Mapping[str, Any] | None = None,
+                   fault: Mapping[str, Any] | None = None,
+                   draft: str | None = None) -> "tuple[list[Captures], dict[int, list[Record]]]":
+        """Like calling the runner, plus what every TP rank captured: per rank, the
+        prefill rows of each prompt's request, in prompt order
+        (:func:`pytest_eagle3.engine.recordings.prefill_records`).
+
+        ``fault`` (self-tests only) makes one rank's recorder store a wrong copy:
+        see :data:`pytest_eagle3.engine.recorder_hook.FAULTS`.
+
+        Raises:
+            Eagle3Error: a rank recorded nothing (the SGLang plugin is not loaded).
+        """
+
+        server = self._server(layer_ids, extra_args, draft)
+        assert self.last_config is not None
+        recorder = Recorder(self.pool.record_dir(self.last_config))
+        with recorder.recording(fault=fault):
+            captures = capture(server, self.prompts if prompts is None else prompts, decode_steps=decode_steps)
+            records = recorder.read(self.tp)
+        # Only the test's own requests, one prefill record per prompt in order
+        # (a readiness probe's or another client's forward never shifts them).
+        return captures, prefill_records(records, [c.rid for c in captures])
