@@ -2,12 +2,15 @@
 
 The path of data through the package::
 
-    spec.py (TargetSpec) -> checkpoint/ (cached safetensors checkpoint)
-      -> reference.py (transformers hidden states)
-      -> engine/ (SGLang in a subprocess) -> capture.py (aux hidden states)
-      -> compare.py (verdict against the contract, named in snapshots.py terms)
+    target/spec.py (TargetSpec) -> target/checkpoint/ (cached safetensors checkpoint)
+      -> target/reference.py (transformers hidden states)
+      -> engine/ (SGLang in a subprocess) -> capture/ (aux hidden states)
+      -> verdicts/ (against the reference and the contract, named in snapshots.py terms)
 
-Nothing here imports torch, transformers or sglang at import time.
+contracts/, draft/ and planning/ sit above them, plugin/ and cli/ on top, and
+suite/ holds the packaged tests (the order: docs/layout.md, checked by
+tests/unit/test_layers.py).  Nothing here imports torch, transformers or
+sglang at import time.
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ from typing import Any
 
 from pytest_eagle3.contracts.catalog import ContractFixture, contracts_dir, load_contract_fixture
 
-#: Runs at every TP size: slot 0 is the embedding on sglang >= 0.5.13.
+#: Runs at every TP size: slot 0 is the embedding where the installed model file
+#: captures layer 0 (upstream DeepSeek from 0.5.14).
 WIDE_CASE = "kimi-embedding-first"
 
 

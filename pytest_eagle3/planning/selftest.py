@@ -16,7 +16,7 @@ __all__ = ["NEEDS_TP", "self_test_plan"]
 def self_test_plan(no_tp: int = 1) -> dict[str, tuple[int, tuple[str, ...]]]:
     """kind -> (TP size, ids of the packaged tests that must fail naming it): the
     smallest part of ``pytest_eagle3.suite`` that catches each fault, one engine
-    per kind (``tests/test_e2e_faults.py``; a ``--eagle3-self-test`` can run the same).
+    per kind (``pytest-eagle3 self-test`` runs it; ``tests/e2e/test_fault_self_test.py``).
 
     Kinds in :data:`NEEDS_TP` run at TP 2, the others at ``no_tp``, except
     ``offset-missing``: on the embedding-first list ``[0, 3, 5]`` it would ask for

@@ -31,7 +31,7 @@ from pytest_eagle3.engine.faults import FAULT_ENV, FaultError, read_fault
 #: Tensor-parallel sizes the suite knows how to run.
 TP_CHOICES: tuple[int, ...] = (1, 2, 4, 8)
 DEVICE_CHOICES: tuple[str, ...] = ("cpu", "cuda")
-#: Target preset used when none is given, per device (presets live in ``spec.py``).
+#: Target preset used when none is given, per device (presets: ``fixtures/targets/<name>.json``).
 DEFAULT_TARGETS: Mapping[str, str] = MappingProxyType({"cpu": "tiny-dsv3", "cuda": "gpu-dsv3"})
 DEFAULT_STARTUP_TIMEOUT = 600.0
 #: ``--eagle3-capture-method`` values (``pytest_eagle3.capture.api`` method names).
@@ -138,7 +138,7 @@ class Settings:
     Attributes:
         tp: tensor-parallel size of the run (one of :data:`TP_CHOICES`).
         device: ``"cpu"`` or ``"cuda"``.
-        target: a preset name from ``spec.py`` or a path to a checkpoint directory.
+        target: a preset name (``fixtures/targets/<name>.json``) or a path to a checkpoint directory.
         cache_dir: per-user cache of checkpoints and references (may not exist yet).
         rebuild: rebuild cached checkpoints and references instead of reusing them.
         sglang_args: extra SGLang server arguments as ``(key, value)`` pairs, in order

@@ -98,3 +98,46 @@ def test_the_walker_sees_function_level_imports(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(__import__(__name__), "ROOT", fake)
     assert violations() == ["pytest_eagle3/engine/x.py:2: engine imports plugin (a layer above)",
                             "pytest_eagle3/target/y.py:2: target imports verdicts (a layer above)"]
+
+
+#: Modules that run inside SGLang's own processes and load a hook set only when
+#: it is enabled (its modules import torch and SGLang at their top): there, and
+#: only there, a function imports pytest_eagle3 modules.
+LAZY_HOOK_LOADERS = frozenset({
+    "engine/sglang_hooks.py", "engine/site_hook/sitecustomize.py", "engine/cpu/patches.py",
+})
+
+
+def function_level_imports(root: Path) -> list[str]:
+    """``path:line: module`` of every ``pytest_eagle3`` import inside a function."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    names = ["." * node.level + (node.module or "")]
+                else:
+                    continue
+                for name in names:
+                    if name.split(".")[0] == "pytest_eagle3" or name.startswith("."):
+                        found.append(f"{path.relative_to(root).as_posix()}:{node.lineno}: {name}")
+    return found
+
+
+def test_own_modules_are_imported_at_module_top() -> None:
+    """Imports inside functions only for torch, transformers and sglang (and the
+    hook loaders that run inside SGLang's processes)."""
+    inside = [f for f in function_level_imports(ROOT) if f.split(":")[0] not in LAZY_HOOK_LOADERS]
+    assert not inside, "pytest_eagle3 modules imported inside functions:\n" + "\n".join(inside)
+
+
+def test_the_top_import_check_can_fail(tmp_path: Path) -> None:
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "engine" / "x.py").write_text("import torch\n\ndef f():\n    import torch\n"
+                                               "    from pytest_eagle3.target import spec\n")
+    assert function_level_imports(tmp_path) == ["engine/x.py:5: pytest_eagle3.target"]
