@@ -31,7 +31,7 @@ from typing import Any
 
 from pytest_eagle3.contracts.contract import Contract
 from pytest_eagle3.contracts.stacks import translate
-from pytest_eagle3.errors import Eagle3ContractError
+from pytest_eagle3.errors import Eagle3ConfigError, Eagle3ContractError
 from pytest_eagle3.engine.install import sglang_location_and_version
 from pytest_eagle3.engine.model_code import read_rules
 
@@ -205,8 +205,7 @@ def _as_ids(value: Any, path: Path, key: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def read_draft_config(path: str | Path, error: type[Eagle3ContractError] = Eagle3ContractError,
-                      ) -> dict[str, Any]:
+def read_draft_config(path: str | Path, error: type[Eagle3ConfigError] = Eagle3ContractError) -> dict[str, Any]:
     """The parsed ``config.json`` of a draft checkpoint directory: the one reader of
     a draft config (:func:`load_draft`, ``pytest-eagle3 inspect``, the draft checks).
 
