@@ -41,7 +41,7 @@ def _ids(value: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pytest-eagle3",
-        description="Check what SGLang feeds an EAGLE-3 draft, without starting a model.",
+        description="Check what SGLang feeds an EAGLE-3 draft: info and inspect read the installed code without starting a model; self-test runs the suite with faults injected.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     info = sub.add_parser("info", help="what the installed SGLang captures and how it reads aux layer ids")
