@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from pytest_eagle3.target.spec import TargetFacts
 
 
-class EngineRequest(Protocol):
+class CaptureRequest(Protocol):
     """One engine and request shape a test declared
     (:class:`pytest_eagle3.planning.declare.EngineRequest` is one).
 
@@ -89,14 +89,14 @@ class CaptureRunner:
         return engine_config(self.install, self.options, model_path=str(self.checkpoint), tp=self.tp,
                              ids=layer_ids, extra_args=extra_args, facts=self.facts, draft=draft)
 
-    def run(self, request: "EngineRequest") -> "list[Captures]":
-        """Captures of the suite prompts for a declared :class:`EngineRequest`
+    def run(self, request: "CaptureRequest") -> "list[Captures]":
+        """Captures of the suite prompts for a declared :class:`CaptureRequest`
         (its ids, server args and request shape); the last of ``request.repeat`` sends."""
         runs = [self(request.ids, decode_steps=request.decode_steps, extra_args=request.extra_args,
                      batch=request.batch, draft=request.draft) for _ in range(max(1, request.repeat))]
         return runs[-1]
 
-    def server_info(self, request: "EngineRequest") -> dict[str, Any]:
+    def server_info(self, request: "CaptureRequest") -> dict[str, Any]:
         """``/server_info`` of ``request``'s engine: the server args as SGLang
         resolved them plus its scheduler info (read once per engine)."""
         server = self._server(request.ids, request.extra_args, request.draft)
@@ -105,7 +105,7 @@ class CaptureRunner:
             self.pool.results[key] = server.server_info()
         return self.pool.results[key]
 
-    def speculate(self, request: "EngineRequest", prompts: Sequence[Sequence[int]],
+    def speculate(self, request: "CaptureRequest", prompts: Sequence[Sequence[int]],
                   max_new_tokens: Sequence[int]) -> "list[DraftPathCaptures]":
         """Greedy speculative decoding of ``prompts`` on the engine of ``request``
         (which loads a draft): each request's output, captures and speculative

@@ -1,6 +1,7 @@
 """Contract fixtures: ``fixtures/contracts/*.json``, each a draft config a user could write.
 
 File format (JSON object)::
+
     {"name": "specforge-default-ids",
      "description": "...",
      "stack": "specforge-hf",             # a STACKS name

@@ -1,6 +1,7 @@
 """Translators from each training stack's layer ids to a :class:`Contract`.
 
 Every translator has the signature::
+
     translator(ids, *, num_layers, hidden_size, dtype=None, source="", **stack_options) -> Contract
 
 where ``ids`` is what the stack was given (normally the draft config's
@@ -148,6 +149,7 @@ def speculators(
 
     ``datagen="extract_hidden_states"`` (default; speculators PR #353, commit
     ``2a1443c8``, 2026-03-26, onwards; read at ``c05b95b3``, 2026-08-20):
+
     * ``ids`` are the draft config's ``eagle_aux_hidden_state_layer_ids`` (the
       ``fc`` layers).  ``None`` -> ``[2, L//2, L-3]``:
       ``src/speculators/models/utils.py::resolve_target_layer_ids`` (PR #457),
@@ -257,6 +259,7 @@ def specforge_hf(
 
     Read in ``specforge/modeling/target/eagle3_target_model.py`` at ``c9b9b660``
     (2026-07-04; the file moved in later refactors):
+
     * ``Eagle3TargetEngine.set_aux_hidden_states_layers``: ``None`` ->
       ``[1, L//2 - 1, L - 4]``, and asserts exactly 3 layers.  ``scripts/train_eagle3.py``
       passes the draft config's ``eagle_config.eagle_aux_hidden_state_layer_ids``
@@ -382,6 +385,7 @@ def eagle(
     """SafeAILab/EAGLE, original EAGLE-3 training: fixed ``hs[2], hs[L//2], hs[L-3]``.
 
     Read at ``cb7e0841`` (2026-02-19):
+
     * ``eagle/traineagle3/modeling_llama_kv.py::LlamaModel.forward`` appends
       ``hidden_states`` *before* decoder layer ``idx`` runs when
       ``idx == L-3 or idx == L//2 or idx == 2``: the input of those layers

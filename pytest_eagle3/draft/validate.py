@@ -30,8 +30,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pytest_eagle3.contracts.draft import BAD_CONFIG_MSG, read_draft_config, read_safetensors_header
-from pytest_eagle3.contracts.draft import NO_DIR_MSG as NOT_DIR_MSG
+from pytest_eagle3.contracts.draft import BAD_CONFIG_MSG, NO_DIR_MSG, read_draft_config, read_safetensors_header
 from pytest_eagle3.draft.config import ARCHITECTURE, FC, LM_HEAD, DraftConfig
 from pytest_eagle3.errors import Eagle3ContractError
 
@@ -114,7 +113,7 @@ def validate_draft(path: str | Path, target_hidden_size: int, target_vocab_size:
     """
     p = Path(path)
     if not p.is_dir():
-        raise Eagle3DraftError(NOT_DIR_MSG.format(path=p))
+        raise Eagle3DraftError(NO_DIR_MSG.format(path=p))
     raw = read_config(p)
     cfg_file = p / "config.json"
     arch = raw.get("architectures") or []

@@ -411,6 +411,7 @@ def prefill_rows(prompt_len: int, server_info: Mapping[str, Any], *, repeat: int
     ``prompt_len``-token prompt, from the engine's own resolved settings
     (``/server_info``: ``chunked_prefill_size``, ``disable_radix_cache``,
     ``page_size``), as measured on sglang 0.5.23 (module docstring):
+
     * a radix-cache hit (cache on, ``repeat > 1``) returns the uncached tail:
       the matched prefix is ``page_size * ((T - 1) // page_size)`` tokens
       (``Req._compute_max_prefix_len``);

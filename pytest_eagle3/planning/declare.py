@@ -1,6 +1,7 @@
 """One declaration of the engine a packaged test needs.
 
 A packaged test says which engine it needs with the ``eagle3_engines`` marker::
+
     @pytest.mark.tp(1, 2, 4, 8)
     @pytest.mark.eagle3_engines(*case_needs())
     def test_capture_order(eagle3_need, eagle3_engine_request, eagle3_capture, ...):

@@ -2,6 +2,7 @@
 
 The chain follows the data path; a fork's ``conftest.py`` can replace any link
 (e.g. ``eagle3_checkpoint`` to point at a prepared directory)::
+
     eagle3_settings -> eagle3_target -> eagle3_checkpoint -> eagle3_model_config
                                      \\-> eagle3_prompts -> eagle3_reference
     eagle3_sglang (installed SGLang, flags) -> eagle3_engine_pool <- eagle3_gpu_lease (cuda)

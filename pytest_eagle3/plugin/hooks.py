@@ -30,7 +30,8 @@ from pytest_eagle3.errors import Eagle3Error
 from pytest_eagle3.plugin import hookspec, plan
 from pytest_eagle3.engine.variants import list_variants
 from pytest_eagle3.libversions import module_version
-from pytest_eagle3.draft.validate import NOT_DIR_MSG, read_config
+from pytest_eagle3.contracts.draft import NO_DIR_MSG
+from pytest_eagle3.draft.validate import read_config
 from pytest_eagle3.target.spec import LocalTarget, resolve_target
 from pytest_eagle3.engine.install import SGLangInstall, sglang_location_and_version
 from pytest_eagle3.plugin.bisect import BisectPlugin, mark_untestable
@@ -351,7 +352,7 @@ def check_user_draft(settings: options.Settings) -> None:
     """
 
     if not settings.draft.is_dir():
-        raise pytest.UsageError(f"--eagle3-draft: {NOT_DIR_MSG.format(path=settings.draft)}")
+        raise pytest.UsageError(f"--eagle3-draft: {NO_DIR_MSG.format(path=settings.draft)}")
     try:
         read_config(settings.draft)
     except Eagle3Error as exc:

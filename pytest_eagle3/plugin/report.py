@@ -8,6 +8,7 @@ goes through :func:`pytest_eagle3.verdicts.compare.fail_if_bad` is added as an
 (temporary name, then rename).
 
 Schema (version :data:`SCHEMA`; fields are only added, never renamed)::
+
     {"schema": 1,
      "pytest_eagle3": "0.1.0",
      "sglang": {"version": "0.5.23", "location": "/.../sglang", "commit": "abc123..." | null},

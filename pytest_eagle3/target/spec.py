@@ -10,6 +10,7 @@ A *target* is either
 :func:`resolve_target` turns the ``--eagle3-target`` value into one of them.
 
 Spec file format (JSON object)::
+
     {"name": "tiny-dsv3", "description": "...", "seed": 0,
      "init": {... InitParams fields ...},
      "config": {... Hugging Face config.json ...}}

@@ -1,6 +1,7 @@
 """The keyed, atomic, xdist-safe checkpoint cache.
 
 Layout under ``cache_root``::
+
     checkpoints/
       <name>-<key[:16]>/          a complete entry: config.json, model.safetensors,
         manifest.json             build_info.json, and manifest.json written last
