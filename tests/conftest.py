@@ -35,3 +35,11 @@ def clean_eagle3_env(monkeypatch: pytest.MonkeyPatch) -> None:
                  "CI", "BUILD_NUMBER"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("pytest-eagle3 project tests")
+    group.addoption("--interrupts", type=int, default=10, metavar="N",
+                    help="interrupts sent by tests/e2e/test_interrupts.py (default 10)")
+    group.addoption("--interrupt-seed", type=int, default=None, metavar="SEED",
+                    help="seed of its random moments (default: a new one, printed)")

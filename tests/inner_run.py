@@ -1,7 +1,8 @@
 """Run the packaged suite in a child pytest against the real SGLang, read its JUnit XML.
 
-Shared by the e2e tests.  Every SGLang process the child starts inherits
-``RUN_MARK`` (its working directory), so a test can look for leftovers.
+Shared by the e2e tests.  Every process the child starts inherits ``RUN_MARK``
+(its working directory) and that working directory, so a test can look for
+leftovers (:func:`run_processes`).
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
+import psutil
 import pytest
 
 from pytest_eagle3.cli.selftest import parse_junit
@@ -20,6 +22,36 @@ from pytest_eagle3.plugin.options import default_cache_dir
 
 INNER_TIMEOUT_S = 40 * 60
 RUN_MARK = "PYTEST_EAGLE3_E2E_RUN"
+
+
+def run_processes(mark: str, *, exclude: int | None = None, sessions: Iterable[int] = ()) -> list[psutil.Process]:
+    """The live processes of the run marked ``mark`` (its working directory).
+
+    SGLang renames its workers with setproctitle (``sglang::scheduler_TP0``,
+    ``sglang::detokenizer``), which on Linux overwrites the memory that
+    ``/proc/<pid>/environ`` reads: their ``RUN_MARK`` is gone.  So a process
+    belongs to the run when its environment has ``RUN_MARK=mark``, or its working
+    directory is ``mark`` (workers keep the one they inherit), or it is in one of
+    ``sessions`` (an engine's process group, even one spawned from elsewhere).
+    """
+    wanted = set(sessions)
+    cwd = os.path.realpath(mark)
+    out = []
+    for proc in psutil.process_iter():
+        if proc.pid == exclude:
+            continue
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            mine = (os.getsid(proc.pid) in wanted) or proc.cwd() == cwd
+            if not mine:
+                mine = proc.environ().get(RUN_MARK) == mark
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess, ProcessLookupError,
+                PermissionError):
+            continue
+        if mine:
+            out.append(proc)
+    return out
 
 
 @dataclass

@@ -20,6 +20,8 @@ from pytest_eagle3.contracts.stacks import STACKS
 from pytest_eagle3.target.spec import DEFAULT_ARCHITECTURE, resolve_target
 from pytest_eagle3.engine.install import locate
 from pytest_eagle3.engine.model_code import read_rules
+from pytest_eagle3.engine.id_keys import draft_reads, target_reads
+from pytest_eagle3.contracts.draft import read_draft_config
 from pytest_eagle3.errors import Eagle3SGLangMissing
 from pytest_eagle3.cli.preflight import inspect_draft, unreadable_dict
 
@@ -48,7 +50,9 @@ contract_error, sglang{version, source, rule, rule_source, rule_from_code, ids_r
 never_reached, fails_at_first_forward, captures, captures_human},
 slots[{slot, sglang, contract, ok, sglang_human, contract_human}],
 fix{ids, key, text, portable, permutation} (null unless MISMATCH/FAILS),
-recheck, notes.  Snapshots are HF output_hidden_states indices (L+1 =
+recheck, notes, vllm[{server, key, ids, captures, fails, source}] (what vLLM
+0.33.0's V2 and V1 runners would read from this config and capture on a
+DeepSeek target).  Snapshots are HF output_hidden_states indices (L+1 =
 final_prenorm)."""
 
 NEEDS_LAYERS_MSG = (
@@ -133,28 +137,39 @@ def _layers(args: argparse.Namespace) -> tuple[int, str, int | None, str]:
     return args.layers, f"{args.layers} layers (--layers)", None, DEFAULT_ARCHITECTURE
 
 
-def _sglang(args: argparse.Namespace, architecture: str) -> tuple[str, str, Any]:
-    """``(version, where it came from, rule)``: the installed SGLang's rule is read
-    from its model file for ``architecture``; ``--sglang-version`` asks the
-    version table (rule ``None``)."""
+def _sglang(args: argparse.Namespace, architecture: str) -> tuple[str, str, Any, str | None]:
+    """``(version, where it came from, rule, location)``: the installed SGLang's rule is
+    read from its model file for ``architecture``; ``--sglang-version`` asks the
+    version table (rule and location ``None``)."""
     if args.sglang_version is not None:
-        return args.sglang_version, "--sglang-version", None
+        return args.sglang_version, "--sglang-version", None, None
 
     try:
         version, location = locate()
     except Eagle3SGLangMissing as exc:
         raise Eagle3SGLangMissing(str(exc) + NO_SGLANG_SUFFIX) from None
-    return version, f"installed at {location}", read_rules(location, architecture).rule
+    return version, f"installed at {location}", read_rules(location, architecture).rule, location
+
+
+def _key_reads(location: str | None, draft: str) -> tuple[Any, Any] | None:
+    """How the installed SGLang reads the draft's ids: target side, draft model side."""
+    if location is None:
+        return None
+    try:
+        arch = (read_draft_config(draft).get("architectures") or [""])[0]
+    except Eagle3ContractError:
+        return None
+    return target_reads(location), draft_reads(location, arch)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     L, target, hidden, architecture = _layers(args)
-    version, source, rule = _sglang(args, architecture)
+    version, source, rule, location = _sglang(args, architecture)
     try:
         result = inspect_draft(
             args.draft, num_layers=L, sglang_version=version, sglang_source=source, target=target,
             target_hidden_size=hidden, stack=args.stack, contract_text=args.contract, options=dict(args.option),
-            rule=rule,
+            rule=rule, key_reads=_key_reads(location, args.draft),
         )
     except Eagle3ContractError as exc:
         # load_draft rejected a readable config (bad or conflicting ids, unreadable weights).

@@ -47,7 +47,10 @@ from pytest_eagle3.contracts.draft import (
     contract_for_draft,
     load_draft,
     read_draft_config,
+    top_level_trap,
 )
+from pytest_eagle3.contracts.servers import ServerRead, vllm_reads
+from pytest_eagle3.engine.id_keys import KeyReads
 from pytest_eagle3.contracts.stacks import STACKS, stack_options
 from pytest_eagle3.conventions import IdRule, Prediction, predict, rule_for_version
 from pytest_eagle3.errors import Eagle3ConfigError, Eagle3ContractError
@@ -93,6 +96,7 @@ DEFAULT_REASON = (
 )
 NO_KEY_WHY = "no " + EAGLE_CONFIG_KEY
 TOP_LEVEL_WHY = "the ids are only at top level, and SGLang reads " + EAGLE_CONFIG_KEY
+
 PIN_NOTE = "the match depends on SGLang's default list; to pin it: {fix}"
 DATAGEN_NOTE = (
     "specforge-sglang: assumed the training data was generated with SGLang {version}; "
@@ -154,6 +158,7 @@ class Inspection:
     recheck: str | None = None
     notes: tuple[str, ...] = field(default=())
     rule: IdRule | None = None
+    vllm: tuple[ServerRead, ...] = ()
 
     @property
     def exit_code(self) -> int:
@@ -182,6 +187,8 @@ class Inspection:
         out.append(f"rule:      {rule}")
         out.append(f"reads:     {read} -> layers_to_capture {list(p.layers_to_capture)}")
         out.append(f"captures:  {self.captures_text()}")
+        for r in self.vllm:
+            out.append(f"vllm:      {r.describe(lambda i: _text(i, L))}")
         label = self.verdict.upper() + (" (by SGLang's default)" if self.by_default else "")
         out.append(f"verdict:   {label}: {self.reason}")
         for s in self.slots:
@@ -227,18 +234,20 @@ class Inspection:
             "fix": self.fix.to_dict() if self.fix is not None else None,
             "recheck": self.recheck,
             "notes": list(self.notes),
+            "vllm": [{"server": r.server, "key": r.key, "ids": list(r.ids), "captures": list(r.snapshots),
+                      "fails": r.fails, "source": r.source} for r in self.vllm],
         }
 
 
 JSON_KEYS = ("verdict", "exit_code", "reason", "by_default", "draft", "stack", "stack_source", "target",
-             "contract", "contract_error", "sglang", "slots", "fix", "recheck", "notes")
+             "contract", "contract_error", "sglang", "slots", "fix", "recheck", "notes", "vllm")
 
 
 def unreadable_dict(path: str | Path, reason: str) -> dict[str, Any]:
     """:meth:`Inspection.to_dict`'s keys for a draft :func:`load_draft` rejected (nothing else known)."""
     out: dict[str, Any] = dict.fromkeys(JSON_KEYS)
     out.update(verdict=INVALID, exit_code=EXIT_CODES[INVALID], reason=reason, by_default=False,
-               draft={"path": str(path)}, contract_error=reason, slots=[], notes=[])
+               draft={"path": str(path)}, contract_error=reason, slots=[], notes=[], vllm=[])
     return out
 
 
@@ -338,6 +347,7 @@ def inspect_draft(
     contract_text: str | None = None,
     options: Mapping[str, Any] | None = None,
     rule: IdRule | None = None,
+    key_reads: tuple[KeyReads | None, KeyReads | None] | None = None,
 ) -> Inspection:
     """Compare a draft's training contract with what SGLang ``sglang_version`` captures for it.
 
@@ -353,6 +363,10 @@ def inspect_draft(
         stack: a :data:`~pytest_eagle3.contracts.stacks.STACKS` name (see :func:`resolve_stack`).
         contract_text: the contract in human form instead of a stack (``[embedding, out(L2)]``).
         options: translator options (``datagen``, ``capture``, ``final_layer``, ``sglang_version``).
+        key_reads: how the installed SGLang reads the ids, target side and the
+            draft's model (:func:`pytest_eagle3.engine.id_keys.target_reads`,
+            :func:`~pytest_eagle3.engine.id_keys.draft_reads`): ids only at the top
+            level are then diagnosed with the files and lines that read them.
 
     Raises:
         Eagle3ConfigError: usage problems (no draft there, no stack, a bad option or
@@ -406,7 +420,8 @@ def inspect_draft(
     by_default = ids_read is None
     common = dict(draft=info, stack=used_stack, stack_source=stack_source, num_layers=L, target=target,
                   contract=contract, contract_error=error, sglang_version=sglang_version,
-                  sglang_source=sglang_source, ids_read=ids_read, prediction=p, rule=r)
+                  sglang_source=sglang_source, ids_read=ids_read, prediction=p, rule=r,
+                  vllm=tuple(vllm_reads(info.config, L)))
     if contract is None:
         return Inspection(**common, verdict=INVALID, reason=error or "", notes=tuple(notes))
 
@@ -442,7 +457,9 @@ def inspect_draft(
     else:
         verdict = MISMATCH
         reason = MISMATCH_REASON.format(n=sum(not slot.ok for slot in slots), k=len(slots))
-    if by_default:
+    if by_default and info.ids is not None and key_reads is not None:
+        reason += "; " + top_level_trap(info, *key_reads)
+    elif by_default:
         why = TOP_LEVEL_WHY if info.ids is not None else NO_KEY_WHY
         reason += "; " + DEFAULT_REASON.format(why=why, layers=list(p.layers_to_capture))
     plan = fix()

@@ -34,6 +34,7 @@ from pytest_eagle3.contracts.stacks import translate
 from pytest_eagle3.errors import Eagle3ConfigError, Eagle3ContractError
 from pytest_eagle3.engine.install import sglang_location_and_version
 from pytest_eagle3.engine.model_code import read_rules
+from pytest_eagle3.engine.id_keys import KeyReads, draft_reads, target_reads
 
 #: Where the ids can be; the first is what SGLang reads.
 EAGLE_CONFIG_KEY = "eagle_config.eagle_aux_hidden_state_layer_ids"
@@ -82,6 +83,14 @@ TOP_LEVEL_ONLY_NOTE = (
     "ids are only in the top-level '" + TOP_LEVEL_KEY + "' (speculators format): SGLang reads '"
     + EAGLE_CONFIG_KEY + "' and will use its default layers instead"
 )
+#: Ids only at the top level, diagnosed from the installed files that read them
+#: (:mod:`pytest_eagle3.engine.id_keys`).
+TOP_LEVEL_TRAP = (
+    "the ids {ids} are only at the top level ({top_key}): {draft_side}, but the target side reads {target_side} "
+    "and captures its default layers instead; fix: move the ids under " + EAGLE_CONFIG_KEY
+)
+DRAFT_SIZED = "the draft's fc is sized for them ({cls} reads the top-level key when eagle_config has none, {where})"
+DRAFT_NOT_SIZED = "the draft's fc ignores them too ({cls} reads {how})"
 NO_SGLANG_MSG = (
     "stack specforge-sglang needs the SGLang version used at data generation; "
     "pass sglang_version (no SGLang is installed here to default to)"
@@ -286,6 +295,34 @@ def load_draft(path: str | Path) -> DraftInfo:
         hidden_size_key=hidden_key, use_aux_hidden_state=bool(eagle_config.get("use_aux_hidden_state", True)),
         dtype=dtype if isinstance(dtype, str) else None, config=config, **fc,
     )
+
+
+def top_level_trap(info: DraftInfo, target: KeyReads | None, draft: KeyReads | None) -> str:
+    """What happens to ids only at the top level of ``info``'s config: which side
+    reads them (``target``: :func:`~pytest_eagle3.engine.id_keys.target_reads`;
+    ``draft``: :func:`~pytest_eagle3.engine.id_keys.draft_reads` of its architecture),
+    with the files and lines, and the fix."""
+    arch = (info.config.get("architectures") or ["the draft model"])[0]
+    if draft is not None and draft.reads_top_level:
+        draft_side = DRAFT_SIZED.format(cls=arch, where=draft.where(nested=False))
+    elif draft is not None:
+        draft_side = DRAFT_NOT_SIZED.format(cls=arch, how=draft.describe())
+    else:
+        draft_side = f"{arch} reads no id key in this SGLang"
+    target_side = target.describe() if target is not None else EAGLE_CONFIG_KEY
+    return TOP_LEVEL_TRAP.format(ids=list(info.ids or ()), top_key=TOP_LEVEL_KEY, draft_side=draft_side,
+                                 target_side=target_side)
+
+
+def installed_top_level_trap(info: DraftInfo, location: str | Path | None) -> str | None:
+    """:func:`top_level_trap` read from the SGLang at ``location``; ``None`` when
+    the draft's ids are where SGLang reads them (or it has none)."""
+    if info.ids is None or info.sglang_reads_ids:
+        return None
+    if location is None:
+        return top_level_trap(info, None, None)
+    arch = (info.config.get("architectures") or [""])[0]
+    return top_level_trap(info, target_reads(location), draft_reads(location, arch))
 
 
 def installed_sglang_rule() -> Any:

@@ -38,6 +38,14 @@ from pytest_eagle3.draft import data, offline, wiring
 from pytest_eagle3.draft.train import TrainSettings, train_draft
 from pytest_eagle3.target.spec import TargetSpec, fixtures_dir, load_prompts, prompts_path
 
+#: Draft variants besides the Llama-style default: name -> TrainSettings overrides.
+#: ``--variant NAME`` writes ``fixtures/drafts/<preset>-<NAME>``.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "mla": {"attention": "mla"},
+    "mla-fc-norm": {"attention": "mla", "fc_norm": True},
+    "mla-norm-output": {"attention": "mla", "norm_output": True},
+}
+
 #: Bump when the files written for the same inputs change.
 DRAFT_BUILDER_VERSION = "1"
 #: The contract the packaged drafts are trained on (the suite's wide case).
@@ -151,7 +159,8 @@ def build_draft(
         embed = sd["model.embed_tokens.weight"]
         norms = wiring.input_layernorm_weights(sd, L)
         say(f"{preset}: training on hs{hs_ids} ({settings.steps} steps, seed {settings.seed}) ...")
-        result = train_draft(examples, stacks, embed, hs_ids, norms, dims.eps, settings, progress=say)
+        result = train_draft(examples, stacks, embed, hs_ids, norms, dims.eps, settings,
+                             target_config=dict(spec.config), progress=say)
         say(f"{preset}: offline quality ...")
         qualities = offline.evaluate_wirings(
             result.params, result.cfg, embed, examples, stacks, hs_ids, norms=norms, eps=dims.eps, steps=steps,
@@ -245,10 +254,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--contract", default=DEFAULT_CONTRACT)
     ap.add_argument("--seed", type=int, default=TrainSettings.seed)
     ap.add_argument("--train-steps", type=int, default=TrainSettings.steps)
+    ap.add_argument("--variant", choices=list(VARIANTS), default=None,
+                    help="an MLA draft variant (default: the Llama-style draft); writes "
+                    "fixtures/drafts/<preset>-<variant> unless --out says otherwise")
     args = ap.parse_args(argv)
-    settings = TrainSettings(seed=args.seed, steps=args.train_steps)
+    settings = TrainSettings(seed=args.seed, steps=args.train_steps, **VARIANTS.get(args.variant or "", {}))
+    out_dir = args.out
+    if out_dir is None and args.variant:
+        out_dir = fixtures_dir() / "drafts" / f"{args.preset}-{args.variant}"
     start = time.perf_counter()
-    out = build_draft(args.preset, args.out, contract=args.contract, settings=settings,
+    out = build_draft(args.preset, out_dir, contract=args.contract, settings=settings,
                       progress=lambda m: print(m, flush=True))
     print(f"done in {time.perf_counter() - start:.0f} s: {out}")
     return 0

@@ -41,24 +41,56 @@ Weight names written (SpecForge's, which every SGLang EAGLE-3 loader maps):
 ``midlayer.self_attn.o_proj.weight [H, heads*hd]``,
 ``midlayer.mlp.{gate,up}_proj.weight [I, H]``, ``midlayer.mlp.down_proj.weight [H, I]``,
 ``norm.weight [H]``, ``lm_head.weight [Vd, H]``, and ``d2t``/``t2d`` when ``Vd < V``.
+
+The MLA draft (``attention="mla"``) is SGLang 0.5.23's ``Eagle3DeepseekV2ForCausalLM``
+(``sglang/srt/models/kimi_k25_eagle3.py``, the ``kimi-k2.5-eagle3-mla`` layout):
+
+* the same EAGLE-3 layer around DeepSeek-V2 multi-latent attention
+  (``DeepseekV2AttentionMLA``) whose fused ``q_a``/``kv_a`` down projection reads
+  ``2 * hidden_size`` (``Eagle3MLADecoderLayer.__init__``, lines 112-131), with the
+  target's MLA widths (``q_lora_rank``, ``kv_lora_rank``, ``qk_nope_head_dim``,
+  ``qk_rope_head_dim``, ``v_head_dim``) and its yarn ``rope_scaling``; a dense
+  ``DeepseekV2MLP``;
+* ``fc`` sized from ``eagle_config.eagle_aux_hidden_state_layer_ids``, else a
+  top-level ``eagle_aux_hidden_state_layer_ids``, else 3 (``_get_eagle_aux_layer_count``,
+  lines 48-59);
+* ``fc_norm`` (or ``use_aux_norm``): one RMSNorm per aux slot before ``fc``
+  (``fc_norm.{k}.weight [Ht]``, lines 221-235, 275-281); ``norm_output``: the
+  hidden state handed to the next draft step is the final norm's output instead
+  of the pre-norm sum (lines 245-247, 302-305);
+* checkpoint names ``layers.0.*`` (mapped to ``midlayer.*``, ``load_weights``),
+  ``self_attn.{q_a_proj, q_a_layernorm, q_b_proj, kv_a_proj_with_mqa,
+  kv_a_layernorm, kv_b_proj, o_proj}``; ``draft_vocab_size`` set keeps the draft's
+  own ``lm_head`` (``load_lm_head_from_target`` stays False), and ``set_embed``
+  binds the target's embedding when ``target_hidden_size == hidden_size``.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
+#: SGLang's MLA EAGLE-3 draft (``srt/models/kimi_k25_eagle3.py``, 0.5.23 onwards).
+MLA_ARCHITECTURE = "Eagle3DeepseekV2ForCausalLM"
+#: Every draft architecture this package builds and reads.
+ARCHITECTURES = (ARCHITECTURE, MLA_ARCHITECTURE)
+#: Target config keys an MLA draft copies (its attention has the target's MLA widths).
+MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 #: Names of the trained tensors, without the optional ``d2t``/``t2d``.
 FC = "fc.weight"
 LM_HEAD = "lm_head.weight"
 NORM = "norm.weight"
 LAYER = "midlayer"
+#: The MLA draft's decoder layer prefix (``kimi-k2.5-eagle3-mla`` checkpoints).
+MLA_LAYER = "layers.0"
 
 
 def weight_names() -> tuple[str, ...]:
-    """Every tensor name a draft of this layout has (one decoder layer)."""
+    """Every tensor name a Llama-style draft has (one decoder layer; see
+    :meth:`DraftConfig.shapes` for the MLA layout)."""
     p = LAYER
     return (
         FC,
@@ -105,6 +137,48 @@ class DraftConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     max_position_embeddings: int = 4096
+    attention: str = "llama"
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    rope_scaling: dict[str, Any] | None = field(default=None, compare=False)
+    fc_norm: bool = False
+    norm_output: bool = False
+
+    @property
+    def is_mla(self) -> bool:
+        """Whether this is the MLA draft (:data:`MLA_ARCHITECTURE`)."""
+        return self.attention == "mla"
+
+    @property
+    def layer_prefix(self) -> str:
+        """Checkpoint name prefix of the decoder layer."""
+        return MLA_LAYER if self.is_mla else LAYER
+
+    @property
+    def architecture(self) -> str:
+        return MLA_ARCHITECTURE if self.is_mla else ARCHITECTURE
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Width of one query/key head: ``head_dim``, or ``qk_nope + qk_rope`` for MLA."""
+        if self.is_mla:
+            return int(self.qk_nope_head_dim or 0) + int(self.qk_rope_head_dim or 0)
+        return self.head_dim
+
+    @property
+    def softmax_scale(self) -> float:
+        """``qk_head_dim ** -0.5``; for MLA with yarn ``rope_scaling`` times ``mscale**2``
+        (``DeepseekV2AttentionMLA.__init__``: ``yarn_get_mscale(factor, mscale_all_dim)``)."""
+        scale = self.qk_head_dim ** -0.5
+        rs = self.rope_scaling or {}
+        if self.is_mla and rs and rs.get("mscale_all_dim"):
+            factor = float(rs["factor"])
+            m = 0.1 * float(rs["mscale_all_dim"]) * math.log(factor) + 1.0 if factor > 1 else 1.0
+            scale *= m * m
+        return scale
 
     @property
     def num_aux(self) -> int:
@@ -119,6 +193,8 @@ class DraftConfig:
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """``{name: shape}`` of every trained tensor (see :func:`weight_names`)."""
         H, I, hd = self.hidden_size, self.intermediate_size, self.head_dim
+        if self.is_mla:
+            return self._mla_shapes()
         q, kv = self.num_attention_heads * hd, self.num_key_value_heads * hd
         p = LAYER
         return {
@@ -136,6 +212,33 @@ class DraftConfig:
             NORM: (H,),
             LM_HEAD: (self.draft_vocab_size, H),
         }
+
+    def _mla_shapes(self) -> dict[str, tuple[int, ...]]:
+        H, I, n = self.hidden_size, self.intermediate_size, self.num_attention_heads
+        qr, kvr = int(self.q_lora_rank or 0), int(self.kv_lora_rank or 0)
+        rope, vd = int(self.qk_rope_head_dim or 0), int(self.v_head_dim or 0)
+        p = MLA_LAYER
+        shapes: dict[str, tuple[int, ...]] = {FC: (H, self.fc_in)}
+        if self.fc_norm:
+            shapes.update({f"fc_norm.{k}.weight": (self.target_hidden_size,) for k in range(self.num_aux)})
+        shapes.update({
+            f"{p}.input_layernorm.weight": (H,),
+            f"{p}.hidden_norm.weight": (H,),
+            f"{p}.self_attn.q_a_proj.weight": (qr, 2 * H),
+            f"{p}.self_attn.q_a_layernorm.weight": (qr,),
+            f"{p}.self_attn.q_b_proj.weight": (n * self.qk_head_dim, qr),
+            f"{p}.self_attn.kv_a_proj_with_mqa.weight": (kvr + rope, 2 * H),
+            f"{p}.self_attn.kv_a_layernorm.weight": (kvr,),
+            f"{p}.self_attn.kv_b_proj.weight": (n * (int(self.qk_nope_head_dim or 0) + vd), kvr),
+            f"{p}.self_attn.o_proj.weight": (H, n * vd),
+            f"{p}.post_attention_layernorm.weight": (H,),
+            f"{p}.mlp.gate_proj.weight": (I, H),
+            f"{p}.mlp.up_proj.weight": (I, H),
+            f"{p}.mlp.down_proj.weight": (H, I),
+            NORM: (H,),
+            LM_HEAD: (self.draft_vocab_size, H),
+        })
+        return shapes
 
     def num_parameters(self) -> int:
         """Trained parameters (the shipped embedding is the target's: not counted)."""
@@ -182,9 +285,29 @@ class DraftConfig:
                 "use_aux_hidden_state": True,
             },
         }
+        if self.is_mla:
+            del cfg["head_dim"]
+            cfg.update(self._mla_config())
         if extra:
             cfg.update(extra)
         return cfg
+
+    def _mla_config(self) -> dict[str, Any]:
+        """The keys that make a config the MLA draft (``DeepseekV3Config`` keys)."""
+        out: dict[str, Any] = {
+            "architectures": [MLA_ARCHITECTURE],
+            "model_type": "deepseek_v3",
+            "num_key_value_heads": self.num_attention_heads,
+            "rope_scaling": dict(self.rope_scaling) if self.rope_scaling else None,
+            "rope_interleave": True,
+        }
+        for key in MLA_KEYS:
+            out[key] = getattr(self, key)
+        if self.fc_norm:
+            out["fc_norm"] = True
+        if self.norm_output:
+            out["norm_output"] = True
+        return out
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> DraftConfig:
@@ -199,6 +322,9 @@ class DraftConfig:
         heads = int(cfg["num_attention_heads"])
         eagle = cfg.get("eagle_config") or {}
         ids = eagle.get("eagle_aux_hidden_state_layer_ids")
+        is_mla = MLA_ARCHITECTURE in (cfg.get("architectures") or [])
+        if ids is None and is_mla:
+            ids = cfg.get("eagle_aux_hidden_state_layer_ids")  # _get_eagle_aux_layer_count's fallback
         k = cfg.get("num_aux_hidden_states")
         if ids is None:
             ids = list(range(int(k) if k is not None else 3))  # K only; ids unknown
@@ -206,6 +332,12 @@ class DraftConfig:
             raise ValueError(f"num_aux_hidden_states {k} != {len(ids)} ids")
         vocab = int(cfg["vocab_size"])
         dv = cfg.get("draft_vocab_size")
+        mla: dict[str, Any] = {}
+        if is_mla:
+            mla = {key: int(cfg[key]) for key in MLA_KEYS}
+            mla.update(attention="mla", rope_scaling=cfg.get("rope_scaling"),
+                       fc_norm=bool(cfg.get("fc_norm") or cfg.get("use_aux_norm")),
+                       norm_output=bool(cfg.get("norm_output")))
         return cls(
             hidden_size=H,
             target_hidden_size=int(cfg.get("target_hidden_size") or H),
@@ -219,6 +351,7 @@ class DraftConfig:
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=float(cfg.get("rope_theta", 10000.0)),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 8192)),
+            **mla,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -41,9 +41,15 @@ into one batch: the EAGLE-3 "training-time test" layout); accept counts are exac
 teacher forcing because a chain stops at its first wrong token. :class:`DraftSession`
 is the literal sequential form with a KV cache (one row per position), used to check it.
 
-Facts not used because this draft does not need them: ``norm_before_fc`` / ``fc_norm``
-(norms before ``fc``), ``norm_output`` (feed the normed hidden back), ``d2t`` (reduced
-vocabulary), more than one decoder layer.
+The MLA draft (``cfg.attention == "mla"``, ``sglang/srt/models/kimi_k25_eagle3.py``)
+differs only inside the attention (:func:`mla_qkv`: DeepSeek-V2 multi-latent
+attention over ``x``, yarn rope on interleaved pairs, softmax scale with yarn's
+``mscale**2``) and in two flags: ``fc_norm`` (an RMSNorm per aux slot before
+``fc``, :func:`project`) and ``norm_output`` (the next step receives
+``norm(prenorm)``, :func:`finish`).
+
+Facts not used because these drafts do not need them: ``norm_before_fc`` (one norm
+over all slots before ``fc``), ``d2t`` (reduced vocabulary), more than one decoder layer.
 
 torch is imported inside functions only. Tensors are float32 on CPU.
 """
@@ -53,7 +59,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pytest_eagle3.draft.config import FC, LAYER, LM_HEAD, NORM, DraftConfig
+import math
+
+from pytest_eagle3.draft.config import FC, LM_HEAD, NORM, DraftConfig
 
 if TYPE_CHECKING:
     import torch
@@ -81,13 +89,60 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
+def yarn_inv_freq(cfg: DraftConfig) -> torch.Tensor:
+    """Inverse frequencies ``[rope/2]`` of the MLA rope: plain ``1 / theta**(2i/d)``, or
+    with yarn ``rope_scaling`` the blend of ``sglang/srt/layers/rotary_embedding/rope_variant.py``
+    ``DeepseekScalingRotaryEmbedding._compute_inv_freq`` (interpolated by ``factor``
+    below the correction range ``beta_fast..beta_slow``, extrapolated above it)."""
+    import torch
+
+    d, base = int(cfg.qk_rope_head_dim or 0), cfg.rope_theta
+    pos = base ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+    rs = cfg.rope_scaling or {}
+    if not rs or (rs.get("type") or rs.get("rope_type")) != "yarn":
+        return 1.0 / pos
+    factor = float(rs["factor"])
+    original = int(rs.get("original_max_position_embeddings") or cfg.max_position_embeddings)
+
+    def dim(rotations: float) -> float:
+        return (d * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low = max(math.floor(dim(float(rs.get("beta_fast", 32)))), 0)
+    high = min(math.ceil(dim(float(rs.get("beta_slow", 1)))), d - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolate = 1 - ramp
+    return (1.0 / (factor * pos)) * (1 - extrapolate) + (1.0 / pos) * extrapolate
+
+
+def rope_interleaved(x: torch.Tensor, positions: torch.Tensor, cfg: DraftConfig) -> torch.Tensor:
+    """GPT-J style rotary embedding (``is_neox_style=False``, as SGLang's DeepSeek MLA)
+    of ``x`` ``[T, heads, d]``: pairs ``(x[2i], x[2i+1])`` rotate by ``positions * inv_freq[i]``.
+    Yarn's cos/sin factor ``mscale(factor, mscale) / mscale(factor, mscale_all_dim)``
+    is applied (1 when the two are equal)."""
+    import torch
+
+    freqs = positions.to(torch.float32)[:, None] * yarn_inv_freq(cfg)[None, :]
+    rs = cfg.rope_scaling or {}
+    m = 1.0
+    if rs and float(rs.get("factor", 1)) > 1:
+        def ms(v: float) -> float:
+            return 0.1 * v * math.log(float(rs["factor"])) + 1.0 if v > 0 else 1.0
+        m = ms(float(rs.get("mscale", 1))) / ms(float(rs.get("mscale_all_dim", 0)))
+    cos, sin = (freqs.cos() * m)[:, None, :], (freqs.sin() * m)[:, None, :]
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+
+
 @dataclass
 class StepOut:
     """One draft forward over ``T`` rows.
 
     Attributes:
         logits: ``[T, Vd]`` float32.
-        prenorm: ``[T, H]`` float32, the hidden state the next step receives.
+        prenorm: ``[T, H]`` float32, the hidden state the next step receives (the
+            pre-norm sum; the final norm's output with ``norm_output``).
     """
 
     logits: torch.Tensor
@@ -95,8 +150,16 @@ class StepOut:
 
 
 def project(params: dict, cfg: DraftConfig, hidden: torch.Tensor) -> torch.Tensor:
-    """``fc`` when ``hidden`` is ``[T, K*Ht]`` aux states, identity for ``[T, H]`` (SGLang's width test)."""
+    """``fc`` when ``hidden`` is ``[T, K*Ht]`` aux states, identity for ``[T, H]`` (SGLang's
+    width test); with ``fc_norm`` each of the K slots is RMS-normed first
+    (``Eagle3MLAModel.forward``: ``hidden_states.chunk(K)``, one norm per chunk)."""
+    import torch
+
     if hidden.shape[-1] != cfg.hidden_size:
+        if cfg.fc_norm:
+            chunks = hidden.chunk(cfg.num_aux, dim=-1)
+            hidden = torch.cat([rms_norm(c, params[f"fc_norm.{k}.weight"], cfg.rms_norm_eps)
+                                for k, c in enumerate(chunks)], dim=-1)
         return hidden @ params[FC].T
     return hidden
 
@@ -114,7 +177,9 @@ def qkv(
     """
     import torch
 
-    p, eps = LAYER, cfg.rms_norm_eps
+    if cfg.is_mla:
+        return mla_qkv(params, cfg, embeds, hidden, positions, q_rows)
+    p, eps = cfg.layer_prefix, cfg.rms_norm_eps
     x = torch.cat(
         (rms_norm(embeds, params[f"{p}.input_layernorm.weight"], eps),
          rms_norm(hidden, params[f"{p}.hidden_norm.weight"], eps)),
@@ -128,17 +193,59 @@ def qkv(
     return rope(q, qpos, cfg.rope_theta), rope(k, positions, cfg.rope_theta), v, hidden
 
 
+def mla_qkv(
+    params: dict, cfg: DraftConfig, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+    q_rows: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`qkv` of the MLA draft: ``(q [Q,heads,nope+rope], k [T,heads,nope+rope],
+    v [T,heads,v_head_dim], residual [T,H])``.
+
+    ``kimi_k25_eagle3.py::Eagle3MLADecoderLayer.forward`` feeds ``x = cat(input_layernorm(e),
+    hidden_norm(h))`` to ``DeepseekV2AttentionMLA``, whose math is (absorbed or not)::
+
+        q = q_b_proj(q_a_layernorm(q_a_proj(x)))            -> [nope | rope] per head
+        c, k_pe = split(kv_a_proj_with_mqa(x), [kv_lora_rank, rope])
+        k_nope, v = split(kv_b_proj(kv_a_layernorm(c)), [nope, v_head_dim]) per head
+        q = [q_nope, rope(q_pe)], k = [k_nope, rope(k_pe) (shared by the heads)]
+    """
+    import torch
+
+    p, eps = cfg.layer_prefix, cfg.rms_norm_eps
+    a = f"{p}.self_attn"
+    x = torch.cat(
+        (rms_norm(embeds, params[f"{p}.input_layernorm.weight"], eps),
+         rms_norm(hidden, params[f"{p}.hidden_norm.weight"], eps)),
+        dim=-1,
+    )
+    T, n = x.shape[0], cfg.num_attention_heads
+    nope, rope_d, vd, kvr = (int(cfg.qk_nope_head_dim or 0), int(cfg.qk_rope_head_dim or 0),
+                             int(cfg.v_head_dim or 0), int(cfg.kv_lora_rank or 0))
+    xq, qpos = (x, positions) if q_rows is None else (x[q_rows], positions[q_rows])
+    q = rms_norm(xq @ params[f"{a}.q_a_proj.weight"].T, params[f"{a}.q_a_layernorm.weight"], eps)
+    q = (q @ params[f"{a}.q_b_proj.weight"].T).view(xq.shape[0], n, nope + rope_d)
+    q = torch.cat((q[..., :nope], rope_interleaved(q[..., nope:], qpos, cfg)), dim=-1)
+    kv = x @ params[f"{a}.kv_a_proj_with_mqa.weight"].T
+    latent, k_pe = kv[:, :kvr], kv[:, kvr:]
+    kvb = (rms_norm(latent, params[f"{a}.kv_a_layernorm.weight"], eps) @ params[f"{a}.kv_b_proj.weight"].T)
+    kvb = kvb.view(T, n, nope + vd)
+    k_pe = rope_interleaved(k_pe[:, None, :], positions, cfg).expand(T, n, rope_d)
+    k = torch.cat((kvb[..., :nope], k_pe), dim=-1)
+    return q, k, kvb[..., nope:], hidden
+
+
 def finish(params: dict, cfg: DraftConfig, attn: torch.Tensor, residual: torch.Tensor) -> StepOut:
-    """From the attention output ``[T, heads*hd]`` to logits and the prenorm hidden."""
+    """From the attention output ``[T, heads*v_dim]`` to logits and the hidden state the
+    next step receives (``prenorm``, or ``norm(prenorm)`` with ``norm_output``)."""
     import torch.nn.functional as F
 
-    p, eps = LAYER, cfg.rms_norm_eps
+    p, eps = cfg.layer_prefix, cfg.rms_norm_eps
     residual = residual + attn @ params[f"{p}.self_attn.o_proj.weight"].T
     y = rms_norm(residual, params[f"{p}.post_attention_layernorm.weight"], eps)
     y = F.silu(y @ params[f"{p}.mlp.gate_proj.weight"].T) * (y @ params[f"{p}.mlp.up_proj.weight"].T)
     prenorm = y @ params[f"{p}.mlp.down_proj.weight"].T + residual
-    logits = rms_norm(prenorm, params[NORM], eps) @ params[LM_HEAD].T
-    return StepOut(logits=logits, prenorm=prenorm)
+    normed = rms_norm(prenorm, params[NORM], eps)
+    logits = normed @ params[LM_HEAD].T
+    return StepOut(logits=logits, prenorm=normed if cfg.norm_output else prenorm)
 
 
 def _expand_kv(t: torch.Tensor, cfg: DraftConfig) -> torch.Tensor:
@@ -218,7 +325,7 @@ def packed_chain_forward(
     import torch
 
     S = packed.step_tokens.shape[0] if steps is None else steps
-    scale = cfg.head_dim ** -0.5
+    scale = cfg.softmax_scale
     qrows = packed.query
     T = aux.shape[0]
     q, k1, v1, res = qkv(params, cfg, embed[packed.row_tokens], project(params, cfg, aux), packed.positions,
@@ -304,7 +411,7 @@ class DraftSession:
             seen = sorted(x for x in self.keys if x <= p)
             K = torch.stack([self.keys[x] for x in seen])  # [S, heads, hd]
             V = torch.stack([self.values[x] for x in seen])
-            w = (torch.einsum("hd,shd->hs", q[i], K) * cfg.head_dim ** -0.5).softmax(-1)
+            w = (torch.einsum("hd,shd->hs", q[i], K) * cfg.softmax_scale).softmax(-1)
             outs.append(torch.einsum("hs,shd->hd", w, V).reshape(-1))
         return finish(self.params, cfg, torch.stack(outs), res)
 

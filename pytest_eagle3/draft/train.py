@@ -40,7 +40,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable
 
-from pytest_eagle3.draft.config import FC, DraftConfig
+from pytest_eagle3.draft.config import FC, MLA_KEYS, DraftConfig
 from pytest_eagle3.draft.model import pack, packed_chain_forward
 from pytest_eagle3.draft.wiring import aux_rows, benign, corrupt
 
@@ -72,6 +72,10 @@ class TrainSettings:
             miswired draft does not keep the right token as a flat argmax.
         intermediate_size, num_attention_heads, num_key_value_heads: draft shape
             (``hidden_size`` is the target's, so SGLang shares its embedding).
+        attention: ``"llama"`` (``LlamaForCausalLMEagle3``) or ``"mla"``
+            (``Eagle3DeepseekV2ForCausalLM``, the target's MLA widths and rope).
+        fc_norm, norm_output: the MLA draft's EAGLE 3.1 flags
+            (:mod:`pytest_eagle3.draft.config`).
         max_new_tokens, min_margin: the continuation (see :mod:`.data`).
     """
 
@@ -94,6 +98,9 @@ class TrainSettings:
     num_key_value_heads: int = 8
     max_new_tokens: int = 64
     min_margin: float = 0.01
+    attention: str = "llama"
+    fc_norm: bool = False
+    norm_output: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -135,6 +142,24 @@ def init_params(cfg: DraftConfig, gen: torch.Generator) -> dict:
     return params
 
 
+def _shape_options(settings: TrainSettings, target_config: dict[str, Any] | None) -> dict[str, Any]:
+    """DraftConfig fields beyond the Llama ones: the MLA attention's, from the target."""
+    if settings.attention == "llama":
+        if settings.fc_norm or settings.norm_output:
+            raise ValueError("fc_norm and norm_output are flags of the MLA draft (attention='mla')")
+        return {}
+    if settings.attention != "mla":
+        raise ValueError(f"attention must be 'llama' or 'mla', got {settings.attention!r}")
+    if target_config is None:
+        raise ValueError("an MLA draft copies the target's MLA widths: pass target_config")
+    out: dict[str, Any] = {key: int(target_config[key]) for key in MLA_KEYS}
+    out.update(attention="mla", fc_norm=settings.fc_norm, norm_output=settings.norm_output,
+               rope_theta=float(target_config.get("rope_theta", 10000.0)),
+               rope_scaling=target_config.get("rope_scaling"),
+               max_position_embeddings=int(target_config.get("max_position_embeddings", 4096)))
+    return out
+
+
 def _lr_factor(step: int, s: TrainSettings) -> float:
     if step < s.warmup:
         return (step + 1) / s.warmup
@@ -151,6 +176,7 @@ def train_draft(
     eps: float,
     settings: TrainSettings = TrainSettings(),
     *,
+    target_config: dict[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> TrainResult:
     """Train on ``examples`` whose snapshot stacks ``[L+2, N_j, H]`` are ``stacks``.
@@ -160,7 +186,12 @@ def train_draft(
         ids: the contract's hs indices, in fc slot order.
         norms: the target's input RMSNorm weights (for normed-input negatives).
         eps: the target's ``rms_norm_eps``.
+        target_config: the target's ``config.json`` (the MLA draft copies its MLA
+            widths, ``rope_theta``, ``rope_scaling`` and ``max_position_embeddings``).
         progress: called with a one-line status every 50 steps.
+
+    Raises:
+        ValueError: no usable example; an MLA draft without ``target_config``.
     """
     import torch
     import torch.nn.functional as F
@@ -175,7 +206,7 @@ def train_draft(
             num_key_value_heads=settings.num_key_value_heads,
             head_dim=H // settings.num_attention_heads,
             intermediate_size=settings.intermediate_size, vocab_size=V, draft_vocab_size=V,
-            rms_norm_eps=1e-6,
+            rms_norm_eps=1e-6, **_shape_options(settings, target_config),
         )
         K, Ht = len(ids), cfg.target_hidden_size
         used = [(ex, st) for ex, st in zip(examples, stacks) if ex.num_starts > 0]
@@ -185,6 +216,9 @@ def train_draft(
         rows = torch.cat(correct)
         slot_rms = rows.view(-1, K, Ht).pow(2).mean((0, 2)).sqrt()
         slot_scales = (1.0 / slot_rms).tolist()
+        if cfg.fc_norm:  # fc_norm equalises the slots itself (and would undo a folded scale)
+            slot_scales = [1.0] * K
+            slot_rms = torch.ones_like(slot_rms)
         col_scale = (1.0 / slot_rms).repeat_interleave(Ht)
 
         gen = torch.Generator().manual_seed(settings.seed)

@@ -23,15 +23,21 @@ applies the rules of SGLang 0.5.23's ``LlamaForCausalLMEagle3``
 
 Names are matched as SGLang's ``load_weights`` matches them: ``midlayer`` = ``layers.0``,
 an optional ``model.`` prefix.
+
+The MLA draft (``Eagle3DeepseekV2ForCausalLM``, ``sglang/srt/models/kimi_k25_eagle3.py``)
+is checked the same way against its own layout (:meth:`DraftConfig.shapes`): its
+``fc_norm.{k}.weight`` when the config sets ``fc_norm``, its MLA tensors, and its
+MLA widths against the target's (``kv_lora_rank``, ``qk_rope_head_dim``: the layout
+shares the target's MLA so its KV cache has the target's shape, the file's docstring).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from pytest_eagle3.contracts.draft import BAD_CONFIG_MSG, NO_DIR_MSG, read_draft_config, read_safetensors_header
-from pytest_eagle3.draft.config import ARCHITECTURE, FC, LM_HEAD, DraftConfig
+from pytest_eagle3.draft.config import ARCHITECTURE, ARCHITECTURES, FC, LM_HEAD, MLA_ARCHITECTURE, DraftConfig
 from pytest_eagle3.errors import Eagle3ContractError
 
 
@@ -43,8 +49,21 @@ class Eagle3DraftError(Eagle3ContractError):
 
 NOT_EAGLE3_MSG = (
     "draft config {path} has architectures {arch}; SGLang loads an EAGLE-3 draft as "
-    "['" + ARCHITECTURE + "']"
+    "['" + ARCHITECTURE + "'] or ['" + MLA_ARCHITECTURE + "']"
 )
+SPECULATORS_FORMAT_MSG = (
+    "draft config {path} is in speculators format (architectures {arch}, speculators_config): SGLang cannot "
+    "load it (no model class for it); convert it: architectures ['" + ARCHITECTURE + "'], the "
+    "transformer_layer_config fields ({fields}) at the top level, draft_vocab_size {dv}, target_hidden_size "
+    "{th}, and its ids {ids} under eagle_config.eagle_aux_hidden_state_layer_ids, the key SGLang reads "
+    "(speculators trained id v as hs[v]; pytest-eagle3 inspect --draft on the converted directory checks it)"
+)
+MLA_WIDTH_MSG = (
+    "MLA draft {path}: config.json {key} = {draft}, but the target's {key} is {target}; "
+    "the MLA draft shares the target's MLA layout: rebuild it with the target's widths"
+)
+MLA_FIELD_MSG = "MLA draft {path}: config.json lacks {key} (an integer width of its MLA attention)"
+FC_NORM_WHY = "config.json sets fc_norm, so SGLang builds one RMSNorm per aux slot before fc"
 NO_WEIGHTS_MSG = "draft directory {path} has no *.safetensors weights"
 MISSING_MSG = "draft {path} lacks {name}: {why}"
 SHAPE_MSG = "draft {path}: {name} has shape {shape}, but config.json implies {expected} ({why})"
@@ -96,13 +115,32 @@ def read_config(path: Path) -> dict[str, Any]:
     return read_draft_config(path, Eagle3DraftError)
 
 
-def validate_draft(path: str | Path, target_hidden_size: int, target_vocab_size: int) -> DraftConfig:
+def speculators_format(cfg_file: Path, raw: dict[str, Any]) -> str:
+    """The one-line conversion advice for a speculators-format config (speculators
+    0.9.0 ``models/eagle3/config.py``: ``Eagle3SpeculatorConfig`` writes
+    ``architectures ["Eagle3Speculator"]``, ``speculators_config``,
+    ``transformer_layer_config`` and the ids at the top level; SGLang 0.5.23 has no
+    model class for it)."""
+    tlc = raw.get("transformer_layer_config") if isinstance(raw.get("transformer_layer_config"), dict) else {}
+    keys = [k for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                        "head_dim", "rms_norm_eps", "rope_theta", "vocab_size") if k in tlc]
+    ids = raw.get("eagle_aux_hidden_state_layer_ids")
+    return SPECULATORS_FORMAT_MSG.format(
+        path=cfg_file, arch=raw.get("architectures"), fields=", ".join(keys) or "none given",
+        dv=raw.get("draft_vocab_size"), th=raw.get("target_hidden_size") or tlc.get("hidden_size"),
+        ids=list(ids) if isinstance(ids, list) else "(none: speculators' default [2, L//2, L-3])")
+
+
+def validate_draft(path: str | Path, target_hidden_size: int, target_vocab_size: int, *,
+                   target_mla: Mapping[str, int | None] | None = None) -> DraftConfig:
     """Check a draft directory against a target; return its :class:`DraftConfig`.
 
     Args:
         path: the draft directory (``config.json`` + ``*.safetensors``).
         target_hidden_size: the target's ``hidden_size``.
         target_vocab_size: the target's ``vocab_size``.
+        target_mla: the target's MLA widths (``kv_lora_rank``, ``qk_rope_head_dim``;
+            None values are not checked), compared with an MLA draft's.
 
     Raises:
         Eagle3DraftError: (one line) not a directory, no/bad config, not an EAGLE-3
@@ -117,8 +155,18 @@ def validate_draft(path: str | Path, target_hidden_size: int, target_vocab_size:
     raw = read_config(p)
     cfg_file = p / "config.json"
     arch = raw.get("architectures") or []
-    if ARCHITECTURE not in arch:
+    if "speculators_config" in raw or "speculators_model_type" in raw:
+        raise Eagle3DraftError(speculators_format(cfg_file, raw))
+    if not any(a in ARCHITECTURES for a in arch):
         raise Eagle3DraftError(NOT_EAGLE3_MSG.format(path=cfg_file, arch=arch))
+    if MLA_ARCHITECTURE in arch:
+        for key in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            value = raw.get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise Eagle3DraftError(MLA_FIELD_MSG.format(path=p, key=key))
+        for key, target in (target_mla or {}).items():
+            if target is not None and raw.get(key) != target:
+                raise Eagle3DraftError(MLA_WIDTH_MSG.format(path=p, key=key, draft=raw.get(key), target=target))
     try:
         cfg = DraftConfig.from_hf_config(raw)
     except (KeyError, TypeError, ValueError) as exc:
@@ -137,13 +185,15 @@ def validate_draft(path: str | Path, target_hidden_size: int, target_vocab_size:
             raise Eagle3DraftError(SHAPE_MSG.format(
                 path=p, name=name, shape=list(shapes[name]), expected=list(expected), why=why))
 
-    expected = cfg.shapes()
+    expected = {normalise(name): shape for name, shape in cfg.shapes().items()}
     check(FC, expected[FC], f"hidden_size {cfg.hidden_size} x {cfg.num_aux} aux slots of "
           f"target_hidden_size {cfg.target_hidden_size}")
     layer_why = (f"one decoder layer of hidden_size {cfg.hidden_size}, "
                  f"{cfg.num_attention_heads} heads of {cfg.head_dim}, MLP {cfg.intermediate_size}")
     for name, shape in expected.items():
-        if name not in (FC, LM_HEAD):
+        if name.startswith("fc_norm."):
+            check(name, shape, FC_NORM_WHY)
+        elif name not in (FC, LM_HEAD):
             check(name, shape, layer_why)
     if cfg.hidden_size != cfg.target_hidden_size:
         check("embed_tokens.weight", (target_vocab_size, cfg.hidden_size),

@@ -37,11 +37,12 @@ from pytest_eagle3.planning import cases
 from pytest_eagle3.errors import Eagle3ConfigError
 from pytest_eagle3.target.spec import DEFAULT_ARCHITECTURE
 from pytest_eagle3.draft import shipped_draft_dir
+from pytest_eagle3.engine.id_keys import DRAFT_FILES, has_draft_model
 from pytest_eagle3.draft.random_draft import capture_draft_dir
 from pytest_eagle3.conventions import predict
 from pytest_eagle3.contracts.idfix import plan_fix
 from pytest_eagle3.capture.draft_path import draft_layer_ids
-from pytest_eagle3.contracts.draft import contract_for_draft, load_draft
+from pytest_eagle3.contracts.draft import contract_for_draft, installed_top_level_trap, load_draft
 from pytest_eagle3.engine.gpus import PLAN_GPU_ARCH, detect_gpu_arch
 
 if TYPE_CHECKING:
@@ -85,7 +86,6 @@ NO_ACCEPTANCE_DRAFT = (
     "acceptance needs a trained EAGLE-3 draft: target {target} ships none; pass --eagle3-draft PATH"
 )
 NO_USER_DRAFT = "your own draft: pass --eagle3-draft PATH --eagle3-stack NAME"
-IDS_IGNORED = "SGLang reads no ids from this draft config ({key}); it uses its default list"
 RULE_UNKNOWN = (
     "compares with the id rule's prediction, which could not be read from the installed code ({source}); "
     "test_capture_order measures what SGLang captures"
@@ -115,6 +115,9 @@ class EngineNeed:
         portable_draft: with ``acceptance``: the preset's portable draft
             (:data:`PORTABLE_CASE`), generated only where the installed SGLang
             cannot serve the shipped draft's contract.
+        draft_variant: with ``acceptance``: a shipped draft variant
+            (:data:`MLA_VARIANTS`, ``fixtures/drafts/<preset>-<variant>``),
+            generated only where the installed SGLang has its model class.
         measures_rule: the test judges the captures without the id rule's
             prediction (it measures the rule, or compares with a contract or
             an acceptance gate), so it runs where the rule could not be read;
@@ -130,6 +133,7 @@ class EngineNeed:
     needs_contract: bool = False
     acceptance: bool = False
     portable_draft: bool = False
+    draft_variant: str = ""
     measures_rule: bool = False
 
     def __str__(self) -> str:
@@ -272,31 +276,68 @@ PORTABLE_USER_DRAFT = "--eagle3-draft is the acceptance draft: the portable draf
 NO_PORTABLE_DRAFT = "target {target} ships no portable draft (fixtures/drafts/<preset>-portable)"
 
 
-def acceptance_need(*, portable: bool = False) -> EngineNeed:
+#: The MLA EAGLE-3 drafts (``fixtures/drafts/<preset>-<variant>``): SGLang's
+#: ``Eagle3DeepseekV2ForCausalLM`` layout (``srt/models/kimi_k25_eagle3.py``), plain,
+#: with ``fc_norm`` and with ``norm_output``, trained on the shipped draft's contract.
+MLA_VARIANTS = ("mla", "mla-fc-norm", "mla-norm-output")
+#: The MLA variant the main job runs on cpu; the others need ``--eagle3-slow`` there.
+MLA_MAIN = "mla"
+MLA_ARCHITECTURE = "Eagle3DeepseekV2ForCausalLM"
+NO_MLA_MODEL = (
+    "{sglang} has no MLA EAGLE-3 draft model ({file} with class {cls}): the MLA drafts run on releases that ship it"
+)
+VARIANT_USER_DRAFT = "--eagle3-draft is the acceptance draft: the shipped {variant} draft is not used"
+NO_VARIANT_DRAFT = "target {target} ships no {variant} draft (fixtures/drafts/<preset>-{variant})"
+VARIANT_SLOW = (
+    "the {variant} draft needs engines of its own (about 40 s per TP size on cpu); run with --eagle3-slow"
+)
+
+
+def acceptance_need(*, portable: bool = False, variant: str = "") -> EngineNeed:
     """The need of the acceptance tests: speculative decoding with a trained draft,
     at every TP size of the test's marker; its engine also serves draft-path captures.
 
     ``portable``: the preset's portable draft, whose contract every release
     serves, so a release that cannot serve the shipped draft (0.5.9, 0.5.12:
     its acceptance collapse is an XFAIL) still has an acceptance gate that must
-    hold on its draft path.
+    hold on its draft path.  ``variant``: one of :data:`MLA_VARIANTS`.
     """
     if portable:
         return EngineNeed("acceptance-portable", PORTABLE_CASE, every_tp=True, acceptance=True,
                           group="acceptance-portable", portable_draft=True, measures_rule=True)
+    if variant:
+        return EngineNeed(f"acceptance-{variant}", cases.WIDE_CASE, every_tp=True, acceptance=True,
+                          group=f"acceptance-{variant}", draft_variant=variant, measures_rule=True)
     return EngineNeed("acceptance", cases.WIDE_CASE, every_tp=True, acceptance=True, group="acceptance",
                       measures_rule=True)
 
 
-def acceptance_draft(settings: "PlanOptions", *, portable: bool = False) -> Path | None:
+def acceptance_draft(settings: "PlanOptions", *, portable: bool = False, variant: str = "") -> Path | None:
     """The trained draft the acceptance tests load: ``--eagle3-draft``, else the
     target preset's shipped draft (``fixtures/drafts/<preset>``; ``portable``:
-    ``fixtures/drafts/<preset>-portable``), else ``None``."""
-    if settings.draft is not None and not portable:
+    ``fixtures/drafts/<preset>-portable``; ``variant``: ``fixtures/drafts/<preset>-<variant>``),
+    else ``None``."""
+    if settings.draft is not None and not portable and not variant:
         return Path(settings.draft)
 
-    shipped = shipped_draft_dir(f"{settings.target}{PORTABLE_SUFFIX if portable else ''}")
+    suffix = PORTABLE_SUFFIX if portable else (f"-{variant}" if variant else "")
+    shipped = shipped_draft_dir(f"{settings.target}{suffix}")
     return shipped if (shipped / "config.json").is_file() else None
+
+
+def _variant_reason(variant: str, ctx: NeedContext) -> str | None:
+    """Why a shipped draft variant is not generated in this run (``None``: it is)."""
+    s = ctx.settings
+    if s.draft is not None:
+        return VARIANT_USER_DRAFT.format(variant=variant)
+    if acceptance_draft(s, variant=variant) is None:
+        return NO_VARIANT_DRAFT.format(target=s.target, variant=variant)
+    if ctx.install is not None and not has_draft_model(ctx.install.location, MLA_ARCHITECTURE):
+        return NO_MLA_MODEL.format(sglang=ctx.install.describe(), file=DRAFT_FILES[MLA_ARCHITECTURE],
+                                   cls=MLA_ARCHITECTURE)
+    if s.device == "cpu" and variant != MLA_MAIN and not s.slow:
+        return VARIANT_SLOW.format(variant=variant)
+    return None
 
 
 def _portable_reason(ctx: NeedContext) -> str | None:
@@ -345,6 +386,10 @@ def collect_reason(need: EngineNeed, ctx: NeedContext) -> str | None:
         return NO_USER_DRAFT
     if need.acceptance and need.portable_draft:
         reason = _portable_reason(ctx)
+        if reason is not None:
+            return reason
+    elif need.acceptance and need.draft_variant:
+        reason = _variant_reason(need.draft_variant, ctx)
         if reason is not None:
             return reason
     elif need.acceptance and acceptance_draft(s) is None:
@@ -417,7 +462,7 @@ def resolve(need: EngineNeed, ctx: NeedContext) -> EngineRequest:
     if need.case == USER_DRAFT:
         return _user_draft_request(ctx)
     if need.acceptance:
-        return _acceptance_request(ctx, portable=need.portable_draft)
+        return _acceptance_request(ctx, portable=need.portable_draft, variant=need.draft_variant)
     case = cases.resolve(need.case, L, H, rule)
     if v is not None:
         ids = tuple(v.ids(L, ctx.facts.first_k_dense_replace)) if v.ids is not None else _ids(case.ids)
@@ -469,7 +514,7 @@ def known_incompatibility(what: str, contract: Any, ids: Sequence[int] | None, p
                                got=", ".join(f"hs[{i}]" for i in predicted), verdict=verdict, fix=fix.text)
 
 
-def _acceptance_request(ctx: NeedContext, *, portable: bool = False) -> EngineRequest:
+def _acceptance_request(ctx: NeedContext, *, portable: bool = False, variant: str = "") -> EngineRequest:
     """Speculative decoding with the trained draft; SGLang reads the draft's ids
     from its ``config.json``, and its captures are the draft path's.
 
@@ -480,7 +525,7 @@ def _acceptance_request(ctx: NeedContext, *, portable: bool = False) -> EngineRe
     """
 
     assert ctx.facts is not None and ctx.install is not None
-    draft = acceptance_draft(ctx.settings, portable=portable)
+    draft = acceptance_draft(ctx.settings, portable=portable, variant=variant)
     assert draft is not None
     declared = draft_layer_ids(draft)
     ids = tuple(declared) if declared is not None else None
@@ -555,7 +600,7 @@ def _user_draft_request(ctx: NeedContext) -> EngineRequest:
     contract = contract_for_draft(s.draft, s.stack, num_layers=L, target_hidden_size=H,
                                   sglang_version=rule if s.stack == "specforge-sglang" else None)
     ids = tuple(draft.ids) if draft.ids is not None and draft.sglang_reads_ids else None
-    note = IDS_IGNORED.format(key=draft.ids_key) if draft.ids is not None and not draft.sglang_reads_ids else None
+    note = installed_top_level_trap(draft, ctx.install.location)
     predicted = tuple(predict(list(ids) if ids is not None else None, L, rule).snapshots)
     return EngineRequest(ids, expected=tuple(contract.to_snapshot_indices(L)), predicted=predicted, note=note,
                          contract=str(contract), user_draft=True)

@@ -251,24 +251,25 @@ def uses_eagle3(fixturenames: Iterable[str]) -> bool:
     return any(name.startswith("eagle3_") for name in fixturenames)
 
 
-def engine_group(item: pytest.Item) -> tuple[int, int, str, int]:
+def engine_group(item: pytest.Item) -> tuple[int, int, str, int, int, str]:
     """Sort key grouping tests that use the same engine: engine-free tests first,
     then by TP size, then by engine need (or capture case) name.
 
     An acceptance need sorts just before the capture-only engine of its case
     (the draft's ids): a test that uses both (draft path vs capture-only) then
     sits between the two groups, and with one engine alive at a time each
-    engine starts once."""
+    engine starts once.  Draft variants of the same case (the MLA drafts) come
+    first, each group together."""
     params = getattr(getattr(item, "callspec", None), "params", {})
     if not ({TP_ARGNAME, CASE_ARGNAME, NEED_ARGNAME} & set(params)) and item.get_closest_marker("tp") is None:
-        return (0, 0, "", 0)
+        return (0, 0, "", 0, 0, "")
     need = params.get(NEED_ARGNAME)
     if need is not None and need.acceptance:
-        return (1, item_tp(item), str(need.case), 0)
+        return (1, item_tp(item), str(need.case), 0, 0 if need.draft_variant else 1, str(need.engine_group))
     if need is not None:
-        return (1, item_tp(item), str(need.engine_group), 1)
+        return (1, item_tp(item), str(need.engine_group), 1, 0, "")
     case = params.get(CASE_ARGNAME)
-    return (1, item_tp(item), str(getattr(case, "name", case or "")), 1)
+    return (1, item_tp(item), str(getattr(case, "name", case or "")), 1, 0, "")
 
 
 def item_tp(item: pytest.Item) -> int:

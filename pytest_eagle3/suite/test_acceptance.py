@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_eagle3.planning.declare import acceptance_need
+from pytest_eagle3.planning.declare import MLA_VARIANTS, acceptance_need
 from pytest_eagle3.draft.power import load_examples, offline_power, power_problems, read_gates, with_captures
 from pytest_eagle3.capture.spec_metrics import aggregate
 from pytest_eagle3.draft.wiring import CORRECT
@@ -80,9 +80,14 @@ def _workload(draft_dir, prompts):
     return ([f"prompt_{i}" for i in range(len(prompts))], prompts, [USER_TOKENS] * len(prompts), None)
 
 
+#: The shipped draft, the portable one, and the MLA drafts (SGLang's Eagle3DeepseekV2ForCausalLM).
+ACCEPTANCE_NEEDS = (acceptance_need(), acceptance_need(portable=True),
+                    *(acceptance_need(variant=v) for v in MLA_VARIANTS))
+
+
 @pytest.mark.gpu
 @pytest.mark.tp(1, 2, 4, 8)
-@pytest.mark.eagle3_engines(acceptance_need(), acceptance_need(portable=True))
+@pytest.mark.eagle3_engines(*ACCEPTANCE_NEEDS)
 def test_draft_acceptance_meets_the_gate(eagle3_engine_request, eagle3_capture, eagle3_settings, eagle3_tp,
                                          eagle3_prompts, record_property, request):
     from pathlib import Path
@@ -135,7 +140,7 @@ def test_draft_acceptance_meets_the_gate(eagle3_engine_request, eagle3_capture, 
 
 @pytest.mark.gpu
 @pytest.mark.tp(1)
-@pytest.mark.eagle3_engines(acceptance_need(), acceptance_need(portable=True))
+@pytest.mark.eagle3_engines(*ACCEPTANCE_NEEDS)
 def test_acceptance_gate_has_power(eagle3_engine_request, eagle3_capture, eagle3_checkpoint, eagle3_settings,
                                    eagle3_model_config, record_property):
     from pathlib import Path

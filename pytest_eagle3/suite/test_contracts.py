@@ -64,7 +64,8 @@ def test_draft_receives_its_training_contract(eagle3_engine_request, eagle3_capt
         elif req.xfail_reason is not None:
             if as_predicted is not None and as_predicted.ok:
                 pytest.xfail(KNOWN_MISMATCH.format(reason=req.xfail_reason, diagnosis=_diagnosis(report)))
-        fail_if_bad(report, config=pytestconfig)
+        # A user draft's note says why SGLang fed it these layers (ids where SGLang does not read them).
+        fail_if_bad(report, config=pytestconfig, cause=req.note if req.user_draft else None)
 
 
 def _diagnosis(report) -> str:

@@ -159,6 +159,14 @@ def die_with_parent() -> None:
     _die()
 
 
+def _remove_leftovers(path: Path) -> None:
+    """Remove what a killed worker left half-written for ``path`` (its ``.tmp-``
+    output and prompts file).  Called while holding ``path``'s lock, so no other
+    process is writing them."""
+    for leftover in path.parent.glob(f".{path.name}.tmp-*"):
+        leftover.unlink(missing_ok=True)
+
+
 def _run_worker(
     checkpoint_dir: Path, prompts: list[list[int]], dtype: str, out: Path, log: Path,
     timeout_s: float, extra: list[str] | None = None,
@@ -253,6 +261,7 @@ def ensure_reference(
             cached = _load(path, prompts)
             if cached is not None:
                 return cached
+        _remove_leftovers(path)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         log = path.with_name(path.stem + ".log")
         try:
@@ -343,6 +352,7 @@ def ensure_reference_details(
     try:
         if path.is_file() and (cached := load()) is not None:
             return cached
+        _remove_leftovers(path)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         try:
             _run_worker(checkpoint_dir, prompts, dtype, tmp, log, timeout_s, ["--details-tp", str(tp)])

@@ -516,18 +516,21 @@ def _json_float(value: float) -> float | None:
     return None if math.isnan(value) else float(value)
 
 
-def fail_if_bad(report: Any, *, verbose: bool = False, config: pytest.Config | None = None) -> Any:
+def fail_if_bad(report: Any, *, verbose: bool = False, config: pytest.Config | None = None,
+                cause: str | None = None) -> Any:
     """``pytest.fail(report.message())`` without a traceback when ``not report.ok``;
     returns the report otherwise.  ``config`` (or ``verbose``) turns on the tables
     (``-v``); with ``config`` the run's ``pytest_eagle3_verdict`` hook
-    (:mod:`pytest_eagle3.plugin.hookspec`) sees the report first."""
+    (:mod:`pytest_eagle3.plugin.hookspec`) sees the report first.  ``cause``: a
+    line known before the engine ran that explains the failure (it leads the message)."""
     __tracebackhide__ = True
     if config is not None and hasattr(config.hook, "pytest_eagle3_verdict"):
         config.hook.pytest_eagle3_verdict(config=config, report=report)
     if not report.ok:
         if config is not None:
             verbose = verbose or config.get_verbosity() > 0
-        pytest.fail(report.message(verbose=verbose), pytrace=False)
+        message = report.message(verbose=verbose)
+        pytest.fail(f"{cause}\n{message}" if cause else message, pytrace=False)
     return report
 
 

@@ -1,13 +1,15 @@
 """Negative controls of the acceptance gate on the real engine (CPU, TP 1).
 
-The shipped draft is served under wirings that need no patching of SGLang,
-each a copy of the draft directory with one change, exactly as a user could
-ship it: ids shifted by one, the embedding id replaced, no ids (SGLang's
-default list), ``fc`` blocks permuted.  Each must fall below the gate the
-correct draft clears, and the correct accept length must be at least
-:data:`POWER_RATIO` x the best miswired one.  One inner pytest run, one engine
-per draft (about 1-2 minutes each on 2 cores).  ``PYTEST_EAGLE3_CONTROLS_TP=2``
-runs the same at TP 2.
+The shipped draft and the shipped MLA draft (SGLang's ``Eagle3DeepseekV2ForCausalLM``)
+are served under wirings that need no patching of SGLang, each a copy of the
+draft directory with one change, exactly as a user could ship it: ids shifted by
+one, the embedding id replaced, no ids (SGLang's default list), ``fc`` blocks
+permuted, and for the MLA draft its ids only at the top level (its ``fc`` is
+still sized for them; SGLang's target side reads only ``eagle_config``).  Each
+must fall below the gate the correct draft clears, and the correct accept length
+must be at least :data:`POWER_RATIO` x the best miswired one.  One inner pytest
+run per draft, one engine per control (about 1 minute each on 2 cores).
+``PYTEST_EAGLE3_CONTROLS_TP=2`` runs the same at TP 2.
 """
 
 from __future__ import annotations
@@ -65,8 +67,16 @@ def _copy(src: Path, dst: Path, edit_config=None, edit_weights=None) -> str:
     return str(dst)
 
 
+#: The drafts under test (``fixtures/drafts/<name>``; ``PYTEST_EAGLE3_CONTROLS_DRAFTS=a,b``
+#: picks others, e.g. ``tiny-dsv3-mla-fc-norm,tiny-dsv3-mla-norm-output``) and the controls each gets.
+DRAFTS = tuple(os.environ.get("PYTEST_EAGLE3_CONTROLS_DRAFTS", "tiny-dsv3,tiny-dsv3-mla").split(","))
+MISWIRED = ("ids-shifted-by-one", "embedding-id-replaced", "no-ids-server-default", "fc-blocks-permuted")
+MLA_ONLY = ("top-level-ids-only",)
+
+
 def controls(src: Path, root: Path) -> dict[str, str]:
-    ids = json.loads((src / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    config = json.loads((src / "config.json").read_text())
+    ids = config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
 
     def shifted(cfg):
         cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [i + 1 for i in ids]
@@ -85,21 +95,47 @@ def controls(src: Path, root: Path) -> dict[str, str]:
         blocks = list(torch.split(fc, h, dim=1))
         w["fc.weight"] = torch.cat(blocks[1:] + blocks[:1], dim=1).contiguous()
 
-    return {
+    def top_level_only(cfg):
+        cfg["eagle_aux_hidden_state_layer_ids"] = cfg["eagle_config"].pop("eagle_aux_hidden_state_layer_ids")
+
+    out = {
         "correct": _copy(src, root / "correct"),
         "ids-shifted-by-one": _copy(src, root / "shifted", edit_config=shifted),
         "embedding-id-replaced": _copy(src, root / "no-embedding", edit_config=no_embedding),
         "no-ids-server-default": _copy(src, root / "no-ids", edit_config=no_ids),
         "fc-blocks-permuted": _copy(src, root / "fc-permuted", edit_weights=permute_fc),
     }
+    if "Eagle3DeepseekV2ForCausalLM" in config["architectures"]:
+        # The ids-only-at-top-level control replaces the no-ids one: SGLang reads no ids in either.
+        del out["no-ids-server-default"]
+        out["top-level-ids-only"] = _copy(src, root / "top-level", edit_config=top_level_only)
+    return out
+
+
+def _is_mla(draft: str) -> bool:
+    from pytest_eagle3.draft import shipped_draft_dir
+
+    config = json.loads((shipped_draft_dir(draft) / "config.json").read_text())
+    return "Eagle3DeepseekV2ForCausalLM" in config["architectures"]
+
+
+def _expected_controls(draft: str) -> tuple[str, ...]:
+    if _is_mla(draft):
+        return tuple(c for c in MISWIRED if c != "no-ids-server-default") + MLA_ONLY
+    return MISWIRED
+
+
+@pytest.fixture(scope="module", params=DRAFTS)
+def draft(request: pytest.FixtureRequest) -> str:
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+def results(draft: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     from pytest_eagle3.draft import shipped_draft_dir
 
-    work = tmp_path_factory.mktemp("controls")
-    drafts = controls(shipped_draft_dir("tiny-dsv3"), work / "drafts")
+    work = tmp_path_factory.mktemp(f"controls-{draft}")
+    drafts = controls(shipped_draft_dir(draft), work / "drafts")
     (work / "drafts.json").write_text(json.dumps(drafts))
     run = run_inner(work, ["test_controls.py", "--tp", str(TP), "-s"],
                     files={"test_controls.py": INNER.format(tp=TP)})
@@ -110,25 +146,29 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
             out[r["control"]] = r
     assert set(out) == set(drafts), run.output[-4000:]
     (work / "results.json").write_text(json.dumps(out, indent=2))
+    for name, r in out.items():  # shown with -s
+        print(f"{draft} TP {TP} {name}: accept length {r['accept_length']:.3f}, rate "
+              f"{r['accept_rate'] if r['accept_rate'] is None else round(r['accept_rate'], 3)}, "
+              f"{r['verify_count']} verifies")
     return out
 
 
-def test_correct_draft_clears_the_gate(results) -> None:
+def test_correct_draft_clears_the_gate(results, draft: str) -> None:
     from pytest_eagle3.draft import shipped_draft_dir
     from pytest_eagle3.draft.power import read_gates
 
-    gates = read_gates(shipped_draft_dir("tiny-dsv3"))
+    gates = read_gates(shipped_draft_dir(draft))
     assert results["correct"]["accept_length"] >= gates.min_accept_length, results
 
 
-@pytest.mark.parametrize("control", ["ids-shifted-by-one", "embedding-id-replaced", "no-ids-server-default",
-                                     "fc-blocks-permuted"])
-def test_miswired_draft_falls_below_the_gate(results, control: str) -> None:
+def test_miswired_drafts_fall_below_the_gate(results, draft: str) -> None:
     from pytest_eagle3.draft import shipped_draft_dir
     from pytest_eagle3.draft.power import read_gates
 
-    gates = read_gates(shipped_draft_dir("tiny-dsv3"))
-    assert results[control]["accept_length"] < gates.min_accept_length, results[control]
+    gates = read_gates(shipped_draft_dir(draft))
+    held = {c: results[c]["accept_length"] for c in _expected_controls(draft)
+            if results[c]["accept_length"] >= gates.min_accept_length}
+    assert not held, f"{draft}: miswired controls clear the gate {gates.min_accept_length}: {held}"
 
 
 def test_correct_is_at_least_twice_the_best_miswired(results) -> None:

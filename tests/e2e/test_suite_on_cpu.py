@@ -11,7 +11,7 @@ from __future__ import annotations
 import psutil
 import pytest
 
-from tests.inner_run import RUN_MARK, InnerRun, run_inner
+from tests.inner_run import InnerRun, run_inner, run_processes
 
 pytestmark = pytest.mark.e2e
 
@@ -200,6 +200,11 @@ def test_acceptance_meets_the_gate_and_has_power(inner: InnerRun) -> None:
         "test_draft_acceptance_meets_the_gate[tp2-acceptance]": "passed",
         "test_acceptance_gate_has_power[tp1-acceptance]": "passed",
         "test_draft_path_agrees_with_capture_only[tp1-acceptance]": "passed",
+        # The MLA draft (SGLang's Eagle3DeepseekV2ForCausalLM); its fc_norm and norm_output
+        # variants need --eagle3-slow on cpu.
+        "test_draft_acceptance_meets_the_gate[tp1-acceptance-mla]": "passed",
+        "test_draft_acceptance_meets_the_gate[tp2-acceptance-mla]": "passed",
+        "test_acceptance_gate_has_power[tp1-acceptance-mla]": "passed",
     }, inner.output[-4000:]
 
 
@@ -267,18 +272,18 @@ def test_engine_log_attached_to_the_failure(inner: InnerRun) -> None:
 
 def test_one_engine_per_configuration(inner: InnerRun) -> None:
     # TP 1: one engine per id list (+1 for the inspect fix); TP 2: the wide case only;
-    # the acceptance engine (speculative decoding with the shipped draft) at TP 1 and 2.
+    # the acceptance engines (speculative decoding with the shipped draft, and with the
+    # MLA draft) at TP 1 and 2.
     summary = inner.output.split("eagle3 engines", 1)[-1]
     ready = [line for line in summary.splitlines() if ": ready in " in line]
-    assert len(ready) == len(CASES) + 2 + 2, summary
+    assert len(ready) == len(CASES) + 2 + 2 + 2, summary
 
 
 def test_no_sglang_process_left_behind(inner: InnerRun) -> None:
     leftovers = []
-    for proc in psutil.process_iter(["cmdline"]):
+    for proc in run_processes(inner.mark):
         try:
-            if proc.environ().get(RUN_MARK) == inner.mark:
-                leftovers.append(f"{proc.pid}: {' '.join(proc.info.get('cmdline') or [])[:200]}")
+            leftovers.append(f"{proc.pid} {proc.name()}: {' '.join(proc.cmdline())[:200]}")
         except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
     assert not leftovers

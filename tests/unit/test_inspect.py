@@ -180,6 +180,12 @@ def test_human_form(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         "PR #25454); a prediction, not read from code)",
         "reads:     ids [1, 3, 4] -> layers_to_capture [2, 4, 5]",
         "captures:  [out(L1), out(L3), out(L4)]",
+        # vLLM 0.33.0: V2 never reads eagle_config's key (its default instead); V1 reads it as given.
+        "vllm:      vllm 0.33.0 V2 (default): reads no ids: its default [2, 4, 5]; captures [out(L1), out(L3), "
+        "out(L4)] (vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py:113-150; default "
+        "vllm/model_executor/models/interfaces.py:1751-1772)",
+        "vllm:      vllm 0.33.0 V1: reads eagle_config.eagle_aux_hidden_state_layer_ids [1, 3, 4]; captures "
+        "[out(L0), out(L2), out(L3)] (vllm/v1/worker/gpu_model_runner.py:5190-5224)",
         "verdict:   MATCH: " + preflight.MATCH_REASON,
     ]
 
@@ -444,3 +450,30 @@ def test_speculators_format_fix_rechecks(tmp_path: Path, capsys: pytest.CaptureF
     (draft / "config.json").write_text(json.dumps(cfg))
     code, out, _ = run(capsys, *shlex.split(result["recheck"])[2:])
     assert code == 0, out
+
+
+def test_mla_draft_top_level_ids_trap_read_from_the_installed_sglang(tmp_path: Path, capsys) -> None:
+    """The shipped MLA draft with its ids only at the top level: inspect names both
+    sides from the installed files (the draft's fc is sized for the ids, the target
+    side reads only eagle_config) and the fix, before any engine."""
+    import shutil
+
+    from pytest_eagle3.draft import shipped_draft_dir
+    from pytest_eagle3.engine import id_keys
+    from pytest_eagle3.engine.install import sglang_location_and_version
+
+    location, _ = sglang_location_and_version()
+    if location is None or not id_keys.has_draft_model(location, "Eagle3DeepseekV2ForCausalLM"):
+        pytest.skip("needs an installed SGLang with srt/models/kimi_k25_eagle3.py")
+    draft = tmp_path / "mla-top"
+    shutil.copytree(shipped_draft_dir("tiny-dsv3-mla"), draft)
+    cfg = json.loads((draft / "config.json").read_text())
+    cfg[TOP_LEVEL_KEY] = cfg["eagle_config"].pop(TOP_LEVEL_KEY)
+    (draft / "config.json").write_text(json.dumps(cfg))
+    code, result = run_json(capsys, "--draft", str(draft), "--target", "tiny-dsv3", "--contract",
+                            "[embedding, in(L3), in(L5)]")
+    assert code == 1 and result["verdict"] == "mismatch" and result["by_default"]
+    reason = result["reason"]
+    assert "the draft's fc is sized for them" in reason and "srt/models/kimi_k25_eagle3.py:" in reason
+    assert "spec_aux_hidden_state.py:" in reason and "move the ids under eagle_config" in reason
+    assert result["fix"]["ids"] == [0, 3, 5]

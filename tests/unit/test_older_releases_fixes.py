@@ -117,8 +117,10 @@ print("FIRED", fired)
 """
 
 
-def test_no_fix_fires_on_the_installed_sglang():
-    """The project's venv has sglang 0.5.23, which has every CPU branch: nothing may change."""
+def test_only_the_mla_draft_fix_fires_on_the_installed_sglang():
+    """The project's venv has sglang 0.5.23, which has every CPU branch but one: the MLA
+    EAGLE-3 draft's ``set_embed`` (``srt/models/kimi_k25_eagle3.py``) calls
+    ``torch.cuda.synchronize()`` unconditionally.  Nothing else may change."""
     pytest.importorskip("sglang")
     import os
 
@@ -126,4 +128,4 @@ def test_no_fix_fires_on_the_installed_sglang():
     out = subprocess.run([sys.executable, "-c", CHECK_INSTALLED], env=env, capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "FIRED []" in out.stdout, out.stdout
+    assert "FIRED ['mla_draft_set_embed']" in out.stdout, out.stdout

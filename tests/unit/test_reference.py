@@ -136,3 +136,25 @@ def test_worker_failure_quotes_its_log(tmp_path: Path) -> None:
     assert msg.startswith(f"transformers reference failed (exit status 1) for {broken}")
     assert "Traceback" in msg or "Error" in msg
     assert not list((tmp_path / "refs").glob("*.safetensors"))
+
+
+def test_killed_workers_leftovers_go_with_the_next_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker killed mid-write (SIGKILL of pytest) leaves ``.<name>.tmp-*`` files;
+    the next build of that entry, holding its lock, removes them."""
+    path = reference.reference_path(tmp_path, [[1, 2, 3]], cache_dir=tmp_path / "refs")
+    path.parent.mkdir(parents=True)
+    stale = [path.with_name(f".{path.name}.tmp-99999-deadbeef"),
+             path.with_name(f".{path.name}.tmp-99999-deadbeef.prompts.json")]
+    for p in stale:
+        p.write_text("half")
+    other = path.with_name(".other.safetensors.tmp-1-x")  # another entry's: not ours to remove
+    other.write_text("half")
+
+    def worker(checkpoint_dir, prompts, dtype, out, log, timeout_s, extra=None):
+        assert not any(p.exists() for p in stale), "leftovers still there when the worker ran"
+        raise ReferenceFailed("stop here")
+
+    monkeypatch.setattr(reference, "_run_worker", worker)
+    with pytest.raises(ReferenceFailed, match="stop here"):
+        ensure_reference(tmp_path, [[1, 2, 3]], cache_dir=tmp_path / "refs")
+    assert other.exists()

@@ -6,7 +6,7 @@ is installed only where its *feature test* finds the gap in the installed
 SGLang (a missing name, a Triton kernel where a CPU branch would be, a
 backend map without ``intel_amx``), never from the version number, and acts
 when its module is imported (:func:`pytest_eagle3.engine.post_import.when_imported`).
-On sglang 0.5.23 none of the feature tests fires.
+On sglang 0.5.23 only the MLA draft's ``set_embed`` test fires.
 
 None touches what pytest-eagle3 tests: the aux hidden state capture
 (``DeepseekV2Model.forward``, ``set_eagle3_layers_to_capture``), the
@@ -301,27 +301,44 @@ def kv_cache_copy(module: Any) -> None:
     _log("memory_pool: plain-torch copy_all_layer_kv_cache_tiled")
 
 
+def _skip_cuda_sync(module: Any, class_name: str, where: str) -> None:
+    """Run ``class_name.set_embed`` / ``set_embed_and_head`` with ``torch.cuda.synchronize``
+    as a no-op on a machine without CUDA, where either method calls it unconditionally
+    (``where`` names the source read).  The embedding itself is bound as SGLang binds it."""
+    import torch
+
+    cls = getattr(module, class_name, None)
+    if cls is None or torch.cuda.is_available():
+        return
+    for method in ("set_embed", "set_embed_and_head"):
+        original = getattr(cls, method, None)
+        if original is None or "cuda.synchronize" not in _source(original):
+            continue
+
+        def without_sync(self: Any, *args: Any, _original: Any = original) -> Any:
+            real = torch.cuda.synchronize
+            torch.cuda.synchronize = lambda *a, **k: None
+            try:
+                return _original(self, *args)
+            finally:
+                torch.cuda.synchronize = real
+
+        setattr(cls, method, without_sync)
+        _log(f"{class_name}.{method}: torch.cuda.synchronize skipped on CPU ({where})")
+
+
 def draft_set_embed(module: Any) -> None:
     """Skip ``torch.cuda.synchronize()`` in ``LlamaForCausalLM.set_embed`` on a machine
     without CUDA (0.5.9 ``srt/models/llama.py:763-773`` calls it unconditionally when
     the EAGLE-3 draft shares the target's embedding)."""
-    import torch
+    _skip_cuda_sync(module, "LlamaForCausalLM", "srt/models/llama.py")
 
-    cls = getattr(module, "LlamaForCausalLM", None)
-    if cls is None or torch.cuda.is_available() or "cuda.synchronize" not in _source(cls.set_embed):
-        return
-    original = cls.set_embed
 
-    def set_embed(self: Any, embed: Any) -> Any:
-        real = torch.cuda.synchronize
-        torch.cuda.synchronize = lambda *a, **k: None
-        try:
-            return original(self, embed)
-        finally:
-            torch.cuda.synchronize = real
-
-    cls.set_embed = set_embed
-    _log("LlamaForCausalLM.set_embed: torch.cuda.synchronize skipped on CPU")
+def mla_draft_set_embed(module: Any) -> None:
+    """The same for the MLA EAGLE-3 draft ``Eagle3DeepseekV2ForCausalLM``: 0.5.23
+    ``srt/models/kimi_k25_eagle3.py`` ``set_embed`` (lines 402-415) and
+    ``set_embed_and_head`` call ``torch.cuda.synchronize()`` unconditionally."""
+    _skip_cuda_sync(module, "Eagle3DeepseekV2ForCausalLM", "srt/models/kimi_k25_eagle3.py")
 
 
 #: fix name -> (module it acts on, function).
@@ -332,6 +349,7 @@ FIXES: dict[str, tuple[str, Callable[[Any], None]]] = {
     "spec_utils_kernels": ("sglang.srt.speculative.spec_utils", spec_utils_kernels),
     "kv_cache_copy": ("sglang.srt.mem_cache.memory_pool", kv_cache_copy),
     "draft_set_embed": ("sglang.srt.models.llama", draft_set_embed),
+    "mla_draft_set_embed": ("sglang.srt.models.kimi_k25_eagle3", mla_draft_set_embed),
 }
 
 
