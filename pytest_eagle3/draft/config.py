@@ -47,7 +47,7 @@ The MLA draft (``attention="mla"``) is SGLang 0.5.23's ``Eagle3DeepseekV2ForCaus
 
 * the same EAGLE-3 layer around DeepSeek-V2 multi-latent attention
   (``DeepseekV2AttentionMLA``) whose fused ``q_a``/``kv_a`` down projection reads
-  ``2 * hidden_size`` (``Eagle3MLADecoderLayer.__init__``, lines 112-131), with the
+  ``2 * hidden_size`` (``Eagle3MLADecoderLayer.__init__``, lines 114-131), with the
   target's MLA widths (``q_lora_rank``, ``kv_lora_rank``, ``qk_nope_head_dim``,
   ``qk_rope_head_dim``, ``v_head_dim``) and its yarn ``rope_scaling``; a dense
   ``DeepseekV2MLP``;
@@ -55,9 +55,9 @@ The MLA draft (``attention="mla"``) is SGLang 0.5.23's ``Eagle3DeepseekV2ForCaus
   top-level ``eagle_aux_hidden_state_layer_ids``, else 3 (``_get_eagle_aux_layer_count``,
   lines 48-59);
 * ``fc_norm`` (or ``use_aux_norm``): one RMSNorm per aux slot before ``fc``
-  (``fc_norm.{k}.weight [Ht]``, lines 221-235, 275-281); ``norm_output``: the
+  (``fc_norm.{k}.weight [Ht]``, lines 228-241, 286-292); ``norm_output``: the
   hidden state handed to the next draft step is the final norm's output instead
-  of the pre-norm sum (lines 245-247, 302-305);
+  of the pre-norm sum (lines 253-255, 307-312);
 * checkpoint names ``layers.0.*`` (mapped to ``midlayer.*``, ``load_weights``),
   ``self_attn.{q_a_proj, q_a_layernorm, q_b_proj, kv_a_proj_with_mqa,
   kv_a_layernorm, kv_b_proj, o_proj}``; ``draft_vocab_size`` set keeps the draft's
@@ -191,46 +191,17 @@ class DraftConfig:
         return self.num_aux * self.target_hidden_size
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
-        """``{name: shape}`` of every trained tensor (see :func:`weight_names`)."""
-        H, I, hd = self.hidden_size, self.intermediate_size, self.head_dim
-        if self.is_mla:
-            return self._mla_shapes()
-        q, kv = self.num_attention_heads * hd, self.num_key_value_heads * hd
-        p = LAYER
-        return {
-            FC: (H, self.fc_in),
-            f"{p}.input_layernorm.weight": (H,),
-            f"{p}.hidden_norm.weight": (H,),
-            f"{p}.self_attn.q_proj.weight": (q, 2 * H),
-            f"{p}.self_attn.k_proj.weight": (kv, 2 * H),
-            f"{p}.self_attn.v_proj.weight": (kv, 2 * H),
-            f"{p}.self_attn.o_proj.weight": (H, q),
-            f"{p}.post_attention_layernorm.weight": (H,),
-            f"{p}.mlp.gate_proj.weight": (I, H),
-            f"{p}.mlp.up_proj.weight": (I, H),
-            f"{p}.mlp.down_proj.weight": (H, I),
-            NORM: (H,),
-            LM_HEAD: (self.draft_vocab_size, H),
-        }
-
-    def _mla_shapes(self) -> dict[str, tuple[int, ...]]:
-        H, I, n = self.hidden_size, self.intermediate_size, self.num_attention_heads
-        qr, kvr = int(self.q_lora_rank or 0), int(self.kv_lora_rank or 0)
-        rope, vd = int(self.qk_rope_head_dim or 0), int(self.v_head_dim or 0)
-        p = MLA_LAYER
+        """``{name: shape}`` of every trained tensor, in initialisation order
+        (:func:`weight_names` for the Llama-style draft; the MLA one has its MLA
+        attention tensors and, with ``fc_norm``, one norm per aux slot)."""
+        H, I, p = self.hidden_size, self.intermediate_size, self.layer_prefix
         shapes: dict[str, tuple[int, ...]] = {FC: (H, self.fc_in)}
         if self.fc_norm:
             shapes.update({f"fc_norm.{k}.weight": (self.target_hidden_size,) for k in range(self.num_aux)})
+        shapes[f"{p}.input_layernorm.weight"] = (H,)
+        shapes[f"{p}.hidden_norm.weight"] = (H,)
+        shapes.update(self._mla_attention_shapes() if self.is_mla else self._attention_shapes())
         shapes.update({
-            f"{p}.input_layernorm.weight": (H,),
-            f"{p}.hidden_norm.weight": (H,),
-            f"{p}.self_attn.q_a_proj.weight": (qr, 2 * H),
-            f"{p}.self_attn.q_a_layernorm.weight": (qr,),
-            f"{p}.self_attn.q_b_proj.weight": (n * self.qk_head_dim, qr),
-            f"{p}.self_attn.kv_a_proj_with_mqa.weight": (kvr + rope, 2 * H),
-            f"{p}.self_attn.kv_a_layernorm.weight": (kvr,),
-            f"{p}.self_attn.kv_b_proj.weight": (n * (int(self.qk_nope_head_dim or 0) + vd), kvr),
-            f"{p}.self_attn.o_proj.weight": (H, n * vd),
             f"{p}.post_attention_layernorm.weight": (H,),
             f"{p}.mlp.gate_proj.weight": (I, H),
             f"{p}.mlp.up_proj.weight": (I, H),
@@ -239,6 +210,30 @@ class DraftConfig:
             LM_HEAD: (self.draft_vocab_size, H),
         })
         return shapes
+
+    def _attention_shapes(self) -> dict[str, tuple[int, ...]]:
+        H, p = self.hidden_size, self.layer_prefix
+        q, kv = self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
+        return {
+            f"{p}.self_attn.q_proj.weight": (q, 2 * H),
+            f"{p}.self_attn.k_proj.weight": (kv, 2 * H),
+            f"{p}.self_attn.v_proj.weight": (kv, 2 * H),
+            f"{p}.self_attn.o_proj.weight": (H, q),
+        }
+
+    def _mla_attention_shapes(self) -> dict[str, tuple[int, ...]]:
+        H, n, a = self.hidden_size, self.num_attention_heads, f"{self.layer_prefix}.self_attn"
+        qr, kvr = int(self.q_lora_rank or 0), int(self.kv_lora_rank or 0)
+        rope, vd = int(self.qk_rope_head_dim or 0), int(self.v_head_dim or 0)
+        return {
+            f"{a}.q_a_proj.weight": (qr, 2 * H),
+            f"{a}.q_a_layernorm.weight": (qr,),
+            f"{a}.q_b_proj.weight": (n * self.qk_head_dim, qr),
+            f"{a}.kv_a_proj_with_mqa.weight": (kvr + rope, 2 * H),
+            f"{a}.kv_a_layernorm.weight": (kvr,),
+            f"{a}.kv_b_proj.weight": (n * (int(self.qk_nope_head_dim or 0) + vd), kvr),
+            f"{a}.o_proj.weight": (H, n * vd),
+        }
 
     def num_parameters(self) -> int:
         """Trained parameters (the shipped embedding is the target's: not counted)."""

@@ -38,6 +38,7 @@ from typing import Any, Mapping
 
 from pytest_eagle3.contracts.draft import BAD_CONFIG_MSG, NO_DIR_MSG, read_draft_config, read_safetensors_header
 from pytest_eagle3.draft.config import ARCHITECTURE, ARCHITECTURES, FC, LM_HEAD, MLA_ARCHITECTURE, DraftConfig
+from pytest_eagle3.engine.id_keys import DRAFT_FILES, EAGLE_FLAGS, flags_read
 from pytest_eagle3.errors import Eagle3ContractError
 
 
@@ -63,6 +64,10 @@ MLA_WIDTH_MSG = (
     "the MLA draft shares the target's MLA layout: rebuild it with the target's widths"
 )
 MLA_FIELD_MSG = "MLA draft {path}: config.json lacks {key} (an integer width of its MLA attention)"
+FLAG_IGNORED_MSG = (
+    "draft config {path} sets {flag}, which {arch} in this SGLang never reads ({file}): it would serve the "
+    "draft without it, unlike its training; serve it where {flag} is implemented or retrain without it"
+)
 FC_NORM_WHY = "config.json sets fc_norm, so SGLang builds one RMSNorm per aux slot before fc"
 NO_WEIGHTS_MSG = "draft directory {path} has no *.safetensors weights"
 MISSING_MSG = "draft {path} lacks {name}: {why}"
@@ -132,7 +137,8 @@ def speculators_format(cfg_file: Path, raw: dict[str, Any]) -> str:
 
 
 def validate_draft(path: str | Path, target_hidden_size: int, target_vocab_size: int, *,
-                   target_mla: Mapping[str, int | None] | None = None) -> DraftConfig:
+                   target_mla: Mapping[str, int | None] | None = None,
+                   sglang_location: str | Path | None = None) -> DraftConfig:
     """Check a draft directory against a target; return its :class:`DraftConfig`.
 
     Args:
@@ -141,6 +147,10 @@ def validate_draft(path: str | Path, target_hidden_size: int, target_vocab_size:
         target_vocab_size: the target's ``vocab_size``.
         target_mla: the target's MLA widths (``kv_lora_rank``, ``qk_rope_head_dim``;
             None values are not checked), compared with an MLA draft's.
+        sglang_location: the installed ``sglang`` package: an EAGLE-3 flag the
+            config sets (``norm_before_fc``, ``fc_norm``, ``norm_output``, ...)
+            that its draft model file never reads is refused
+            (:func:`pytest_eagle3.engine.id_keys.flags_read`).
 
     Raises:
         Eagle3DraftError: (one line) not a directory, no/bad config, not an EAGLE-3
@@ -167,6 +177,14 @@ def validate_draft(path: str | Path, target_hidden_size: int, target_vocab_size:
         for key, target in (target_mla or {}).items():
             if target is not None and raw.get(key) != target:
                 raise Eagle3DraftError(MLA_WIDTH_MSG.format(path=p, key=key, draft=raw.get(key), target=target))
+    if sglang_location is not None:
+        model = next(a for a in arch if a in ARCHITECTURES)
+        read = flags_read(sglang_location, model)
+        eagle = raw.get("eagle_config") if isinstance(raw.get("eagle_config"), dict) else {}
+        for flag in EAGLE_FLAGS:
+            if read is not None and flag not in read and (raw.get(flag) or eagle.get(flag)):
+                raise Eagle3DraftError(FLAG_IGNORED_MSG.format(path=cfg_file, flag=flag, arch=model,
+                                                               file=DRAFT_FILES[model]))
     try:
         cfg = DraftConfig.from_hf_config(raw)
     except (KeyError, TypeError, ValueError) as exc:

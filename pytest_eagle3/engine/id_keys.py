@@ -1,4 +1,4 @@
-"""Which ``config.json`` keys of a draft the installed SGLang reads its aux layer ids from.
+"""Which ``config.json`` keys of a draft the installed SGLang reads: its aux layer ids, its flags.
 
 Two sides read a draft's ids, and they need not agree:
 
@@ -13,7 +13,12 @@ Two sides read a draft's ids, and they need not agree:
   else 3; ``srt/models/llama_eagle3.py``: ``eagle_config``'s key only).
 
 So an MLA draft whose ids sit only at the top level loads with the right ``fc``
-width and is fed the default layers.  This module reads each side from the
+width and is fed the default layers.  The same reading tells which EAGLE-3 flags
+a draft model honours (:func:`flags_read`): 0.5.23's ``llama_eagle3.py`` reads
+``norm_before_fc``, ``fc_norm``, ``use_aux_norm`` and ``norm_output``;
+``kimi_k25_eagle3.py`` reads the last three but not ``norm_before_fc``; neither
+reads speculators' ``norm_before_residual``.  A flag a draft sets and its model
+never reads is silently ignored.  This module reads each side from the
 installed files (Python's ``ast``; no import of sglang): a read of the key is a
 subscript, ``.get`` or ``getattr`` whose object's name mentions ``eagle_config``
 (nested) or not (top level).  Stdlib only.
@@ -155,3 +160,36 @@ def has_draft_model(location: str | Path, architecture: str) -> bool:
     except OSError:
         return False
     return f"class {architecture}(" in text
+
+
+#: Draft config flags that change what an EAGLE-3 draft computes (speculators 0.9.0
+#: ``models/eagle3/config.py``; SGLang's draft models).
+EAGLE_FLAGS = ("norm_before_fc", "fc_norm", "use_aux_norm", "norm_output", "norm_before_residual")
+
+
+def flags_read(location: str | Path, architecture: str) -> frozenset[str] | None:
+    """The :data:`EAGLE_FLAGS` the installed draft model ``architecture`` reads from
+    its config (``getattr(config, NAME)``, ``cfg.get(NAME)``, ``cfg[NAME]``); None
+    when this SGLang has no such model file."""
+    relative = DRAFT_FILES.get(architecture)
+    if relative is None:
+        return None
+    try:
+        tree = ast.parse((Path(location) / relative).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError):
+        return None
+    found = set()
+    for node in ast.walk(tree):
+        names: list[ast.AST] = []
+        if isinstance(node, ast.Subscript):
+            names = [node.slice]
+        elif isinstance(node, ast.Call):
+            f = node.func
+            if isinstance(f, ast.Attribute) and f.attr == "get" and node.args:
+                names = [node.args[0]]
+            elif isinstance(f, ast.Name) and f.id == "getattr" and len(node.args) >= 2:
+                names = [node.args[1]]
+        for n in names:
+            if isinstance(n, ast.Constant) and n.value in EAGLE_FLAGS:
+                found.add(n.value)
+    return frozenset(found)

@@ -37,6 +37,7 @@ from pytest_eagle3.planning import cases
 from pytest_eagle3.errors import Eagle3ConfigError
 from pytest_eagle3.target.spec import DEFAULT_ARCHITECTURE
 from pytest_eagle3.draft import shipped_draft_dir
+from pytest_eagle3.draft.config import MLA_ARCHITECTURE
 from pytest_eagle3.engine.id_keys import DRAFT_FILES, has_draft_model
 from pytest_eagle3.draft.random_draft import capture_draft_dir
 from pytest_eagle3.conventions import predict
@@ -282,7 +283,6 @@ NO_PORTABLE_DRAFT = "target {target} ships no portable draft (fixtures/drafts/<p
 MLA_VARIANTS = ("mla", "mla-fc-norm", "mla-norm-output")
 #: The MLA variant the main job runs on cpu; the others need ``--eagle3-slow`` there.
 MLA_MAIN = "mla"
-MLA_ARCHITECTURE = "Eagle3DeepseekV2ForCausalLM"
 NO_MLA_MODEL = (
     "{sglang} has no MLA EAGLE-3 draft model ({file} with class {cls}): the MLA drafts run on releases that ship it"
 )

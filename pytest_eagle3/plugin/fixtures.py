@@ -257,7 +257,8 @@ def eagle3_engine_request(eagle3_need: "EngineNeed", eagle3_tp: int, eagle3_sett
 
         validate_draft(request.draft, eagle3_model_config.hidden_size, eagle3_model_config.vocab_size,
                        target_mla={"kv_lora_rank": eagle3_model_config.kv_lora_rank,
-                                   "qk_rope_head_dim": eagle3_model_config.qk_rope_head_dim})
+                                   "qk_rope_head_dim": eagle3_model_config.qk_rope_head_dim},
+                       sglang_location=eagle3_sglang.location)
     if request.draft is not None and not eagle3_need.acceptance:
         # The draft path's random draft for this id list, built once per machine.
 

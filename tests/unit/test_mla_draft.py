@@ -276,3 +276,21 @@ def test_vllm_runners_read_different_keys() -> None:
     assert vllm_reads({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 3, 5]}}, 8)[1].fails
     assert vllm_v2_ids({"target_layer_ids": [1, 2]}) == ((2, 3), "target_layer_ids (+1)")
     assert vllm_v2_ids({"eagle_config": {"layer_ids": [1, 2]}}) == ((1, 2), "eagle_config.layer_ids")
+
+
+def test_a_flag_the_installed_draft_model_never_reads_is_refused(tmp_path: Path) -> None:
+    """``norm_before_fc`` on the MLA draft: 0.5.23's kimi_k25_eagle3.py never reads it,
+    so SGLang would serve the draft without the norm it was trained with."""
+    from pytest_eagle3.engine.install import sglang_location_and_version
+
+    location, _ = sglang_location_and_version()
+    if location is None or not id_keys.has_draft_model(location, MLA_ARCHITECTURE):
+        pytest.skip("needs an installed SGLang with srt/models/kimi_k25_eagle3.py")
+    assert "norm_before_fc" not in id_keys.flags_read(location, MLA_ARCHITECTURE)
+    assert {"fc_norm", "norm_output"} <= id_keys.flags_read(location, MLA_ARCHITECTURE)
+    d = _fake_mla(tmp_path / "d", config={"norm_before_fc": True})
+    with pytest.raises(Eagle3DraftError) as exc:
+        validate_draft(d, 256, 2048, sglang_location=location)
+    msg = _one_line(exc)
+    assert "sets norm_before_fc" in msg and "srt/models/kimi_k25_eagle3.py" in msg
+    assert validate_draft(_fake_mla(tmp_path / "ok", flags={"fc_norm": True}), 256, 2048, sglang_location=location)

@@ -336,8 +336,8 @@ def draft_set_embed(module: Any) -> None:
 
 def mla_draft_set_embed(module: Any) -> None:
     """The same for the MLA EAGLE-3 draft ``Eagle3DeepseekV2ForCausalLM``: 0.5.23
-    ``srt/models/kimi_k25_eagle3.py`` ``set_embed`` (lines 402-415) and
-    ``set_embed_and_head`` call ``torch.cuda.synchronize()`` unconditionally."""
+    ``srt/models/kimi_k25_eagle3.py`` ``set_embed`` (lines 404-415) and
+    ``set_embed_and_head`` (417-423) call ``torch.cuda.synchronize()`` unconditionally."""
     _skip_cuda_sync(module, "Eagle3DeepseekV2ForCausalLM", "srt/models/kimi_k25_eagle3.py")
 
 
