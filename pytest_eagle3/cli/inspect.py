@@ -38,9 +38,12 @@ rejects it, e.g. at the first forward), INVALID (the draft contradicts itself
 or its stack), UNKNOWN (the installed SGLang's rule could not be read from its
 model file; the suite measures it): exit 1.  Usage errors: one line on stderr, exit 2.
 
-stack: a speculators-format config means speculators; a Hugging Face-format
-config (eagle_config) is written by several stacks that read its ids as
-different layers, so it needs --stack (or --contract)."""
+stack: a speculators-format config means speculators; a SpecForge 0.2 run
+directory (training_state.pt beside config.json, or in its <run>-latest or
+<run>-step<N> checkpoints) means specforge, its ids read from the provenance
+record when config.json has none; a Hugging Face-format config (eagle_config)
+is written by several stacks that read its ids as different layers, so it needs
+--stack (or --contract)."""
 
 EPILOG = """\
 --json keys: verdict, exit_code, reason, by_default, draft{path, config_format,
@@ -114,7 +117,7 @@ def add_inspect_parser(sub: Any) -> argparse.ArgumentParser:
                        "'[embedding, out(L2), out(L30)]' (to re-check a draft after a fix)")
     p.add_argument("--option", type=_option, action="append", default=[], metavar="KEY=VALUE",
                    help="a stack option: datagen=custom_worker (speculators), capture=output_hidden_states "
-                   "(specforge-hf), sglang_version=V (specforge-sglang), final_layer=false (vllm)")
+                   "(specforge-hf), sglang_version=V (specforge, specforge-sglang), final_layer=false (vllm)")
     p.add_argument("--sglang-version", type=_version, metavar="V", help="predict for upstream SGLang V "
                    "from the version table (for an SGLang that is not installed) instead of reading the "
                    "installed SGLang's rule from its model file")

@@ -41,6 +41,8 @@ from pytest_eagle3.contracts.contract import Contract, entry_text
 from pytest_eagle3.contracts.draft import (
     EAGLE_CONFIG_KEY,
     FC_WIDTH_MSG,
+    PROVENANCE_IDS_KEY,
+    SPECFORGE_UNDECLARED,
     NO_AUX_MSG,
     TOP_LEVEL_KEY,
     DraftInfo,
@@ -265,6 +267,8 @@ def _list(values: Any) -> list[Any] | None:
 
 
 def _key_name(key: str | None) -> str:
+    if key == PROVENANCE_IDS_KEY:
+        return "SpecForge provenance"
     return "eagle_config" if key == EAGLE_CONFIG_KEY else "top-level"
 
 
@@ -295,6 +299,8 @@ def resolve_stack(info: DraftInfo, stack: str | None) -> tuple[str, str]:
         return stack, "--stack"
     if info.config_format == "speculators":
         return "speculators", "speculators config format"
+    if info.config_format == "specforge":
+        return "specforge", "SpecForge 0.2 run (training_state.pt)"
     ids = f"{EAGLE_CONFIG_KEY} {list(info.ids)}" if info.ids is not None else "no ids"
     raise Eagle3ConfigError(AMBIGUOUS_STACK_MSG.format(path=info.path, ids=ids, known=", ".join(STACKS)))
 
@@ -448,6 +454,8 @@ def inspect_draft(
         verdict, reason = MATCH, MATCH_REASON
         if by_default:
             why = TOP_LEVEL_WHY if info.ids is not None else NO_KEY_WHY
+            if info.ids_key == PROVENANCE_IDS_KEY:
+                why = "its ids are only in the SpecForge provenance record"
             reason = DEFAULT_REASON.format(why=why, layers=list(p.layers_to_capture))
             pin = fix()
             if pin.ids is not None:
@@ -457,7 +465,9 @@ def inspect_draft(
     else:
         verdict = MISMATCH
         reason = MISMATCH_REASON.format(n=sum(not slot.ok for slot in slots), k=len(slots))
-    if by_default and info.ids is not None and key_reads is not None:
+    if by_default and info.ids_key == PROVENANCE_IDS_KEY:
+        reason += "; " + SPECFORGE_UNDECLARED.format(ids=list(info.ids or ()))
+    elif by_default and info.ids is not None and key_reads is not None:
         reason += "; " + top_level_trap(info, *key_reads)
     elif by_default:
         why = TOP_LEVEL_WHY if info.ids is not None else NO_KEY_WHY

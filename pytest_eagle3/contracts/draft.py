@@ -83,6 +83,20 @@ TOP_LEVEL_ONLY_NOTE = (
     "ids are only in the top-level '" + TOP_LEVEL_KEY + "' (speculators format): SGLang reads '"
     + EAGLE_CONFIG_KEY + "' and will use its default layers instead"
 )
+#: Where a SpecForge 0.2 run keeps its provenance record (``training/checkpoint.py``).
+SPECFORGE_STATE = "training_state.pt"
+PROVENANCE_KEY = "specforge_model_provenance"
+PROVENANCE_IDS_KEY = "SpecForge provenance capture_layers"
+PROVENANCE_DIFFERS_MSG = (
+    "draft {path}: config.json declares {key} = {config_ids}, but the SpecForge provenance record {record} says "
+    "it was trained on capture_layers {provenance_ids}: the config was written for another run; declare the "
+    "record's ids under " + EAGLE_CONFIG_KEY
+)
+BAD_PROVENANCE_MSG = "SpecForge provenance record {record} is unreadable: {error}"
+SPECFORGE_UNDECLARED = (
+    "the draft was trained on capture_layers {ids} (its SpecForge provenance record), but config.json declares "
+    "no ids, so SGLang and vLLM capture their default layers; fix: write them under " + EAGLE_CONFIG_KEY
+)
 #: Ids only at the top level, diagnosed from the installed files that read them
 #: (:mod:`pytest_eagle3.engine.id_keys`).
 TOP_LEVEL_TRAP = (
@@ -103,10 +117,13 @@ class DraftInfo:
 
     Attributes:
         path: the directory.
-        config_format: ``"hf"`` or ``"speculators"``.
+        config_format: ``"hf"``, ``"speculators"``, or ``"specforge"`` (a SpecForge 0.2
+            run's ``training_state.pt`` beside the config: :func:`specforge_state_file`).
         ids: the declared ids (the ``eagle_config`` list when present, else the
-            top-level one), None when neither key is present.
-        ids_key: which key they came from (:data:`EAGLE_CONFIG_KEY` or :data:`TOP_LEVEL_KEY`).
+            top-level one, else a SpecForge provenance record's ``capture_layers``),
+            None when none is present.
+        ids_key: where they came from (:data:`EAGLE_CONFIG_KEY`, :data:`TOP_LEVEL_KEY`
+            or :data:`PROVENANCE_IDS_KEY`).
         target_hidden_size: ``target_hidden_size``, else ``hidden_size``, else
             ``transformer_layer_config.hidden_size``; None when none is present.
         hidden_size_key: the key it came from.
@@ -242,6 +259,46 @@ def read_draft_config(path: str | Path, error: type[Eagle3ConfigError] = Eagle3C
     return config
 
 
+def specforge_state_file(path: Path) -> Path | None:
+    """The SpecForge 0.2 ``training_state.pt`` of a draft directory: its own, else the
+    ``<run_id>-latest`` checkpoint's, else the highest ``<run_id>-step<N>``'s (None: none)."""
+    own = path / SPECFORGE_STATE
+    if own.is_file():
+        return own
+    latest = sorted(path.glob(f"*-latest/{SPECFORGE_STATE}"))
+    if latest:
+        return latest[0]
+
+    def step(p: Path) -> int:
+        tail = p.parent.name.rsplit("-step", 1)[-1]
+        return int(tail) if tail.isdigit() else -1
+
+    steps = sorted(path.glob(f"*-step*/{SPECFORGE_STATE}"), key=step)
+    return steps[-1] if steps else None
+
+
+def specforge_capture_layers(record: Path) -> tuple[int, ...] | None:
+    """``capture_layers`` of a SpecForge 0.2 provenance record: ``torch.load`` of
+    ``training_state.pt`` (weights only), key ``specforge_model_provenance``, a tuple
+    of ``(key, value)`` pairs (SpecForge 0.2.0 ``algorithms/common/providers.py:37``,
+    ``training/provenance.py:285-289``, sorted pairs at lines 341-344).  None when the
+    run had no explicit ids (SpecForge's default was used).
+
+    Raises:
+        Eagle3ContractError: unreadable file, or no provenance record in it.
+    """
+    import torch  # only for a SpecForge run directory: its records are torch pickles
+
+    try:
+        state = torch.load(str(record), map_location="cpu", weights_only=True)
+        pairs = dict(state[PROVENANCE_KEY])
+    except Exception as exc:  # a pickle can fail in many ways; one line names it
+        raise Eagle3ContractError(BAD_PROVENANCE_MSG.format(record=record, error=f"{type(exc).__name__}: "
+                                                            f"{' '.join(str(exc).split())[:200]}")) from None
+    layers = pairs.get("capture_layers")
+    return None if layers is None else tuple(int(v) for v in layers)
+
+
 def load_draft(path: str | Path) -> DraftInfo:
     """Read ``config.json`` and the ``fc`` shape of a draft checkpoint directory.
 
@@ -271,6 +328,15 @@ def load_draft(path: str | Path) -> DraftInfo:
         ids, ids_key = nested, EAGLE_CONFIG_KEY
     else:
         ids, ids_key = top, (TOP_LEVEL_KEY if top is not None else None)
+    record = specforge_state_file(p)
+    if record is not None:
+        fmt = "specforge"
+        recorded = specforge_capture_layers(record)
+        if recorded is not None and ids is not None and tuple(ids) != recorded:
+            raise Eagle3ContractError(PROVENANCE_DIFFERS_MSG.format(
+                path=p, key=ids_key, config_ids=list(ids), record=record, provenance_ids=list(recorded)))
+        if recorded is not None and ids is None:
+            ids, ids_key = recorded, PROVENANCE_IDS_KEY
 
     hidden, hidden_key = None, None
     tlc = config.get("transformer_layer_config")
@@ -315,10 +381,13 @@ def top_level_trap(info: DraftInfo, target: KeyReads | None, draft: KeyReads | N
 
 
 def installed_top_level_trap(info: DraftInfo, location: str | Path | None) -> str | None:
-    """:func:`top_level_trap` read from the SGLang at ``location``; ``None`` when
-    the draft's ids are where SGLang reads them (or it has none)."""
+    """Why SGLang will not read the draft's ids: :func:`top_level_trap` read from the
+    SGLang at ``location``, or ids only in a SpecForge provenance record; ``None``
+    when the ids are where SGLang reads them (or there are none)."""
     if info.ids is None or info.sglang_reads_ids:
         return None
+    if info.ids_key == PROVENANCE_IDS_KEY:
+        return SPECFORGE_UNDECLARED.format(ids=list(info.ids))
     if location is None:
         return top_level_trap(info, None, None)
     arch = (info.config.get("architectures") or [""])[0]

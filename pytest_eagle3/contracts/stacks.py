@@ -28,6 +28,7 @@ stack                  id ``v`` means                      ``[1, 4, 6]`` gives
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from pytest_eagle3.contracts.contract import Contract, Entry
@@ -147,6 +148,17 @@ def speculators(
 ) -> Contract:
     """vllm-project/speculators: vLLM captures the data, training splits off the last entry.
 
+    Checked against the released speculators 0.9.0 wheel (2026-10-15):
+    ``models/eagle3/config.py:27-87`` (``Eagle3SpeculatorConfig``: ids at the top
+    level, ``architectures ["Eagle3Speculator"]``, flags ``norm_before_fc``,
+    ``fc_norm``, ``norm_output``, ``norm_before_residual``), ``train/data.py:324-333``
+    (all captures but the last feed ``fc``; the last is ``verifier_last_hidden_states``),
+    ``models/eagle3/core.py:119-120, 249-253`` (a frozen ``verifier_norm`` on it: the
+    pre-norm final state), ``models/utils.py:99-140`` (default ``[2, L//2, L-3]``);
+    ``standardize_data_v1`` is gone.  The flags change the draft's forward, not which
+    layers feed ``fc``; a flag its serving model never reads is refused before any
+    engine (:func:`pytest_eagle3.engine.id_keys.flags_read`).
+
     ``datagen="extract_hidden_states"`` (default; speculators PR #353, commit
     ``2a1443c8``, 2026-03-26, onwards; read at ``c05b95b3``, 2026-08-20):
 
@@ -256,6 +268,10 @@ def specforge_hf(
     capture: str = CAPTURE_HOOK,
 ) -> Contract:
     """sgl-project/SpecForge, HF target backend: id ``v`` = output of layer ``v`` = ``hs[v+1]``.
+
+    An older SpecForge: 0.2.0 (2026-08-10) removed the in-process HF backend
+    (``config/schema.py:51-54``, ``target_backend: Literal["sglang"]``) and captures
+    through SGLang only (:func:`specforge_sglang`, SGLang pinned to 0.5.14).
 
     Read in ``specforge/modeling/target/eagle3_target_model.py`` at ``c9b9b660``
     (2026-07-04; the file moved in later refactors):
@@ -369,6 +385,53 @@ def specforge_sglang(
     )
 
 
+#: The SGLang SpecForge 0.2.0 captures with (its wheel's ``Requires-Dist: sglang==0.5.14``).
+SPECFORGE_SGLANG = "0.5.14"
+
+
+def specforge(
+    ids: Sequence[int] | None,
+    *,
+    num_layers: int,
+    hidden_size: int | None,
+    sglang_version: "str | IdRule" = SPECFORGE_SGLANG,
+    dtype: str | None = None,
+    source: str = "",
+) -> Contract:
+    """sgl-project/SpecForge 0.2.x (0.2.0, 2026-08-10): captures through SGLang only, so
+    an id means what that SGLang's rule makes of it (:func:`specforge_sglang`).
+
+    Read in the 0.2.0 wheel: the in-process HF backend is gone
+    (``config/schema.py:51-54``); the ids come from the run option
+    ``model.aux_hidden_state_layer_ids``, else the draft config's
+    ``eagle_config.eagle_aux_hidden_state_layer_ids``, else ``[1, L//2-1, L-4]``
+    (``algorithms/model_providers.py:188-211``, exactly 3); the offline capture hands
+    them to SGLang's ``set_eagle3_layers_to_capture``
+    (``offline_capture/sglang_backend/capture.py:86-112``) and the wheel pins
+    ``sglang==0.5.14`` (``sglang_version``, default).  Training writes no
+    ``config.json``: run-option ids survive only in the provenance record, the
+    ``capture_layers`` entry of ``specforge_model_provenance`` in
+    ``<output_dir>/<run_id>-step<N>/training_state.pt``
+    (``training/provenance.py:285-289``, ``algorithms/common/providers.py:37``,
+    ``training/checkpoint.py``), read by :func:`pytest_eagle3.contracts.draft.specforge_capture_layers`.
+
+    Raises:
+        Eagle3ContractError: not 3 ids, ids that SGLang cannot capture, duplicates.
+    """
+    stack = "specforge"
+    _check_layers(num_layers, hidden_size)
+    used = _ids(stack, ids)
+    if used is not None and len(used) != 3:
+        raise Eagle3ContractError(
+            COUNT_MSG.format(stack=stack, why="SpecForge 0.2 requires exactly 3 capture layers "
+                             "(algorithms/model_providers.py:206-210)", n=len(used), ids=list(used)))
+    contract = specforge_sglang(ids, num_layers=num_layers, hidden_size=hidden_size, sglang_version=sglang_version,
+                                dtype=dtype, source=source)
+    label = sglang_version if isinstance(sglang_version, str) else "installed"
+    return replace(contract, stack=stack, notes=tuple(n.replace("specforge-sglang", stack) for n in contract.notes),
+                   source=source or f"SpecForge 0.2 (captured with sglang {label}) ids {list(used or ())}")
+
+
 # --------------------------------------------------------------------------------------
 # original EAGLE-3
 # --------------------------------------------------------------------------------------
@@ -435,6 +498,11 @@ def vllm(
     final_layer: bool = True,
 ) -> Contract:
     """vllm-project/vllm, DeepSeek-V2/V3 aux capture: id ``v`` = input of layer ``v`` = ``hs[v]``.
+
+    Checked against the released vLLM 0.33.0 wheel (2026-11-01):
+    ``model_executor/models/deepseek_v2.py:1508-1593``.  Which config key each model
+    runner reads the ids from differs (V2, the default, never reads
+    ``eagle_config``'s key): :mod:`pytest_eagle3.contracts.servers`.
 
     ``vllm/model_executor/models/deepseek_v2.py::DeepseekV2Model.forward`` (read at
     ``002d6073``) appends ``hidden_states + residual`` *before* layer ``idx`` when
@@ -520,6 +588,7 @@ def raw(
 #: Translator per stack name (``--eagle3-stack`` values).
 STACKS: dict[str, Translator] = {
     "speculators": speculators,
+    "specforge": specforge,
     "specforge-hf": specforge_hf,
     "specforge-sglang": specforge_sglang,
     "eagle": eagle,

@@ -108,7 +108,7 @@ MSG_BAD_SGLANG_ARG = (
 MSG_BAD_TIMEOUT = "{flag}: expected a positive number of seconds, got {value!r}"
 MSG_DRAFT_NEEDS_STACK = (
     "--eagle3-draft and --eagle3-stack go together: name the draft directory and the "
-    "stack that trained it (speculators, specforge-hf, specforge-sglang, eagle, vllm, raw)"
+    "stack that trained it (speculators, specforge, specforge-hf, specforge-sglang, eagle, vllm, raw)"
 )
 MSG_NO_GPU = (
     "--device cuda: no GPU is visible ({probe}); run with --device cpu, or fix CUDA_VISIBLE_DEVICES"
@@ -327,8 +327,8 @@ def add_options(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--eagle3-stack", dest="eagle3_stack", metavar="NAME", default=None,
-        help="training stack of --eagle3-draft: speculators, specforge-hf, specforge-sglang, "
-        "eagle, vllm or raw",
+        help="training stack of --eagle3-draft: speculators, specforge (0.2), specforge-hf (older SpecForge), "
+        "specforge-sglang, eagle, vllm or raw",
     )
     group.addoption(
         "--eagle3-list-variants", dest="eagle3_list_variants", action="store_true", default=False,

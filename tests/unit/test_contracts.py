@@ -263,11 +263,15 @@ def test_raw() -> None:
 
 
 def test_translate_registry() -> None:
-    assert set(STACKS) == {"speculators", "specforge-hf", "specforge-sglang", "eagle", "vllm", "raw"}
+    assert set(STACKS) == {"speculators", "specforge", "specforge-hf", "specforge-sglang", "eagle", "vllm", "raw"}
     assert translate("vllm", [1, 4, 6], num_layers=8, hidden_size=256).entries == (1, 4, 6)
-    with pytest.raises(Eagle3ContractError, match="unknown training stack 'specforge'") as info:
-        translate("specforge", [1, 3, 4], num_layers=8, hidden_size=256)
+    with pytest.raises(Eagle3ContractError, match="unknown training stack 'specforge-0.1'") as info:
+        translate("specforge-0.1", [1, 3, 4], num_layers=8, hidden_size=256)
     assert "specforge-hf" in str(info.value) and "speculators" in str(info.value)
+    # SpecForge 0.2 captures through its pinned SGLang 0.5.14: [1, 3, 4] -> +1 -> hs[2, 4, 5]
+    assert translate("specforge", [1, 3, 4], num_layers=8, hidden_size=256).entries == (2, 4, 5)
+    with pytest.raises(Eagle3ContractError, match="exactly 3 capture layers"):
+        translate("specforge", [1, 3], num_layers=8, hidden_size=256)
     with pytest.raises(Eagle3ContractError, match="takes no option 'datagen'; its options: capture"):
         translate("specforge-hf", None, num_layers=8, hidden_size=256, datagen="x")
     assert stacks.stack_options("speculators") == ["datagen"]
@@ -406,7 +410,7 @@ def test_fc_width_disagrees(tmp_path: Path) -> None:
     [
         ([1, 3, 9], "specforge-hf", "outside 0..7"),
         ([1, 3, 3], "vllm", "more than once"),
-        ([1, 3, 4], "specforge", "unknown training stack"),
+        ([1, 3, 4], "specforge-0.1", "unknown training stack"),
     ],
 )
 def test_bad_draft_ids(tmp_path: Path, ids: list[int], stack: str, needle: str) -> None:
