@@ -69,3 +69,20 @@ def test_sglang_refuses_the_format_before_any_engine(speculators_draft: Path) ->
         validate_draft(speculators_draft, 256, 2048)
     msg = str(exc.value)
     assert "\n" not in msg and "speculators format" in msg and "[1, 4, 6]" in msg
+
+
+def test_our_reader_agrees_with_speculators_own(speculators_draft: Path) -> None:
+    """``contracts/draft.load_draft`` parses the format by hand (``import speculators``
+    takes seconds: datasets, openai); speculators' own ``from_pretrained`` must read
+    the same ids, widths and flags from the same directory."""
+    import speculators
+
+    from pytest_eagle3.contracts.draft import TOP_LEVEL_KEY, load_draft
+
+    theirs = speculators.Eagle3SpeculatorConfig.from_pretrained(str(speculators_draft))
+    ours = load_draft(speculators_draft)
+    assert ours.config_format == "speculators" and ours.ids_key == TOP_LEVEL_KEY
+    assert list(ours.ids) == list(theirs.eagle_aux_hidden_state_layer_ids)
+    assert ours.target_hidden_size == theirs.target_hidden_size
+    for flag in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual"):
+        assert bool(ours.config.get(flag)) == bool(getattr(theirs, flag)), flag
