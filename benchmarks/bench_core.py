@@ -9,7 +9,9 @@ Each stage goes through the package functions the suite itself uses:
    (``capture_server_args`` with the every-TP case's ids, ``build_engine_config``,
    ``SGLangServer``): start time, one ``capture()`` call over all suite prompts, stop
    time, and the peak RSS summed over the server's process tree (psutil, every 0.5 s);
-4. acceptance, per TP size: the shipped draft's load and validation
+4. acceptance, per TP size and per draft (``--drafts``; default the preset's shipped
+   draft; ``tiny-dsv3-mla``, ``tiny-dsv3-mla-fc-norm``, ``tiny-dsv3-mla-norm-output``
+   are SGLang's MLA draft layout): the draft's load and validation
    (``validate_draft``, ``load_examples``), the EAGLE-3 speculative-decoding
    engine start (the config the acceptance test uses: ``capture.api.engine_config``
    with ``draft=``), and the acceptance run (greedy speculative decoding of the
@@ -161,7 +163,8 @@ def bench_engine(install: Any, ckpt: Path, prompts: list[list[int]], spec: Targe
 
 def bench_acceptance(install: Any, ckpt: Path, spec: TargetSpec, preset: str, tp: int, log_dir: Path,
                      timeout: float) -> dict[str, Any]:
-    """Draft load, speculative-decoding engine start and acceptance run at ``tp``."""
+    """Draft load, speculative-decoding engine start and acceptance run at ``tp`` for the
+    shipped draft ``preset`` (``fixtures/drafts/<preset>``)."""
     from pytest_eagle3.capture.api import engine_config
     from pytest_eagle3.capture.draft_path import capture_draft_path
     from pytest_eagle3.capture.spec_metrics import aggregate
@@ -174,6 +177,7 @@ def bench_acceptance(install: Any, ckpt: Path, spec: TargetSpec, preset: str, tp
     row: dict[str, Any] = dict.fromkeys(("draft_load_s", "start_s", "run_s", "tokens", "verifies",
                                          "accept_length", "log", "error"))
     row["tp"] = tp
+    row["draft"] = preset
     draft = shipped_draft_dir(preset)
 
     def load() -> Any:
@@ -253,8 +257,9 @@ def print_table(r: dict[str, Any]) -> None:
         rows.append((f"engine start tp{e['tp']}", e["start_s"], e["error"] or note))
         rows.append((f"capture tp{e['tp']}", e["capture_s"], f"{r['reference']['prompts']} prompts"))
     for a in r.get("acceptance", []):
-        rows.append((f"draft load tp{a['tp']}", a["draft_load_s"], "validate_draft + continuations.json"))
-        rows.append((f"spec engine start tp{a['tp']}", a["start_s"], a["error"] or "EAGLE-3, shipped draft"))
+        d = a.get("draft", "")
+        rows.append((f"draft load tp{a['tp']}", a["draft_load_s"], f"{d}: validate_draft + continuations.json"))
+        rows.append((f"spec engine start tp{a['tp']}", a["start_s"], a["error"] or f"EAGLE-3, {d}"))
         rows.append((f"acceptance run tp{a['tp']}", a["run_s"],
                      f"{a['tokens']} tokens, {a['verifies']} verifies, accept length {a['accept_length']}"))
     m = r["main_job"]
@@ -276,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="eagle3 cache dir (default: a fresh temp dir, deleted at the end)")
     ap.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
     ap.add_argument("--skip-main-job", action="store_true", help="skip the ~5 min suite run")
+    ap.add_argument("--drafts", nargs="+", default=None, metavar="NAME",
+                    help="shipped drafts (fixtures/drafts/NAME) to time the acceptance stages of "
+                    "(default: the preset's own)")
     ap.add_argument("--startup-timeout", type=float, default=600.0, help="per engine (s)")
     opts = ap.parse_args(argv)
 
@@ -319,8 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         r["engines"] = [bench_engine(install, ckpt, prompts, spec, tp, log_dir, opts.startup_timeout)
                         for tp in opts.tp]
 
-        r["acceptance"] = [bench_acceptance(install, ckpt, spec, preset, tp, log_dir, opts.startup_timeout)
-                           for tp in opts.tp]
+        r["acceptance"] = [bench_acceptance(install, ckpt, spec, draft, tp, log_dir, opts.startup_timeout)
+                           for draft in (opts.drafts or [preset]) for tp in opts.tp]
 
         if opts.skip_main_job:
             r["main_job"] = {"seconds": None, "returncode": None, "summary": None,
