@@ -299,6 +299,33 @@ def specforge_capture_layers(record: Path) -> tuple[int, ...] | None:
     return None if layers is None else tuple(int(v) for v in layers)
 
 
+def speculators_reading(path: Path) -> dict[str, Any] | None:
+    """A speculators-format config read by speculators' own code (the ``speculators``
+    extra: ``Eagle3SpeculatorConfig.from_pretrained``, speculators 0.9.0
+    ``models/eagle3/config.py``): its ids, ``target_hidden_size`` and the EAGLE-3
+    flags it resolved (defaults included).  ``None`` when speculators is not
+    installed or cannot read the directory (the hand reading in :func:`load_draft`
+    is used then).  Importing speculators takes seconds (datasets, openai)."""
+    try:
+        from speculators.models.eagle3.config import Eagle3SpeculatorConfig
+    except Exception:  # not installed, or broken beside this environment's packages
+        return None
+    try:
+        cfg = Eagle3SpeculatorConfig.from_pretrained(str(path))
+    except Exception:
+        return None
+    out: dict[str, Any] = {}
+    ids = getattr(cfg, TOP_LEVEL_KEY, None)
+    if ids is not None:
+        out[TOP_LEVEL_KEY] = [int(v) for v in ids]
+    if getattr(cfg, "target_hidden_size", None):
+        out["target_hidden_size"] = int(cfg.target_hidden_size)
+    for flag in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual"):
+        if hasattr(cfg, flag):
+            out[flag] = bool(getattr(cfg, flag))
+    return out
+
+
 def load_draft(path: str | Path) -> DraftInfo:
     """Read ``config.json`` and the ``fc`` shape of a draft checkpoint directory.
 
@@ -337,6 +364,13 @@ def load_draft(path: str | Path) -> DraftInfo:
                 path=p, key=ids_key, config_ids=list(ids), record=record, provenance_ids=list(recorded)))
         if recorded is not None and ids is None:
             ids, ids_key = recorded, PROVENANCE_IDS_KEY
+
+    if fmt == "speculators":
+        theirs = speculators_reading(p)
+        if theirs is not None:  # speculators' own reading wins over ours (they agree: tests/unit)
+            config = {**config, **theirs}
+            if theirs.get(TOP_LEVEL_KEY) is not None and nested is None:
+                ids, ids_key = tuple(theirs[TOP_LEVEL_KEY]), TOP_LEVEL_KEY
 
     hidden, hidden_key = None, None
     tlc = config.get("transformer_layer_config")

@@ -72,14 +72,17 @@ def test_sglang_refuses_the_format_before_any_engine(speculators_draft: Path) ->
 
 
 def test_our_reader_agrees_with_speculators_own(speculators_draft: Path) -> None:
-    """``contracts/draft.load_draft`` parses the format by hand (``import speculators``
-    takes seconds: datasets, openai); speculators' own ``from_pretrained`` must read
-    the same ids, widths and flags from the same directory."""
+    """``contracts/draft.load_draft`` reads the format with speculators' own
+    ``from_pretrained`` where the extra is installed, by hand elsewhere; both must
+    give the same ids, widths and flags."""
     import speculators
 
     from pytest_eagle3.contracts.draft import TOP_LEVEL_KEY, load_draft
 
+    from pytest_eagle3.contracts import draft as draft_module
+
     theirs = speculators.Eagle3SpeculatorConfig.from_pretrained(str(speculators_draft))
+    assert draft_module.speculators_reading(speculators_draft)[TOP_LEVEL_KEY] == IDS  # their code, used by load_draft
     ours = load_draft(speculators_draft)
     assert ours.config_format == "speculators" and ours.ids_key == TOP_LEVEL_KEY
     assert list(ours.ids) == list(theirs.eagle_aux_hidden_state_layer_ids)
