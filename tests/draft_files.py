@@ -127,3 +127,17 @@ def draft_prompts(draft_dir: Path) -> list[dict[str, Any]] | None:
     if isinstance(data, dict):
         data = data.get("sequences") or data.get("examples") or data.get("continuations") or []
     return [{"prompt": list(e["prompt"]), "continuation": list(e.get("continuation", []))} for e in data]
+
+
+def with_top_level_ids(src: Path, dst: Path) -> Path:
+    """A copy of the draft directory ``src`` at ``dst`` with its ids moved from
+    ``eagle_config`` to the top level of ``config.json`` (where the MLA draft
+    sizes ``fc`` from them and SGLang's target side never reads them)."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    key = "eagle_aux_hidden_state_layer_ids"
+    cfg[key] = cfg["eagle_config"].pop(key)
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2))
+    return dst

@@ -158,10 +158,6 @@ class DraftConfig:
         return MLA_LAYER if self.is_mla else LAYER
 
     @property
-    def architecture(self) -> str:
-        return MLA_ARCHITECTURE if self.is_mla else ARCHITECTURE
-
-    @property
     def qk_head_dim(self) -> int:
         """Width of one query/key head: ``head_dim``, or ``qk_nope + qk_rope`` for MLA."""
         if self.is_mla:

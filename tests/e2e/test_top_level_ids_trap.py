@@ -11,12 +11,11 @@ files that read each key and the fix.  One TP 1 engine (about 1 minute).
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
 
+from tests.draft_files import with_top_level_ids
 from tests.inner_run import run_inner
 
 pytestmark = pytest.mark.e2e
@@ -32,11 +31,7 @@ def test_top_level_ids_fail_the_suite_with_the_trap_named(tmp_path: Path) -> Non
     location, _ = sglang_location_and_version()
     if location is None or not id_keys.has_draft_model(location, "Eagle3DeepseekV2ForCausalLM"):
         pytest.skip("the installed SGLang has no srt/models/kimi_k25_eagle3.py")
-    draft = tmp_path / "mla-top-level-ids"
-    shutil.copytree(shipped_draft_dir("tiny-dsv3-mla"), draft)
-    cfg = json.loads((draft / "config.json").read_text())
-    cfg["eagle_aux_hidden_state_layer_ids"] = cfg["eagle_config"].pop("eagle_aux_hidden_state_layer_ids")
-    (draft / "config.json").write_text(json.dumps(cfg, indent=2))
+    draft = with_top_level_ids(shipped_draft_dir("tiny-dsv3-mla"), tmp_path / "mla-top-level-ids")
     run = run_inner(tmp_path, ["--pyargs", "pytest_eagle3.suite", "--eagle3-draft", str(draft),
                                "--eagle3-stack", "raw", "-k", "your-draft", "--tp", "1"])
     assert run.outcomes.get(TEST) == "failed", (run.outcomes, run.output[-3000:])

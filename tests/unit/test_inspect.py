@@ -456,20 +456,15 @@ def test_mla_draft_top_level_ids_trap_read_from_the_installed_sglang(tmp_path: P
     """The shipped MLA draft with its ids only at the top level: inspect names both
     sides from the installed files (the draft's fc is sized for the ids, the target
     side reads only eagle_config) and the fix, before any engine."""
-    import shutil
-
     from pytest_eagle3.draft import shipped_draft_dir
     from pytest_eagle3.engine import id_keys
+    from tests.draft_files import with_top_level_ids
     from pytest_eagle3.engine.install import sglang_location_and_version
 
     location, _ = sglang_location_and_version()
     if location is None or not id_keys.has_draft_model(location, "Eagle3DeepseekV2ForCausalLM"):
         pytest.skip("needs an installed SGLang with srt/models/kimi_k25_eagle3.py")
-    draft = tmp_path / "mla-top"
-    shutil.copytree(shipped_draft_dir("tiny-dsv3-mla"), draft)
-    cfg = json.loads((draft / "config.json").read_text())
-    cfg[TOP_LEVEL_KEY] = cfg["eagle_config"].pop(TOP_LEVEL_KEY)
-    (draft / "config.json").write_text(json.dumps(cfg))
+    draft = with_top_level_ids(shipped_draft_dir("tiny-dsv3-mla"), tmp_path / "mla-top")
     code, result = run_json(capsys, "--draft", str(draft), "--target", "tiny-dsv3", "--contract",
                             "[embedding, in(L3), in(L5)]")
     assert code == 1 and result["verdict"] == "mismatch" and result["by_default"]
