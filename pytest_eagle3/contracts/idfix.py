@@ -48,12 +48,14 @@ EMBEDDING_VERSION = str(EMBEDDING_CAPTURE_SINCE)
 # Message templates (tests import these).
 WRITE_IDS = "write ids {ids} under {key}"
 PORTABLE_NOTE = "a list starting with 1 gets +1 on every SGLang version, so it means the same on all of them"
-ONLY_NEW_NOTE = ("right where SGLang adds 1 only when the first id is 1 (upstream >= " + NEW_RULE_VERSION
-                 + ") only: a rule adding 1 to every id (upstream <= " + OLD_RULE_VERSION + ") reads it otherwise")
+ONLY_NEW_NOTE = ("right where SGLang adds 1 only when the first id is 1 (upstream DeepSeek >= " + NEW_RULE_VERSION
+                 + ") only: a rule adding 1 to every id (upstream DeepSeek <= " + OLD_RULE_VERSION
+                 + ", most other model files) reads it otherwise")
 ONLY_EMBEDDING_NOTE = ("right where SGLang's model captures layer 0 (upstream >= " + str(EMBEDDING_CAPTURE_SINCE)
                        + ") only: others add 1 to every id or fail capturing layer 0")
-ONLY_OLD_NOTE = ("right where SGLang adds 1 to every id (upstream <= " + OLD_RULE_VERSION
-                 + ") only: upstream >= " + NEW_RULE_VERSION + " adds 1 only when the first id is 1")
+ONLY_OLD_NOTE = ("right where SGLang adds 1 to every id (upstream DeepSeek <= " + OLD_RULE_VERSION
+                 + ", most other model files) only: upstream DeepSeek >= " + NEW_RULE_VERSION
+                 + " adds 1 only when the first id is 1")
 NOT_FIRST_NOTE = (
     "1 is not listed first on purpose: a list starting with 1 gets +1 on this SGLang, "
     "and SGLang captures in layer order whatever order the list has"

@@ -32,6 +32,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 from pytest_eagle3.target.checkpoint import cache
+from pytest_eagle3.target.checkpoint.families import is_deepseek
 from pytest_eagle3.contracts.catalog import contracts_dir, load_contract_fixture
 from pytest_eagle3.errors import Eagle3ContractError
 from pytest_eagle3.draft import data, offline, wiring
@@ -50,6 +51,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
 DRAFT_BUILDER_VERSION = "1"
 #: The contract the packaged drafts are trained on (the suite's wide case).
 DEFAULT_CONTRACT = "kimi-embedding-first"
+#: The contract of the other families' drafts: ids [1, L//2-1, L-4] -> hs[2], hs[4], hs[5]
+#: on every family's SGLang rule (no rule outside DeepSeek can capture the embedding).
+FAMILY_CONTRACT = "specforge-default-ids"
 DEFAULT_PRESET = "tiny-dsv3"
 QUALITY_FILE = "quality.json"
 CONTINUATIONS_FILE = "continuations.json"
@@ -116,20 +120,24 @@ def build_draft(
     preset: str = DEFAULT_PRESET,
     out_dir: Path | None = None,
     *,
-    contract: str = DEFAULT_CONTRACT,
+    contract: str | None = None,
     settings=None,
     steps: int = 3,
     progress: Callable[[str], None] | None = None,
+    cache_root: Path | None = None,
 ) -> Path:
     """Train the preset's draft and write its directory; return the directory.
 
     Args:
         preset: a target preset name (``fixtures/targets/<preset>.json``).
         out_dir: where to write (default ``fixtures/drafts/<preset>``); replaced atomically.
-        contract: the contract fixture whose ids the draft declares and is trained on.
+        contract: the contract fixture whose ids the draft declares and is trained on
+            (default :data:`DEFAULT_CONTRACT` for DeepSeek-V3, :data:`FAMILY_CONTRACT` otherwise).
         settings: :class:`pytest_eagle3.draft.train.TrainSettings` (default: its defaults).
         steps: draft steps the quality is measured with (``speculative_num_steps``).
         progress: called with one-line status messages.
+        cache_root: where a non-DeepSeek preset's checkpoint is built and read
+            (default: the plugin's default cache, ``~/.cache/pytest-eagle3``).
 
     Raises:
         Eagle3ConfigError: unknown preset; Eagle3ContractError: bad contract.
@@ -141,6 +149,7 @@ def build_draft(
     settings = settings or TrainSettings()
     spec = TargetSpec.preset(preset)
     L, H, V = (int(spec.config[k]) for k in ("num_hidden_layers", "hidden_size", "vocab_size"))
+    contract = contract or (DEFAULT_CONTRACT if is_deepseek(spec.config) else FAMILY_CONTRACT)
     declared, hs_ids = contract_ids(contract, L, H)
     out_dir = Path(out_dir) if out_dir is not None else fixtures_dir() / "drafts" / preset
 
@@ -148,22 +157,28 @@ def build_draft(
     torch.set_num_threads(1)
     try:
         t0 = time.perf_counter()
-        sd, dims = data.target_weights(spec)
         say(f"{preset}: greedy continuations of {prompts_path().name} ...")
-        examples = data.make_examples(
-            sd, dims, load_prompts(vocab_size=V), data.prompt_names(),
-            max_new_tokens=settings.max_new_tokens, min_margin=settings.min_margin,
-        )
-        stacks = [data.snapshots(sd, dims, ex.tokens) for ex in examples]
+        if is_deepseek(spec.config):
+            sd, dims = data.target_weights(spec)
+            examples = data.make_examples(
+                sd, dims, load_prompts(vocab_size=V), data.prompt_names(),
+                max_new_tokens=settings.max_new_tokens, min_margin=settings.min_margin,
+            )
+            stacks = [data.snapshots(sd, dims, ex.tokens) for ex in examples]
+            embed, norms, eps = sd["model.embed_tokens.weight"], wiring.input_layernorm_weights(sd, L), dims.eps
+        else:  # the other families run on transformers (draft/data.py TransformersTarget)
+            target = data.TransformersTarget(spec, cache_root or cache.default_cache_dir()[0])
+            examples = target.examples(load_prompts(vocab_size=V), data.prompt_names(),
+                                       max_new_tokens=settings.max_new_tokens, min_margin=settings.min_margin)
+            stacks = [target.snapshots(ex.tokens) for ex in examples]
+            embed, norms, eps = target.embed, target.norms, target.eps
         data_seconds = time.perf_counter() - t0
-        embed = sd["model.embed_tokens.weight"]
-        norms = wiring.input_layernorm_weights(sd, L)
         say(f"{preset}: training on hs{hs_ids} ({settings.steps} steps, seed {settings.seed}) ...")
-        result = train_draft(examples, stacks, embed, hs_ids, norms, dims.eps, settings,
+        result = train_draft(examples, stacks, embed, hs_ids, norms, eps, settings,
                              target_config=dict(spec.config), progress=say)
         say(f"{preset}: offline quality ...")
         qualities = offline.evaluate_wirings(
-            result.params, result.cfg, embed, examples, stacks, hs_ids, norms=norms, eps=dims.eps, steps=steps,
+            result.params, result.cfg, embed, examples, stacks, hs_ids, norms=norms, eps=eps, steps=steps,
         )
     finally:
         torch.set_num_threads(threads)
@@ -251,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pytest_eagle3.draft.build", description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default=DEFAULT_PRESET)
     ap.add_argument("--out", type=Path, default=None, help="output directory (default fixtures/drafts/<preset>)")
-    ap.add_argument("--contract", default=DEFAULT_CONTRACT)
+    ap.add_argument("--contract", default=None,
+                    help=f"contract fixture (default {DEFAULT_CONTRACT} for DeepSeek-V3, {FAMILY_CONTRACT} otherwise)")
     ap.add_argument("--seed", type=int, default=TrainSettings.seed)
     ap.add_argument("--train-steps", type=int, default=TrainSettings.steps)
     ap.add_argument("--variant", choices=list(VARIANTS), default=None,

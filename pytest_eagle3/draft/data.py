@@ -155,3 +155,80 @@ def target_weights(spec) -> tuple[dict[str, torch.Tensor], Dims]:
 
     sd, _ = make_weights(spec)
     return sd, Dims.from_config(spec.config)
+
+
+class TransformersTarget:
+    """A non-DeepSeek preset's target for the draft builder, run with transformers.
+
+    The DeepSeek-V3 presets use the project's own fp32 forward (above); the other
+    families (:mod:`pytest_eagle3.target.checkpoint.families`) load their built
+    checkpoint (the cache entry of :func:`~pytest_eagle3.target.checkpoint.cache.ensure_checkpoint`)
+    with ``AutoModelForCausalLM`` in float32, eager attention, one thread, and give
+    the same things: greedy continuations by full forwards (no KV cache) and the
+    snapshots ``[L+2, N, H]`` (``hs[0..L]``, then ``final_prenorm`` by a pre-hook
+    on the final norm).
+
+    Attributes:
+        embed: ``[V, H]`` the embedding matrix as stored (the draft's embedding).
+        norms: ``[H]`` per layer: the multiplier of each ``input_layernorm``
+            (``offset + weight`` where the family stores an offset, Gemma 3).
+        eps: ``rms_norm_eps``.
+    """
+
+    def __init__(self, spec, cache_root) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from pytest_eagle3.target.checkpoint.cache import ensure_checkpoint
+        from pytest_eagle3.target.checkpoint.families import family_of
+
+        path = ensure_checkpoint(spec, cache_root)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=torch.float32, attn_implementation="eager", local_files_only=True).eval()
+        family = family_of(spec.config)
+        offset = family.norm_offset if family is not None else 0.0
+        decoder = self.model.model
+        self.num_layers = len(decoder.layers)
+        self.embed = decoder.embed_tokens.weight.detach().clone()
+        self.norms = [layer.input_layernorm.weight.detach().float() + offset for layer in decoder.layers]
+        self.eps = float(spec.config.get("rms_norm_eps", 1e-6))
+        self._final_norm = decoder.norm
+
+    def _forward(self, tokens: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        import torch
+
+        seen = {}
+
+        def pre(_m, args):
+            seen["prenorm"] = args[0]
+
+        handle = self._final_norm.register_forward_pre_hook(pre)
+        try:
+            with torch.no_grad():
+                out = self.model(input_ids=torch.tensor([tokens]), output_hidden_states=True, use_cache=False)
+        finally:
+            handle.remove()
+        return out.logits[0, -1], [h[0] for h in out.hidden_states] + [seen["prenorm"][0]]
+
+    def examples(self, prompts: list[list[int]], names: list[str], *, max_new_tokens: int,
+                 min_margin: float) -> list[DraftExample]:
+        """As :func:`make_examples`, with the transformers forward."""
+        out = []
+        for name, prompt in zip(names, prompts):
+            toks, gen, margins = list(prompt), [], []
+            for _ in range(max_new_tokens):
+                logits, _ = self._forward(toks)
+                top = logits.topk(2)
+                margins.append(float(top.values[0] - top.values[1]))
+                gen.append(int(top.indices[0]))
+                toks.append(gen[-1])
+            trusted = next((i for i, m in enumerate(margins) if m < min_margin), len(margins))
+            out.append(DraftExample(name=name, prompt=tuple(prompt), generated=tuple(gen),
+                                    margins=tuple(margins), trusted=trusted))
+        return out
+
+    def snapshots(self, tokens: list[int]) -> torch.Tensor:
+        """As :func:`snapshots`: ``[L+2, N, H]`` float32."""
+        import torch
+
+        return torch.stack(self._forward(tokens)[1]).float()

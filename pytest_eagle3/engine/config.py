@@ -191,8 +191,9 @@ def build_engine_config(
     """Compose an engine: base args, then device defaults, the test's args, the user's.
 
     Later layers win.  Every name is checked against the installed SGLang's flags.
-    On cpu an engine that loads a draft (:func:`has_draft`) gets the
-    speculative recipe: ``intel_amx`` attention and the hook that keeps it
+    On cpu an engine that loads a draft (:func:`has_draft`), or whose
+    architecture the installed SGLang refuses on ``torch_native`` (gpt-oss),
+    gets ``intel_amx`` attention and the hook that keeps it
     (:func:`pytest_eagle3.engine.cpu.recipe.cpu_server_args`); a test or user
     ``attention_backend`` still wins.
 
@@ -221,13 +222,15 @@ def build_engine_config(
         speculative = has_draft(layers)
         if speculative and int(layers.get("speculative_eagle_topk") or 1) > 1:
             raise Eagle3ConfigError(CPU_TOPK.format(topk=layers["speculative_eagle_topk"]))
-        args.update(recipe.cpu_server_args(speculative=speculative))
-        env.update(recipe.cpu_env(tp, amx_attention=speculative
+        architecture = _architecture(model_path)
+        amx = speculative or recipe.refuses_plain_attention(install.location, architecture) is not None
+        args.update(recipe.cpu_server_args(speculative=speculative, amx_attention=amx))
+        env.update(recipe.cpu_env(tp, amx_attention=amx
                                   and layers.get("attention_backend", recipe.SPECULATIVE_ATTENTION)
                                   == recipe.SPECULATIVE_ATTENTION))
         if speculative and install.spec_v2_cpu_gap:
             env[recipe.SPEC_V2_ENV] = "False"
-        for fill in forks.env_fills(install, install.model_code(_architecture(model_path)).file):
+        for fill in forks.env_fills(install, install.model_code(architecture).file):
             env[fill.name] = fill.value
     elif device == "cuda" and cuda is not None:
         args.update(cuda.args)

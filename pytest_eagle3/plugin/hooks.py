@@ -16,6 +16,7 @@ import importlib.util
 import os
 import re
 from collections.abc import Generator
+from pathlib import Path
 from typing import NoReturn
 
 import pytest
@@ -27,7 +28,7 @@ from pytest_eagle3.planning import declare
 from pytest_eagle3.engine import lease
 from pytest_eagle3.plugin import workers
 from pytest_eagle3.errors import Eagle3Error
-from pytest_eagle3.plugin import hookspec, plan
+from pytest_eagle3.plugin import families, hookspec, plan
 from pytest_eagle3.engine.variants import list_variants
 from pytest_eagle3.libversions import module_version
 from pytest_eagle3.contracts.draft import NO_DIR_MSG
@@ -102,6 +103,11 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> int | None:
+    if (options.requested_target(config) == families.FAMILIES and not hasattr(config, "workerinput")
+            and not (getattr(config.option, "help", False) or getattr(config.option, "version", False))):
+        # --eagle3-target families: this pytest runs one child pytest per family preset.
+        report = getattr(config.option, "eagle3_report", None)
+        return families.run_families(config, Path(report).expanduser() if report else None)
     # --eagle3-list-variants: print the path matrix and exit 0 before any
     # collection, as --markers/--fixtures do (pytest's own cmdline_main hooks).
     if not getattr(config.option, "eagle3_list_variants", False):

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from pytest_eagle3.target.checkpoint.cache import CACHE_ENV, default_cache_dir
 from pytest_eagle3.engine.gpus import GpuProbe, detect_gpus
 from pytest_eagle3.engine.faults import FAULT_ENV, FaultError, read_fault
 
@@ -92,7 +93,7 @@ def parse_accept_rate(value: str) -> float:
     return number
 
 ENV_TARGET = "PYTEST_EAGLE3_TARGET"
-ENV_CACHE = "PYTEST_EAGLE3_CACHE"
+ENV_CACHE = CACHE_ENV
 
 INI_TARGET = "eagle3_target"
 INI_CACHE = "eagle3_cache"
@@ -288,7 +289,7 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption(
         "--eagle3-target", dest="eagle3_target", metavar="PRESET|PATH", default=None,
         help=f"target model preset or checkpoint directory (default {DEFAULT_TARGETS['cpu']} "
-        f"on cpu; env {ENV_TARGET}, ini {INI_TARGET})",
+        f"on cpu; 'families': one run per model-family preset; env {ENV_TARGET}, ini {INI_TARGET})",
     )
     group.addoption(
         "--eagle3-cache", dest="eagle3_cache", metavar="DIR", default=None,
@@ -473,14 +474,12 @@ def add_short_spellings(parser: pytest.Parser) -> tuple[TakenSpelling, ...]:
 # --- resolution ---
 
 
-def default_cache_dir(env: Mapping[str, str] | None = None) -> tuple[Path, str]:
-    """Per-user cache directory and its source (``"env"`` or ``"default"``)."""
-    env = os.environ if env is None else env
-    if env.get(ENV_CACHE):
-        return Path(env[ENV_CACHE]).expanduser(), "env"
-    xdg = env.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "pytest-eagle3", "default"
+def requested_target(config: pytest.Config) -> str | None:
+    """The ``--eagle3-target`` value asked for (CLI > env > ini), before any
+    validation; ``None`` when the device default applies."""
+    opt = config.option
+    return (getattr(opt, "eagle3_target", None) or os.environ.get(ENV_TARGET)
+            or _ini(config, INI_TARGET) or None)
 
 
 def resolve_settings(config: pytest.Config, *, validate: bool = True) -> Settings:

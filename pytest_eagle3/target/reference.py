@@ -292,7 +292,7 @@ def reference_details_path(
 
 
 #: Bump when the details worker's output for the same inputs changes.
-DETAILS_VERSION = "1"
+DETAILS_VERSION = "2"
 
 
 def ensure_reference_details(
@@ -307,8 +307,10 @@ def ensure_reference_details(
     """Inside-the-layer reference tensors for the diagnoses, computed once and cached.
 
     Per prompt a dict: ``post_attention`` ``[L, T, H]`` (each layer's residual
-    after attention), ``mlp`` ``[L, T, H]`` (each layer's MLP output) and, for
-    ``tp > 1``, ``partial`` ``[tp, L, T, H]`` (each TP rank's unreduced share of
+    after attention), ``mlp`` ``[L, T, H]`` (what each layer's MLP branch adds
+    to the residual stream), ``mlp_what`` (a str, only where that is not the
+    plain MLP output: Gemma 3's post-feedforward norm) and, for ``tp > 1``
+    without such a norm, ``partial`` ``[tp, L, T, H]`` (each TP rank's unreduced share of
     the MLP output, SGLang's contiguous intermediate shards).  Only failing
     comparisons ask for these (:mod:`pytest_eagle3.verdicts.diagnose`).
 
@@ -316,6 +318,7 @@ def ensure_reference_details(
         ReferenceFailed, Eagle3ConfigError: as :func:`ensure_reference`.
     """
     from filelock import FileLock, Timeout
+    from safetensors import safe_open
     from safetensors.torch import load_file
 
     if dtype not in DTYPES:
@@ -327,14 +330,19 @@ def ensure_reference_details(
     def load() -> list[dict[str, "torch.Tensor"]] | None:
         try:
             data = load_file(str(path))
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
         except Exception:  # noqa: BLE001 - unreadable: recompute
             return None
-        names = ("post_attention", "mlp") + (("partial",) if tp > 1 else ())
+        # No rank shares where a norm follows the MLP (Gemma 3): the worker writes tp 1.
+        names = ("post_attention", "mlp") + (("partial",) if meta.get("tp", str(tp)) != "1" else ())
         out = []
         for i, ids in enumerate(prompts):
             entry = {n: data.get(f"{n}_{i:04d}") for n in names}
             if any(t is None or t.shape[-2] != len(ids) for t in entry.values()):
                 return None
+            if meta.get("mlp_what"):
+                entry["mlp_what"] = meta["mlp_what"]
             out.append(entry)
         return out
 

@@ -187,9 +187,12 @@ def run_details(checkpoint: Path, prompts: list[list[int]], dtype: str, tp: int,
     """Inside-the-layer tensors the diagnoses compare against, per prompt ``i``:
 
     * ``post_attention_<i>`` ``[L, T, H]``: layer ``l``'s residual after its
-      attention (the input of ``post_attention_layernorm``);
-    * ``mlp_<i>`` ``[L, T, H]``: layer ``l``'s MLP output (``hs[l+1]`` minus the
-      post-attention residual);
+      attention (the input of ``post_attention_layernorm``; of
+      ``pre_feedforward_layernorm`` in Gemma 3);
+    * ``mlp_<i>`` ``[L, T, H]``: what layer ``l``'s MLP branch adds to the
+      residual stream (``hs[l+1]`` minus the post-attention residual): the MLP
+      output, or in Gemma 3 that output after ``post_feedforward_layernorm``
+      (the metadata's ``mlp_what`` then names it);
     * ``partial_<i>`` ``[tp, L, T, H]`` (``tp > 1``): each TP rank's unreduced
       share of that MLP output (see :func:`_rank_mlp`).
     """
@@ -209,6 +212,8 @@ def run_details(checkpoint: Path, prompts: list[list[int]], dtype: str, tp: int,
     layers = list(decoder.layers)
     seen: dict[tuple[str, int], Any] = {}
     handles = []
+    post_norm = _post_branch_norm(layers[0]) if layers else None
+
     def keep_mid(l: int) -> Any:
         def hook(_module: Any, args: tuple[Any, ...]) -> None:
             seen[("mid", l)] = args[0]
@@ -216,12 +221,20 @@ def run_details(checkpoint: Path, prompts: list[list[int]], dtype: str, tp: int,
 
     def keep_mlp(l: int) -> Any:
         def hook(_module: Any, args: tuple[Any, ...], out: Any) -> None:
-            seen[("x", l)], seen[("mlp", l)] = args[0], out
+            seen[("x", l)], seen[("mlp", l)] = args[0], out[0] if isinstance(out, tuple) else out
+        return hook
+
+    def keep_out(l: int) -> Any:
+        def hook(_module: Any, _args: tuple[Any, ...], out: Any) -> None:
+            seen[("out", l)] = out[0] if isinstance(out, tuple) else out
         return hook
 
     for l, layer in enumerate(layers):
-        handles.append(layer.post_attention_layernorm.register_forward_pre_hook(keep_mid(l)))
+        handles.append(getattr(layer, _mid_norm(layer)).register_forward_pre_hook(keep_mid(l)))
         handles.append(layer.mlp.register_forward_hook(keep_mlp(l)))
+        handles.append(layer.register_forward_hook(keep_out(l)))
+    if post_norm is not None:
+        tp = 1  # a norm after the MLP: rank shares of its input are not shares of the branch
     ranks = [_rank_mlp(layer.mlp, tp, r) for layer in layers for r in range(tp)] if tp > 1 else []
     out: dict[str, Any] = {}
     try:
@@ -231,7 +244,10 @@ def run_details(checkpoint: Path, prompts: list[list[int]], dtype: str, tp: int,
                 model(input_ids=torch.tensor([ids], dtype=torch.long), use_cache=False)
                 key = f"{i:04d}"
                 out[f"post_attention_{key}"] = torch.stack([seen[("mid", l)][0] for l in range(len(layers))])
-                out[f"mlp_{key}"] = torch.stack([seen[("mlp", l)][0] for l in range(len(layers))])
+                # What the MLP branch adds to the residual stream: the MLP output, or
+                # (Gemma 3) that output after the post-feedforward norm.
+                out[f"mlp_{key}"] = torch.stack([(seen[("out", l)] - seen[("mid", l)])[0]
+                                                 for l in range(len(layers))])
                 if tp > 1:
                     out[f"partial_{key}"] = torch.stack([
                         torch.stack([ranks[l * tp + r](seen[("x", l)])[0] for l in range(len(layers))])
@@ -241,7 +257,23 @@ def run_details(checkpoint: Path, prompts: list[list[int]], dtype: str, tp: int,
         for h in handles:
             h.remove()
     out = {k: v.to(torch.float32).contiguous() for k, v in out.items()}
-    return out, {"dtype": dtype, "tp": str(tp), "num_layers": str(len(layers))}
+    meta = {"dtype": dtype, "tp": str(tp), "num_layers": str(len(layers))}
+    if post_norm is not None:
+        meta["mlp_what"] = f"the MLP output of layer {{layer}} after its {post_norm}"
+    return out, meta
+
+
+def _mid_norm(layer: Any) -> str:
+    """The norm whose input is the residual stream between attention and MLP:
+    ``pre_feedforward_layernorm`` where the layer has post-branch norms (Gemma 3,
+    transformers ``Gemma3DecoderLayer``), else ``post_attention_layernorm``."""
+    return "pre_feedforward_layernorm" if _post_branch_norm(layer) else "post_attention_layernorm"
+
+
+def _post_branch_norm(layer: Any) -> str | None:
+    """``"post_feedforward_layernorm"`` when the MLP branch is normed before the
+    residual add (Gemma 3), else ``None``."""
+    return "post_feedforward_layernorm" if hasattr(layer, "post_feedforward_layernorm") else None
 
 
 def main(argv: list[str] | None = None) -> int:

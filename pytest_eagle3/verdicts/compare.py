@@ -19,6 +19,8 @@ torch is imported inside the functions only.
 from __future__ import annotations
 
 import math
+import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -516,19 +518,55 @@ def _json_float(value: float) -> float | None:
     return None if math.isnan(value) else float(value)
 
 
+#: A later test's failure when an earlier one already named the same cause.
+SAME_CAUSE = ("same cause as {first}, which reports it in full: {line}")
+_CAUSES = pytest.StashKey[dict]()
+_NUMBERS = re.compile(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def cause_signature(report: Any) -> tuple[str, ...] | None:
+    """What a failed report's diagnosis says the wrong slots hold, with layer
+    numbers and errors left out (``"slot # holds the MLP output of layer # after
+    its post_feedforward_layernorm ..."``), when it names every wrong slot and
+    no id-list pattern; else ``None``.  Two reports with one signature fail for
+    one reason, whatever ids or path each test used."""
+    diag = getattr(report, "diagnosis", None)
+    if diag is None or diag.pattern_lines or not diag.slot_lines:
+        return None
+    if {v.slot for v in report.wrong} - set(diag.slot_lines):
+        return None
+    return tuple(sorted({_NUMBERS.sub("#", line) for line in diag.slot_lines.values()}))
+
+
+def _current_test() -> str:
+    return os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
+
+
 def fail_if_bad(report: Any, *, verbose: bool = False, config: pytest.Config | None = None,
                 cause: str | None = None) -> Any:
     """``pytest.fail(report.message())`` without a traceback when ``not report.ok``;
     returns the report otherwise.  ``config`` (or ``verbose``) turns on the tables
     (``-v``); with ``config`` the run's ``pytest_eagle3_verdict`` hook
     (:mod:`pytest_eagle3.plugin.hookspec`) sees the report first.  ``cause``: a
-    line known before the engine ran that explains the failure (it leads the message)."""
+    line known before the engine ran that explains the failure (it leads the message).
+
+    One root cause, one failure: with ``config``, the first test whose diagnosis
+    has a given :func:`cause_signature` reports it in full; a later one with the
+    same signature fails with :data:`SAME_CAUSE`, naming the first and its own
+    first slot line (per pytest process)."""
     __tracebackhide__ = True
     if config is not None and hasattr(config.hook, "pytest_eagle3_verdict"):
         config.hook.pytest_eagle3_verdict(config=config, report=report)
     if not report.ok:
         if config is not None:
             verbose = verbose or config.get_verbosity() > 0
+            signature = cause_signature(report)
+            if signature is not None and cause is None:
+                here = _current_test()
+                first = config.stash.setdefault(_CAUSES, {}).setdefault(signature, here)
+                if first != here:
+                    line = report.diagnosis.slot_lines[min(report.diagnosis.slot_lines)]
+                    pytest.fail(SAME_CAUSE.format(first=first, line=line), pytrace=False)
         message = report.message(verbose=verbose)
         pytest.fail(f"{cause}\n{message}" if cause else message, pytrace=False)
     return report

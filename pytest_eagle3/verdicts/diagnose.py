@@ -50,13 +50,13 @@ SLOT_HOLDS = "slot {slot} holds {what} (rel.err {err}): {why} {tag}"
 
 OFFSET_LATE = (
     "every slot holds the snapshot one layer after the expected one ({pairs}): SGLang added 1 to "
-    "the ids where the expectation did not (set_eagle3_layers_to_capture; PR #25454 changed when "
-    "upstream SGLang adds it)"
+    "the ids where the expectation did not (set_eagle3_layers_to_capture, in the target's model file; "
+    "PR #25454 changed when upstream DeepSeek adds it)"
 )
 OFFSET_EARLY = (
     "every slot holds the snapshot one layer before the expected one ({pairs}): SGLang did not add 1 "
-    "to the ids where the expectation did (set_eagle3_layers_to_capture; PR #25454 changed when "
-    "upstream SGLang adds it)"
+    "to the ids where the expectation did (set_eagle3_layers_to_capture, in the target's model file; "
+    "PR #25454 changed when upstream DeepSeek adds it)"
 )
 IDS_IGNORED = (
     "the slots hold SGLang's default layers [2, L//2, L-3] = {default}, not the configured ones "
@@ -66,6 +66,11 @@ REVERSED = "the slots hold the expected snapshots in reverse order ({got}): the 
 PERMUTED = "the slots hold the expected snapshots in another order ({got}): the captures were concatenated out of order"
 
 WHY_NORMALIZED = "the normalized attention input of layer {layer}, not the residual stream"
+WHY_BRANCH_ONLY = (
+    "what layer {layer}'s MLP branch adds to the residual stream, without the residual "
+    "({hs} minus layer {layer}'s post-attention residual): the capture took the layer's first "
+    "return value while the layer keeps the residual separate"
+)
 WHY_MLP_ONLY = (
     "the MLP output of layer {layer} without the residual ({hs} minus layer {layer}'s "
     "post-attention residual; vLLM PR #14464)"
@@ -113,7 +118,10 @@ class Evidence:
         norms: ``[L, H]`` ``input_layernorm`` weights of every layer.
         norm_eps: their epsilon.
         post_attention: ``[L, T, H]`` each layer's residual after attention.
-        mlp: ``[L, T, H]`` each layer's MLP output.
+        mlp: ``[L, T, H]`` what each layer's MLP branch adds to the residual stream.
+        mlp_what: how a slot holding ``mlp[l]`` is named (``{layer}``); Gemma 3's
+            branch ends in a norm: "the MLP output of layer 0 after its
+            post_feedforward_layernorm".
         partial: ``[tp, L, T, H]`` each TP rank's unreduced MLP share.
         others: label (``"request 1"``) -> ``[L+2, T', H]`` another request's
             reference rows (a wrong row is looked up among all of them, the
@@ -128,6 +136,7 @@ class Evidence:
     norm_eps: float = 1e-6
     post_attention: Any = None
     mlp: Any = None
+    mlp_what: str = "the MLP output of layer {layer}"
     partial: Any = None
     others: Mapping[str, Any] = field(default_factory=dict)
 
@@ -233,8 +242,9 @@ def _candidates(reference: "torch.Tensor", ev: Evidence, num_layers: int) -> lis
                         rms_norm(reference[i], ev.norms[i], ev.norm_eps)))
     if ev.mlp is not None:
         for l in range(min(L, ev.mlp.shape[0])):
-            out.append(("no-residual", f"the MLP output of layer {l}",
-                        WHY_MLP_ONLY.format(layer=l, hs=_after(l, L)), ev.mlp[l]))
+            why = WHY_MLP_ONLY if ev.mlp_what == Evidence.mlp_what else WHY_BRANCH_ONLY
+            out.append(("no-residual", ev.mlp_what.format(layer=l),
+                        why.format(layer=l, hs=_after(l, L)), ev.mlp[l]))
     for l in range(L):
         after = l + 1 if l + 1 < L else L + 1  # the last layer's output is final_prenorm
         out.append(("no-residual", f"{_after(l, L)} - {label(l, L)}",
@@ -470,7 +480,8 @@ def checkpoint_evidence(checkpoint_dir: Path, prompts: Sequence[Sequence[int]], 
             norms, eps, details = shared()
             d = details[i]
             return Evidence(token_ids=prompts[i], vocab_size=vocab_size, tp=tp, attn_tp=attn_tp, norms=norms,
-                            norm_eps=eps, post_attention=d["post_attention"], mlp=d["mlp"], partial=d.get("partial"))
+                            norm_eps=eps, post_attention=d["post_attention"], mlp=d["mlp"], partial=d.get("partial"),
+                            **({"mlp_what": d["mlp_what"]} if d.get("mlp_what") else {}))
         return build
 
     return [one(i) for i in range(len(prompts))]

@@ -68,10 +68,17 @@ def _copy(src: Path, dst: Path, edit_config=None, edit_weights=None) -> str:
 
 
 #: The drafts under test (``fixtures/drafts/<name>``; ``PYTEST_EAGLE3_CONTROLS_DRAFTS=a,b``
-#: picks others, e.g. ``tiny-dsv3-mla-fc-norm,tiny-dsv3-mla-norm-output``) and the controls each gets.
+#: picks others, e.g. ``tiny-dsv3-mla-fc-norm,tiny-dsv3-mla-norm-output`` or the model
+#: families' ``tiny-llama,tiny-gpt-oss``, each served on its own target preset) and the
+#: controls each gets.
 DRAFTS = tuple(os.environ.get("PYTEST_EAGLE3_CONTROLS_DRAFTS", "tiny-dsv3,tiny-dsv3-mla").split(","))
 MISWIRED = ("ids-shifted-by-one", "embedding-id-replaced", "no-ids-server-default", "fc-blocks-permuted")
 MLA_ONLY = ("top-level-ids-only",)
+#: The model-family drafts (ids [1, 3, 4] -> hs[2], hs[4], hs[5], no embedding id) replace
+#: two controls: SGLang's default list [2, L//2, L-3] *is* their wiring on those
+#: families' rule, and there is no embedding id to replace, so the first id is lowered
+#: by one instead (hs[1] for hs[2]).
+FAMILY_MISWIRED = ("ids-shifted-by-one", "first-id-lowered", "fc-blocks-permuted")
 
 
 def controls(src: Path, root: Path) -> dict[str, str]:
@@ -83,6 +90,9 @@ def controls(src: Path, root: Path) -> dict[str, str]:
 
     def no_embedding(cfg):
         cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [1 if i == 0 else i for i in ids]
+
+    def first_lowered(cfg):
+        cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [ids[0] - 1, *ids[1:]]
 
     def no_ids(cfg):
         del cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
@@ -105,6 +115,9 @@ def controls(src: Path, root: Path) -> dict[str, str]:
         "no-ids-server-default": _copy(src, root / "no-ids", edit_config=no_ids),
         "fc-blocks-permuted": _copy(src, root / "fc-permuted", edit_weights=permute_fc),
     }
+    if _is_family(config):
+        del out["embedding-id-replaced"], out["no-ids-server-default"]
+        out["first-id-lowered"] = _copy(src, root / "first-lowered", edit_config=first_lowered)
     if "Eagle3DeepseekV2ForCausalLM" in config["architectures"]:
         # The ids-only-at-top-level control replaces the no-ids one: SGLang reads no ids in either.
         del out["no-ids-server-default"]
@@ -119,7 +132,27 @@ def _is_mla(draft: str) -> bool:
     return "Eagle3DeepseekV2ForCausalLM" in config["architectures"]
 
 
+def _is_family(config: dict) -> bool:
+    """A model-family draft (``fixtures/drafts/tiny-llama``, ...): its target is not DeepSeek-V3."""
+    from pytest_eagle3.target.spec import TargetSpec
+    from pytest_eagle3.target.checkpoint.families import is_deepseek
+
+    preset = config.get("pytest_eagle3", {}).get("target", {}).get("preset", "tiny-dsv3")
+    return not is_deepseek(TargetSpec.preset(preset).config)
+
+
+def _target(draft: str) -> str:
+    from pytest_eagle3.draft import shipped_draft_dir
+
+    config = json.loads((shipped_draft_dir(draft) / "config.json").read_text())
+    return config.get("pytest_eagle3", {}).get("target", {}).get("preset", "tiny-dsv3")
+
+
 def _expected_controls(draft: str) -> tuple[str, ...]:
+    from pytest_eagle3.draft import shipped_draft_dir
+
+    if _is_family(json.loads((shipped_draft_dir(draft) / "config.json").read_text())):
+        return FAMILY_MISWIRED
     if _is_mla(draft):
         return tuple(c for c in MISWIRED if c != "no-ids-server-default") + MLA_ONLY
     return MISWIRED
@@ -137,7 +170,7 @@ def results(draft: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, d
     work = tmp_path_factory.mktemp(f"controls-{draft}")
     drafts = controls(shipped_draft_dir(draft), work / "drafts")
     (work / "drafts.json").write_text(json.dumps(drafts))
-    run = run_inner(work, ["test_controls.py", "--tp", str(TP), "-s"],
+    run = run_inner(work, ["test_controls.py", "--tp", str(TP), "-s", "--eagle3-target", _target(draft)],
                     files={"test_controls.py": INNER.format(tp=TP)})
     out = {}
     for line in run.output.splitlines():

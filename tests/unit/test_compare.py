@@ -128,7 +128,8 @@ def test_capture_from_the_wrong_layer_is_diagnosed() -> None:
     lines.append(
         "diagnosis [offset-twice]: every slot holds the snapshot one layer after the expected one "
         "(hs[1] for hs[0], hs[4] for hs[3], hs[6] for hs[5]): SGLang added 1 to the ids where the expectation "
-        "did not (set_eagle3_layers_to_capture; PR #25454 changed when upstream SGLang adds it)"
+        "did not (set_eagle3_layers_to_capture, in the target's model file; PR #25454 changed when "
+        "upstream DeepSeek adds it)"
     )
     assert report.message() == "\n".join(lines)
     assert report.kinds == ("offset-twice",)
@@ -364,7 +365,8 @@ def test_offset_missing_is_named() -> None:
     assert lines[-1] == (
         "diagnosis [offset-missing]: every slot holds the snapshot one layer before the expected one "
         "(hs[0] for hs[1], hs[2] for hs[3], hs[4] for hs[5]): SGLang did not add 1 to the ids where the "
-        "expectation did (set_eagle3_layers_to_capture; PR #25454 changed when upstream SGLang adds it)"
+        "expectation did (set_eagle3_layers_to_capture, in the target's model file; PR #25454 changed when "
+        "upstream DeepSeek adds it)"
     )
 
 

@@ -48,6 +48,38 @@ SPECULATIVE_ATTENTION = "intel_amx"
 SPEC_V2_ENV = "SGLANG_ENABLE_SPEC_V2"
 
 
+#: Files where SGLang asserts an architecture's attention backends (0.5.23:
+#: ``srt/arg_groups/model_hook.py``; earlier releases: ``srt/server_args.py``).
+_BACKEND_CHECK_FILES = ("srt/arg_groups/model_hook.py", "srt/server_args.py")
+
+
+def refuses_plain_attention(location: str | Path, architecture: str) -> str | None:
+    """Where the installed SGLang refuses :data:`PLAIN_ATTENTION` for ``architecture``.
+
+    SGLang asserts a list of attention backends for some architectures at
+    server-argument resolution (0.5.23 ``srt/arg_groups/model_hook.py``:
+    ``"GptOssForCausalLM requires one of [...] attention backend"``; torch_native
+    has neither sliding windows nor attention sinks), so their CPU engines run
+    :data:`SPECULATIVE_ATTENTION` (the stand-in kernels implement both).  Read
+    from the installed files, never from a version number.
+
+    Returns:
+        ``"srt/arg_groups/model_hook.py:538"``-style location of the assertion,
+        or ``None`` when the architecture may run ``torch_native``.
+    """
+    needle = f"{architecture} requires one of"
+    for rel in _BACKEND_CHECK_FILES:
+        try:
+            text = (Path(location) / rel).read_text(encoding="utf-8")
+        except OSError:
+            continue
+        at = text.find(needle)
+        if at < 0:
+            continue
+        return f"{rel}:{text.count(chr(10), 0, at) + 1}"
+    return None
+
+
 def cpu_env(tp: int, *, pythonpath: str | None = None, amx_attention: bool = False) -> dict[str, str]:
     """Environment for an SGLang server on CPU with ``tp`` ranks.
 
@@ -76,15 +108,17 @@ def cpu_env(tp: int, *, pythonpath: str | None = None, amx_attention: bool = Fal
     return env
 
 
-def cpu_server_args(*, speculative: bool = False) -> dict[str, Any]:
+def cpu_server_args(*, speculative: bool = False, amx_attention: bool = False) -> dict[str, Any]:
     """Server arguments every CPU-tier engine gets (user ``--sglang-arg`` wins).
 
     ``speculative``: the engine loads an EAGLE/EAGLE-3 draft, so attention runs
-    on :data:`SPECULATIVE_ATTENTION` (pair it with ``cpu_env(amx_attention=True)``).
+    on :data:`SPECULATIVE_ATTENTION` (pair it with ``cpu_env(amx_attention=True)``);
+    so does ``amx_attention`` (an architecture SGLang refuses on torch_native,
+    :func:`refuses_plain_attention`).
     """
     return {
         "device": "cpu",
-        "attention_backend": SPECULATIVE_ATTENTION if speculative else PLAIN_ATTENTION,
+        "attention_backend": SPECULATIVE_ATTENTION if (speculative or amx_attention) else PLAIN_ATTENTION,
         "dtype": "float32",
         "disable_custom_all_reduce": True,
         "disable_cuda_graph": True,

@@ -14,6 +14,8 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
+from pytest_eagle3.errors import Eagle3ConfigError
+from pytest_eagle3.target.checkpoint.families import FAMILIES, UNKNOWN_FAMILY_MSG, family_of, is_deepseek
 from pytest_eagle3.target.checkpoint.init import make_weights
 
 if TYPE_CHECKING:
@@ -90,7 +92,10 @@ def write_weights(weights: "dict[str, torch.Tensor]", out_dir: Path, *, dtype: s
 def build_checkpoint(spec: TargetSpec, out_dir: Path) -> None:
     """Write ``spec``'s checkpoint into ``out_dir`` (created if missing).
 
-    Writes ``config.json`` (``spec.config``), the weights in the config's
+    Writes ``config.json`` (``spec.config``), the weights (DeepSeek-V3 by
+    :mod:`.init` in this process; the other families of :mod:`.families` by
+    transformers in a subprocess, :mod:`.family_worker`, so the test process
+    never imports transformers) in the config's
     ``torch_dtype`` (:func:`write_weights`: one ``model.safetensors``, or bf16
     shards for a GPU preset; see :mod:`pytest_eagle3.target.checkpoint.init`)
     and ``build_info.json``.
@@ -102,15 +107,53 @@ def build_checkpoint(spec: TargetSpec, out_dir: Path) -> None:
         OSError: ``out_dir`` cannot be written.
     """
 
-    weights, scales = make_weights(spec)
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if is_deepseek(spec.config):
+        weights, made = make_weights(spec)
+        scales = [asdict(s) for s in made]
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_weights(weights, out_dir, dtype=str(spec.config.get("torch_dtype") or "float32"))
+    else:
+        scales = _build_family(spec, out_dir)
     (out_dir / CONFIG_FILE).write_text(_dump_json(spec.config), encoding="ascii")
-    write_weights(weights, out_dir, dtype=str(spec.config.get("torch_dtype") or "float32"))
     info = {
         "builder_version": BUILDER_VERSION,
         "spec": spec.key_material(),
         "description": spec.description,
-        "branch_scales": [asdict(s) for s in scales],
+        "branch_scales": scales,
     }
     (out_dir / BUILD_INFO_FILE).write_text(_dump_json(info), encoding="ascii")
+
+
+def _build_family(spec: TargetSpec, out_dir: Path) -> list[dict]:
+    """Run :mod:`.family_worker` for a non-DeepSeek spec; returns its calibration record.
+
+    Raises:
+        Eagle3ConfigError: the family is unknown, or the worker failed (its last
+            stderr line in the message).
+    """
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    if family_of(spec.config) is None:
+        raise Eagle3ConfigError(UNKNOWN_FAMILY_MSG.format(
+            model_type=spec.config.get("model_type"), known=", ".join(sorted(FAMILIES))))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        spec_file = Path(tmp) / "spec.json"
+        spec_file.write_text(json.dumps({"seed": spec.seed, "init": spec.init.to_dict(), "config": spec.config}),
+                             encoding="ascii")
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", OMP_NUM_THREADS="1")
+        proc = subprocess.run([sys.executable, "-m", "pytest_eagle3.target.checkpoint.family_worker",
+                               "--spec", str(spec_file), "--out", str(out_dir)],
+                              capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+        raise Eagle3ConfigError(f"building target {spec.name} with transformers failed: "
+                                f"{lines[-1] if lines else 'exit status %d' % proc.returncode}")
+    scales_file = out_dir / "scales.json"
+    scales = json.loads(scales_file.read_text(encoding="ascii"))
+    scales_file.unlink()
+    return scales

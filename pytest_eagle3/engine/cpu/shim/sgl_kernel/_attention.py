@@ -20,10 +20,16 @@ arguments.  Semantics from sgl-kernel ``csrc/cpu/decode.cpp`` and
   no special case is needed here.
 * Query heads map to KV heads in groups of ``num_heads // num_kv_heads``.
 * ``logit_cap > 0``: scores become ``cap * tanh(score / cap)``.
+* ``sliding_window_size = w > 0`` (the backend passes the layer's
+  ``sliding_window_size + 1``): a query at position ``p`` sees keys at
+  positions ``k`` with ``p - w < k <= p``, the ``w`` most recent tokens
+  (transformers' Gemma 3 / gpt-oss masks: ``q_idx - kv_idx < sliding_window``).
+* ``sinks [H]`` (gpt-oss): one extra logit per head joins each softmax and is
+  dropped after it, so it only takes probability mass away.
 
 Everything is computed in float32 and written into the output tensor.  What
 this stand-in does not implement (cross attention, encoder lengths, sliding
-windows, attention sinks, tree masks of speculative topk > 1, fp8 KV caches)
+tree masks of speculative topk > 1, fp8 KV caches)
 raises ``NotImplementedError`` instead of computing something else.
 """
 
@@ -57,8 +63,10 @@ def _attend(
     sm_scale: float,
     logit_cap: float,
     mask: torch.Tensor | None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``q [m, H, D]``, ``k [n, Hkv, D]``, ``v [n, Hkv, Dv]``; ``mask [m, n]`` (True = visible)."""
+    """``q [m, H, D]``, ``k [n, Hkv, D]``, ``v [n, Hkv, Dv]``; ``mask [m, n]`` (True = visible);
+    ``sinks [H]`` or None."""
     heads, kv_heads = q.shape[1], k.shape[1]
     if heads != kv_heads:
         group = heads // kv_heads
@@ -69,7 +77,11 @@ def _attend(
         scores = float(logit_cap) * torch.tanh(scores / float(logit_cap))
     if mask is not None:
         scores = scores.masked_fill(~mask.unsqueeze(0), float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
+    if sinks is not None:
+        sink = sinks.float().reshape(-1, 1, 1).expand(-1, scores.shape[1], 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
     return torch.einsum("hmn,nhd->mhd", probs, v.float())
 
 
@@ -97,8 +109,9 @@ def decode_attention_cpu(
     """One decode step per sequence; writes ``output [num_seqs, H, Dv]`` in place."""
     op = "decode_attention_cpu"
     _refuse(op, cross_attention=is_cross_attn, encoder_lengths=encoder_lens is not None,
-            a_sliding_window=int(sliding_window_size or 0) > 0, attention_sinks=sinks is not None)
+)
     _check_kv_dtype(op, k_buffer)
+    window = int(sliding_window_size or 0)
     if key is not None:
         if value is None:
             raise ValueError(f"{op}: key and value must be given together")
@@ -109,8 +122,9 @@ def decode_attention_cpu(
     lens = seq_lens.tolist()
     rows = req_pool_indices.tolist()
     for b, (row, n) in enumerate(zip(rows, lens)):
-        idx = req_to_token[row, :n].long()
-        out = _attend(query[b : b + 1], k_buffer[idx], v_buffer[idx], sm_scale, logit_cap, None)
+        first = max(0, n - window) if window > 0 else 0
+        idx = req_to_token[row, first:n].long()
+        out = _attend(query[b : b + 1], k_buffer[idx], v_buffer[idx], sm_scale, logit_cap, None, sinks)
         output[b : b + 1] = out.to(output.dtype)
 
 
@@ -141,9 +155,9 @@ def extend_attention_cpu(
     """Prefill/extend (also speculative verify); writes ``o_extend [tokens, H, Dv]`` in place."""
     op = "extend_attention_cpu"
     _refuse(op, cross_attention=is_cross_attn, encoder_lengths=encoder_lens is not None,
-            a_sliding_window=int(sliding_window_size or 0) > 0, attention_sinks=sinks is not None,
             a_speculative_tree_mask=tree_mask is not None)
     _check_kv_dtype(op, k_buffer)
+    window = int(sliding_window_size or 0)
     starts = extend_start_loc.tolist()
     ext_lens = extend_seq_lens.tolist()
     lens = seq_lens.tolist()
@@ -171,9 +185,12 @@ def extend_attention_cpu(
             k = torch.cat([k_buffer[idx].to(k_extend.dtype), k_extend[start : start + ext]])
             v = torch.cat([v_buffer[idx].to(v_extend.dtype), v_extend[start : start + ext]])
         mask = None
+        qpos = torch.arange(prefix, total).unsqueeze(1)
+        kpos = torch.arange(total).unsqueeze(0)
         if is_causal:
-            qpos = torch.arange(prefix, total).unsqueeze(1)
-            kpos = torch.arange(total).unsqueeze(0)
             mask = kpos <= qpos
-        out = _attend(q, k, v, sm_scale, logit_cap, mask)
+        if window > 0:
+            near = kpos > qpos - window
+            mask = near if mask is None else mask & near
+        out = _attend(q, k, v, sm_scale, logit_cap, mask, sinks)
         o_extend[start : start + ext] = out.to(o_extend.dtype)

@@ -1,0 +1,87 @@
+"""``--eagle3-target families``: the suite once per model-family preset.
+
+Every other target is one model for the whole session (its checkpoint,
+reference and engines are session-wide); ``families`` runs the same pytest
+command once per family preset (the packaged presets that are not DeepSeek-V3:
+``tiny-llama``, ``tiny-qwen3``, ``tiny-qwen3-moe``, ``tiny-gpt-oss``,
+``tiny-gemma3``, ``tiny-glm4-moe-lite``), each in its own pytest process with
+``--eagle3-target <preset>`` (and, with ``--eagle3-report FILE``, its own
+``FILE-<preset>.json``), one after another, its output streamed as it comes,
+and ends with one line per family.  The exit status is the worst of theirs:
+a usage or internal error, else failed tests, else 0 (all "no tests" is 5).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_eagle3.target.checkpoint.families import is_deepseek
+from pytest_eagle3.target.spec import list_presets, targets_dir
+
+#: The ``--eagle3-target`` value that selects every family preset.
+FAMILIES = "families"
+HEADER = "=== eagle3 family {preset} ({i}/{n}): {command}"
+SUMMARY = "eagle3 family {preset}: {outcome} (exit {code}, {seconds:.0f} s)"
+_OUTCOMES = {0: "passed", 1: "tests failed", 2: "interrupted", 3: "internal error", 4: "usage error",
+             5: "no tests collected"}
+
+
+def family_presets() -> list[str]:
+    """The packaged target presets whose ``config.json`` is not DeepSeek-V3, sorted."""
+    out = []
+    for name in list_presets():
+        try:
+            config = json.loads((targets_dir() / f"{name}.json").read_text(encoding="utf-8"))["config"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if not is_deepseek(config):
+            out.append(name)
+    return out
+
+
+def _report_for(report: Path, preset: str) -> Path:
+    return report.with_name(f"{report.stem}-{preset}{report.suffix or '.json'}")
+
+
+def worst(codes: list[int]) -> int:
+    """Exit status of the whole run from the per-family ones."""
+    for bad in (3, 4, 2):
+        if bad in codes:
+            return bad
+    if 1 in codes:
+        return 1
+    if codes and all(c == 5 for c in codes):
+        return 5
+    return 0
+
+
+def run_families(config: pytest.Config, report: Path | None) -> int:
+    """Run the invoking pytest command once per :func:`family_presets` entry; returns the exit status."""
+    args = list(config.invocation_params.args)
+    presets = family_presets()
+    results = []
+    for i, preset in enumerate(presets, 1):
+        child = [*args, "--eagle3-target", preset]
+        if report is not None:
+            child += ["--eagle3-report", str(_report_for(report, preset))]
+        command = [sys.executable, "-m", "pytest", *child]
+        print(HEADER.format(preset=preset, i=i, n=len(presets), command=" ".join(child)), flush=True)
+        start = time.monotonic()
+        try:
+            code = subprocess.call(command, cwd=config.invocation_params.dir)
+        except KeyboardInterrupt:
+            code = 2
+        results.append((preset, code, time.monotonic() - start))
+        if code == 2:
+            break
+    print("", flush=True)
+    for preset, code, seconds in results:
+        print(SUMMARY.format(preset=preset, outcome=_OUTCOMES.get(code, "exit status"), code=code,
+                             seconds=seconds), flush=True)
+    return worst([code for _, code, _ in results])

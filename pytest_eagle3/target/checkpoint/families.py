@@ -1,0 +1,85 @@
+"""The model families a target preset can have besides DeepSeek-V3, as plain data.
+
+Each :class:`Family` says, for one Hugging Face ``model_type``, where the
+distinguishable-layers init (docs/design.md, "Reduced-layer targets that can
+tell layers apart") finds what it needs in the transformers model of that
+family (read from transformers 5.19's ``models/<family>/modeling_*.py``):
+
+* ``mid_norm``: the norm whose input is the residual stream between the
+  attention and the MLP branch (the calibration reads it with a pre-hook);
+* ``post_norms``: the branch outputs pass through a norm before the residual
+  add (Gemma 3: ``post_attention_layernorm``, ``post_feedforward_layernorm``),
+  so a branch is scaled through that norm's weight, not ``o_proj``/``down_proj``;
+* ``norm_offset``: the norm multiplies by ``offset + weight`` (Gemma: 1);
+* ``experts_in_first``: fused expert tensors are stored ``[E, in, out]``
+  (gpt-oss) rather than ``[E, out, in]`` (Qwen3-MoE, GLM-4.7-Flash), which
+  decides each expert matrix's fan-in;
+* ``router``: how routing is pinned so float noise cannot flip top-k:
+  ``"correction_bias"`` (sigmoid scores plus ``e_score_correction_bias``, as
+  DeepSeek), ``"logit_bias"`` (softmax over router logits that have a bias:
+  gpt-oss; the router matrix is drawn ``router_gain`` times smaller so the
+  bias decides), or ``""`` (no bias to pin with: Qwen3-MoE routes on its
+  logits alone, which fp32 on both sides reproduces);
+* ``sglang_file``: the installed SGLang model file that serves the architecture
+  (``srt/models/<file>``), for messages;
+* ``sinks_bf16``: SGLang keeps the attention-sink logits in bfloat16 whatever
+  ``--dtype`` is (``srt/models/gpt_oss.py``, ``GptOssAttention.__init__``), so
+  the builder draws sinks that bfloat16 represents exactly.
+
+Nothing here imports torch or transformers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: The DeepSeek-V3 layout, built by :mod:`pytest_eagle3.target.checkpoint.init`.
+DEEPSEEK_ARCHITECTURES = frozenset({"DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM"})
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one model family's transformers class is initialised and calibrated."""
+
+    model_type: str
+    architecture: str
+    sglang_file: str
+    mid_norm: str = "post_attention_layernorm"
+    post_norms: tuple[str, str] | None = None
+    norm_offset: float = 0.0
+    experts_in_first: bool = False
+    router: str = ""
+    router_gain: float = 1.0
+    sinks_bf16: bool = False
+
+
+FAMILIES: dict[str, Family] = {
+    f.model_type: f
+    for f in (
+        Family("llama", "LlamaForCausalLM", "llama.py"),
+        Family("qwen3", "Qwen3ForCausalLM", "qwen3.py"),
+        Family("qwen3_moe", "Qwen3MoeForCausalLM", "qwen3_moe.py"),
+        Family("gpt_oss", "GptOssForCausalLM", "gpt_oss.py", experts_in_first=True,
+               router="logit_bias", router_gain=0.01, sinks_bf16=True),
+        Family("gemma3_text", "Gemma3ForCausalLM", "gemma3_causal.py", mid_norm="pre_feedforward_layernorm",
+               post_norms=("post_attention_layernorm", "post_feedforward_layernorm"), norm_offset=1.0),
+        Family("glm4_moe_lite", "Glm4MoeLiteForCausalLM", "glm4_moe_lite.py", router="correction_bias"),
+    )
+}
+
+#: ``{model_type}``, ``{known}``.
+UNKNOWN_FAMILY_MSG = (
+    "the checkpoint builder has no family {model_type!r} (known: deepseek_v3, {known}); "
+    "add it to pytest_eagle3/target/checkpoint/families.py or pass a checkpoint directory"
+)
+
+
+def family_of(config: dict) -> Family | None:
+    """The :class:`Family` of a ``config.json`` dict; ``None`` for DeepSeek-V3 or an unknown type."""
+    return FAMILIES.get(str(config.get("model_type") or ""))
+
+
+def is_deepseek(config: dict) -> bool:
+    """True when the DeepSeek-V3 builder (:mod:`.init`) builds this config."""
+    archs = config.get("architectures") or []
+    return (not archs) or archs[0] in DEEPSEEK_ARCHITECTURES or config.get("model_type") == "deepseek_v3"

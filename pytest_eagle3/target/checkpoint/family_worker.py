@@ -1,0 +1,208 @@
+"""Subprocess entry point that draws a non-DeepSeek target's weights with transformers.
+
+Usage::
+
+    python -m pytest_eagle3.target.checkpoint.family_worker --spec SPEC.json --out DIR
+
+``SPEC.json`` is a target spec (:class:`~pytest_eagle3.target.spec.TargetSpec`
+fields).  The worker instantiates the family's transformers class from the
+spec's ``config`` (``AutoModelForCausalLM.from_config``, float32, eager
+attention), applies the distinguishable-layers init of docs/design.md
+("Reduced-layer targets that can tell layers apart") parameter by parameter in
+the model's own order from one ``torch.Generator`` seeded with ``spec.seed``:
+
+* embedding N(0, ``embedding_std``^2); every other matrix (and each expert's
+  matrix of a fused expert tensor) N(0, ``matrix_gain`` / fan_in);
+* every norm weight lognormal(0, ``norm_lognormal_sigma``), stored as
+  ``value - norm_offset`` where the norm multiplies by ``offset + weight``;
+* biases 0, attention sinks N(0, 1) (rounded to bfloat16 where SGLang keeps
+  them in bfloat16), routing pinned as :class:`~.families.Family` says;
+
+then calibrates layer by layer with forward hooks on the transformers model
+itself: each attention and MLP branch is scaled so its output RMS is
+``sqrt(branch_variance_ratio)`` times the RMS of the stream it reads, the
+scale rounded to ``scale_mantissa_bits`` bits and folded into the tensors the
+branch is linear in (``o_proj``/``down_proj`` weights and biases, or the
+post-branch norm's weight).  The weights are written through transformers'
+``save_pretrained`` (which restores the checkpoint names SGLang loads, e.g.
+per-expert ``experts.E.down_proj.weight``) and rewritten as ``DIR/model.safetensors``
+with :func:`~.builder.write_weights` (deterministic bytes); ``DIR/scales.json``
+holds the calibration record.
+
+Exit status 0 on success; on failure a traceback on stderr and status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def _round_scale(value: float, bits: int) -> float:
+    mant, exp = math.frexp(value)
+    return math.ldexp(round(mant * (1 << bits)) / (1 << bits), exp)
+
+
+def _draw(model: Any, family: Any, init: dict, gen: Any) -> None:
+    import torch
+
+    sigma = float(init["norm_lognormal_sigma"])
+    gain = float(init["matrix_gain"])
+    for name, p in model.named_parameters():
+        shape = tuple(p.shape)
+        leaf = name.rsplit(".", 1)[-1]
+        if name.endswith("embed_tokens.weight"):
+            value = torch.randn(shape, generator=gen) * float(init["embedding_std"])
+        elif "norm" in name and len(shape) == 1:
+            value = torch.exp(torch.randn(shape, generator=gen) * sigma) - family.norm_offset
+        elif leaf == "sinks":
+            value = torch.randn(shape, generator=gen)
+            if family.sinks_bf16:
+                value = value.to(torch.bfloat16).float()
+        elif leaf == "e_score_correction_bias" or (leaf == "bias" and ".router." in name):
+            value = torch.zeros(shape)
+        elif leaf.endswith("bias"):
+            value = torch.zeros(shape)
+        elif len(shape) == 3:  # fused experts [E, out, in] or [E, in, out]
+            fan_in = shape[1] if family.experts_in_first else shape[2]
+            value = torch.randn(shape, generator=gen) * math.sqrt(gain / fan_in)
+        elif len(shape) == 2:
+            value = torch.randn(shape, generator=gen) * math.sqrt(gain / shape[1])
+            if ".router." in name:
+                value = value * family.router_gain
+        else:
+            raise RuntimeError(f"no init rule for parameter {name} of shape {shape}")
+        with torch.no_grad():
+            p.copy_(value)
+
+
+def _pin_routing(model: Any, family: Any, init: dict) -> None:
+    import torch
+
+    pins, bias = int(init["pinned_experts"]), float(init["router_bias"])
+    moe_index = 0
+    for layer in model.model.layers:
+        target = None
+        if family.router == "correction_bias":
+            target = getattr(getattr(layer.mlp, "gate", None), "e_score_correction_bias", None)
+        elif family.router == "logit_bias":
+            target = getattr(getattr(layer.mlp, "router", None), "bias", None)
+        if target is None:
+            continue
+        with torch.no_grad():
+            target.zero_()
+            for t in range(pins):
+                target[(moe_index * pins + t) % target.numel()] = bias
+        moe_index += 1
+
+
+def _calibrate(model: Any, family: Any, init: dict, tokens: Any) -> list[dict]:
+    import torch
+
+    ratio = math.sqrt(float(init["branch_variance_ratio"]))
+    bits = int(init["scale_mantissa_bits"])
+    records = []
+
+    def rms(t: Any) -> float:
+        return float(t.float().pow(2).mean().sqrt())
+
+    def streams(i: int) -> tuple[Any, Any, Any]:
+        layer = model.model.layers[i]
+        seen: dict[str, Any] = {}
+
+        def pre(_m, args, kwargs):
+            seen["in"] = (args[0] if args else kwargs["hidden_states"]).detach().clone()
+
+        def mid(_m, args):
+            seen["mid"] = args[0].detach().clone()
+
+        def out(_m, _args, output):
+            seen["out"] = (output[0] if isinstance(output, tuple) else output).detach().clone()
+
+        hs = [layer.register_forward_pre_hook(pre, with_kwargs=True),
+              getattr(layer, family.mid_norm).register_forward_pre_hook(mid),
+              layer.register_forward_hook(out)]
+        try:
+            model(input_ids=tokens, use_cache=False)
+        finally:
+            for h in hs:
+                h.remove()
+        return seen["in"], seen["mid"], seen["out"]
+
+    def fold(layer: Any, branch: int, s: float) -> None:
+        with torch.no_grad():
+            if family.post_norms is not None:
+                w = getattr(layer, family.post_norms[branch]).weight
+                w.copy_((w + family.norm_offset) * s - family.norm_offset)
+                return
+            module = layer.self_attn.o_proj if branch == 0 else layer.mlp
+            for name, p in module.named_parameters():
+                if branch == 0 or "down_proj" in name:
+                    p.mul_(s)
+
+    for i, layer in enumerate(model.model.layers):
+        x_in, x_mid, _ = streams(i)
+        s_attn = _round_scale(ratio * rms(x_in) / max(rms(x_mid - x_in), 1e-30), bits)
+        fold(layer, 0, s_attn)
+        _, x_mid, x_out = streams(i)
+        s_mlp = _round_scale(ratio * rms(x_mid) / max(rms(x_out - x_mid), 1e-30), bits)
+        fold(layer, 1, s_mlp)
+        records.append({"layer": i, "stream_rms_in": rms(x_in), "attn_scale": s_attn, "mlp_scale": s_mlp})
+    return records
+
+
+def build(spec: dict, out_dir: Path) -> list[dict]:
+    """Draw, calibrate and write ``spec``'s weights into ``out_dir``; returns the scales."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from pytest_eagle3.target.checkpoint.builder import write_weights
+    from pytest_eagle3.target.checkpoint.families import FAMILIES
+
+    config = dict(spec["config"])
+    family = FAMILIES[config["model_type"]]
+    init = spec["init"]
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "config.json").write_text(json.dumps(config), encoding="ascii")
+        cfg = AutoConfig.from_pretrained(tmp)
+        cfg._attn_implementation = "eager"
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+        gen = torch.Generator().manual_seed(int(spec["seed"]))
+        with torch.no_grad():
+            _draw(model, family, init, gen)
+            _pin_routing(model, family, init)
+            tokens = torch.randint(0, int(config["vocab_size"]),
+                                   (int(init["calibration_sequences"]), int(init["calibration_tokens"])),
+                                   generator=gen)
+            scales = _calibrate(model, family, init, tokens)
+        saved = Path(tmp) / "saved"
+        model.save_pretrained(saved)
+        weights: dict[str, Any] = {}
+        for f in sorted(saved.glob("*.safetensors")):
+            weights.update(load_file(str(f)))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_weights({k: weights[k] for k in sorted(weights)}, out_dir,
+                  dtype=str(config.get("torch_dtype") or config.get("dtype") or "float32"))
+    return scales
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pytest_eagle3.target.checkpoint.family_worker")
+    ap.add_argument("--spec", required=True, type=Path)
+    ap.add_argument("--out", required=True, type=Path)
+    args = ap.parse_args(argv)
+    spec = json.loads(args.spec.read_text(encoding="utf-8"))
+    scales = build(spec, args.out)
+    (args.out / "scales.json").write_text(json.dumps(scales, indent=2), encoding="ascii")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

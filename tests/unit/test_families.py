@@ -1,0 +1,188 @@
+"""The model-family presets (Llama, Qwen3, Qwen3-MoE, gpt-oss, Gemma 3, GLM-4.7-Flash):
+their checkpoints, the CPU pieces they need, the Gemma 3 diagnosis, ``--eagle3-target families``.
+
+Checkpoints are built with transformers (a subprocess per build); nothing here
+starts SGLang (tests/e2e/test_families.py does).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from pytest_eagle3.engine.cpu import recipe  # noqa: E402
+from pytest_eagle3.errors import Eagle3ConfigError  # noqa: E402
+from pytest_eagle3.plugin.families import family_presets, worst  # noqa: E402
+from pytest_eagle3.target.checkpoint import builder  # noqa: E402
+from pytest_eagle3.target.checkpoint.cache import ensure_checkpoint  # noqa: E402
+from pytest_eagle3.target.checkpoint.families import FAMILIES  # noqa: E402
+from pytest_eagle3.target.spec import TargetSpec  # noqa: E402
+from pytest_eagle3.verdicts.diagnose import Evidence, diagnose_slot  # noqa: E402
+
+FAMILY_PRESETS = ["tiny-gemma3", "tiny-glm4-moe-lite", "tiny-gpt-oss", "tiny-llama", "tiny-qwen3",
+                  "tiny-qwen3-moe"]
+
+
+@pytest.fixture(scope="module")
+def cache_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("family-cache")
+
+
+def test_every_family_has_a_preset_and_families_lists_them():
+    assert family_presets() == FAMILY_PRESETS
+    types = {TargetSpec.preset(p).config["model_type"] for p in FAMILY_PRESETS}
+    assert types == set(FAMILIES)
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_family_build_is_deterministic(tmp_path: Path):
+    spec = TargetSpec.preset("tiny-gpt-oss")
+    builder.build_checkpoint(spec, tmp_path / "a")
+    builder.build_checkpoint(spec, tmp_path / "b")
+    assert _sha(tmp_path / "a" / "model.safetensors") == _sha(tmp_path / "b" / "model.safetensors")
+    info = json.loads((tmp_path / "a" / "build_info.json").read_text())
+    assert len(info["branch_scales"]) == spec.config["num_hidden_layers"]
+    assert not (tmp_path / "a" / "scales.json").exists()
+
+
+@pytest.mark.parametrize("preset", FAMILY_PRESETS)
+def test_family_layers_can_be_told_apart(preset: str, cache_root: Path):
+    """The distinguishable-layers init holds on every family: any two residual-stream
+    snapshots of a prompt differ by relative L2 >= 0.4 (docs/design.md)."""
+    from transformers import AutoModelForCausalLM
+
+    path = ensure_checkpoint(TargetSpec.preset(preset), cache_root)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation="eager")
+    tokens = torch.randint(0, 2048, (1, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        hs = model(input_ids=tokens, output_hidden_states=True).hidden_states
+    worst_rel = min(float((hs[i] - hs[j]).norm() / hs[j].norm())
+                    for i in range(len(hs) - 1) for j in range(i + 1, len(hs) - 1))
+    assert worst_rel >= 0.4, f"{preset}: two snapshots are {worst_rel:.3f} apart"
+
+
+def test_gpt_oss_routing_is_pinned_through_the_router_bias(cache_root: Path):
+    from safetensors.torch import load_file
+
+    spec = TargetSpec.preset("tiny-gpt-oss")
+    sd = load_file(str(ensure_checkpoint(spec, cache_root) / "model.safetensors"))
+    bias = sd["model.layers.1.mlp.router.bias"]
+    assert sorted(bias.nonzero().flatten().tolist()) == [2, 3] and float(bias.max()) == spec.init.router_bias
+    assert float(sd["model.layers.1.mlp.router.weight"].abs().max()) < 0.1
+    sinks = sd["model.layers.0.self_attn.sinks"]
+    assert torch.equal(sinks, sinks.to(torch.bfloat16).float())  # SGLang keeps sinks in bf16
+
+
+def test_unknown_family_is_one_line(tmp_path: Path):
+    from pytest_eagle3.target.spec import targets_dir
+
+    data = json.loads((targets_dir() / "tiny-llama.json").read_text())
+    data["config"].update(model_type="mamba", architectures=["MambaForCausalLM"])
+    spec = TargetSpec.from_dict(data)
+    with pytest.raises(Eagle3ConfigError, match="no family 'mamba'.*families.py"):
+        builder.build_checkpoint(spec, tmp_path / "x")
+
+
+# --- the CPU stand-in's sliding window and sinks --------------------------------
+
+
+@pytest.fixture(scope="module")
+def sk():
+    sys.path.insert(0, str(recipe.SHIM_DIR))
+    try:
+        sys.modules.pop("sgl_kernel", None)
+        yield importlib.import_module("sgl_kernel")
+    finally:
+        sys.path.remove(str(recipe.SHIM_DIR))
+        sys.modules.pop("sgl_kernel", None)
+
+
+def _naive(q, k, v, scale, positions, window, sinks):
+    """Direct softmax per query: query i at positions[i] sees keys p - window < key <= p."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    out = torch.empty(q.shape[0], q.shape[1], v.shape[2])
+    for i, p in enumerate(positions):
+        lo = max(0, p - window + 1) if window else 0
+        s = torch.einsum("hd,nhd->hn", q[i], k[lo:p + 1]) * scale
+        if sinks is not None:
+            s = torch.cat([s, sinks[:, None]], dim=1)
+        w = s.softmax(-1)[:, : p + 1 - lo]
+        out[i] = torch.einsum("hn,nhd->hd", w, v[lo:p + 1])
+    return out
+
+
+@pytest.mark.parametrize("window,use_sinks", [(4, False), (0, True), (4, True)])
+def test_extend_and_decode_honour_window_and_sinks(sk, window: int, use_sinks: bool):
+    g = torch.Generator().manual_seed(3)
+    H, Hkv, D, n = 4, 2, 8, 11
+    kb, vb = torch.zeros(32, Hkv, D), torch.zeros(32, Hkv, D)
+    k, v, q = torch.randn(n, Hkv, D, generator=g), torch.randn(n, Hkv, D, generator=g), torch.randn(n, H, D, generator=g)
+    sinks = torch.randn(H, generator=g) if use_sinks else None
+    req_to_token = torch.arange(32).int().view(1, 32)
+    out = torch.empty(n, H, D)
+    kb[:n], vb[:n] = k, v
+    sk.extend_attention_cpu(q, k, v, out, kb, vb, 1.0, 1.0, req_to_token, torch.tensor([0]), torch.tensor([n]),
+                            torch.tensor([n]), torch.tensor([0]), n, 0.5, 0.0, False, window, None, sinks, None, True)
+    torch.testing.assert_close(out, _naive(q, k, v, 0.5, list(range(n)), window, sinks))
+    one = torch.empty(1, H, D)
+    sk.decode_attention_cpu(q[-1:], kb, vb, 1.0, 1.0, one, None, None, torch.tensor([n - 1]), None, req_to_token,
+                            torch.tensor([0]), torch.tensor([n]), 0.5, 0.0, False, window, None, sinks)
+    torch.testing.assert_close(one, _naive(q[-1:], k, v, 0.5, [n - 1], window, sinks))
+
+
+def test_plain_attention_refusal_is_read_from_the_installed_code(tmp_path: Path):
+    hook = tmp_path / "srt" / "arg_groups" / "model_hook.py"
+    hook.parent.mkdir(parents=True)
+    hook.write_text('x = 1\nassert ok, (\n    f"GptOssForCausalLM requires one of {b} attention backend"\n)\n')
+    assert recipe.refuses_plain_attention(tmp_path, "GptOssForCausalLM") == "srt/arg_groups/model_hook.py:3"
+    assert recipe.refuses_plain_attention(tmp_path, "LlamaForCausalLM") is None
+    assert recipe.refuses_plain_attention(tmp_path / "missing", "GptOssForCausalLM") is None
+    args = recipe.cpu_server_args(amx_attention=True)
+    assert args["attention_backend"] == recipe.SPECULATIVE_ATTENTION
+
+
+# --- the Gemma 3 diagnosis ---------------------------------------------------------
+
+
+def test_reference_details_name_gemmas_normed_mlp_branch(cache_root: Path):
+    from pytest_eagle3.target.reference_worker import run_details
+
+    path = ensure_checkpoint(TargetSpec.preset("tiny-gemma3"), cache_root)
+    out, meta = run_details(path, [[1, 2, 3, 4, 5]], "float32", tp=2)
+    assert meta["mlp_what"] == "the MLP output of layer {layer} after its post_feedforward_layernorm"
+    assert meta["tp"] == "1" and "partial_0000" not in out  # no rank shares through a norm
+    assert out["mlp_0000"].shape == (8, 5, 256)
+
+
+def test_diagnosis_says_a_slot_holds_the_normed_mlp_branch():
+    g = torch.Generator().manual_seed(0)
+    L, T, H = 4, 5, 16
+    reference = torch.randn(L + 2, T, H, generator=g)
+    mlp = torch.randn(L, T, H, generator=g)
+    what = "the MLP output of layer {layer} after its post_feedforward_layernorm"
+    found = diagnose_slot(mlp[1].clone(), reference, 2, num_layers=L, tol=1e-4,
+                          evidence=Evidence(mlp=mlp, mlp_what=what))
+    assert found is not None
+    kind, text, why, err = found
+    assert kind == "no-residual" and text == "the MLP output of layer 1 after its post_feedforward_layernorm"
+    assert "keeps the residual separate" in why and err < 1e-6
+
+
+def test_worst_exit_status_of_the_family_runs():
+    assert worst([0, 0]) == 0
+    assert worst([0, 1, 5]) == 1
+    assert worst([1, 4]) == 4
+    assert worst([5, 5]) == 5
+    assert worst([]) == 0
