@@ -11,11 +11,13 @@ whose top-1/top-2 logit margin is below ``min_margin``: only the leading tokens
 every fp32 engine must agree on are kept (:attr:`DraftExample.continuation`);
 the full greedy run and its margins are kept too.
 
-Everything is computed with the project's own fp32 forward of the target
-(:func:`pytest_eagle3.target.checkpoint.init.forward_hidden_states`, the same
-math as transformers' ``DeepseekV3ForCausalLM``), single-threaded, from the
-checkpoint's weights (:func:`pytest_eagle3.target.checkpoint.init.make_weights`):
-no transformers, no SGLang.
+For DeepSeek-V3 presets everything is computed with the project's own fp32
+forward of the target (:func:`pytest_eagle3.target.checkpoint.init.forward_hidden_states`,
+the same math as transformers' ``DeepseekV3ForCausalLM``), single-threaded,
+from the checkpoint's weights (:func:`pytest_eagle3.target.checkpoint.init.make_weights`):
+no transformers, no SGLang.  The other model families
+(:mod:`pytest_eagle3.target.checkpoint.families`) run their built checkpoint on
+transformers (:class:`TransformersTarget`); never SGLang.
 
 torch is imported inside functions only.
 """
@@ -26,6 +28,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from pytest_eagle3.target.spec import prompts_path
 from pytest_eagle3.target.checkpoint.init import Dims, forward_hidden_states, make_weights
+from pytest_eagle3.target.checkpoint.cache import ensure_checkpoint
+from pytest_eagle3.target.checkpoint.families import family_of
 
 if TYPE_CHECKING:
     import torch
@@ -179,8 +183,6 @@ class TransformersTarget:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from pytest_eagle3.target.checkpoint.cache import ensure_checkpoint
-        from pytest_eagle3.target.checkpoint.families import family_of
 
         path = ensure_checkpoint(spec, cache_root)
         self.model = AutoModelForCausalLM.from_pretrained(

@@ -63,6 +63,7 @@ HEADER_NO_SGLANG = "eagle3: sglang not importable (install pytest-eagle3[cpu] or
 HEADER_LIBS = "eagle3: torch {torch}, transformers {transformers}"
 HEADER_HOOKS = "eagle3: hooks reach SGLang's processes via the {loader}"
 HEADER_RULE = "eagle3: aux layer-id rule of {arch}: {rule}"
+HEADER_NO_EAGLE3 = "eagle3: {arch} has no EAGLE-3 aux capture in this SGLang: {why}"
 HEADER_LAYER0 = "eagle3: layer 0 (embedding) {state}: {why} [{source}]"
 HEADER_RUN = "eagle3: device {device}, tp {tp}, target {target}"
 HEADER_CACHE = "eagle3: cache {cache}{rebuild}, startup timeout {timeout:g} s"
@@ -329,6 +330,8 @@ def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
     if install is None or facts is None:
         return []
     rule = install.id_rule(facts.architecture)
+    if not rule.supported:
+        return [HEADER_NO_EAGLE3.format(arch=facts.architecture, why=rule.source)]
     state = {True: "can be captured", False: "cannot be captured", None: "unknown (measured)"}
     return [HEADER_RULE.format(arch=facts.architecture, rule=rule.describe()),
             HEADER_LAYER0.format(state=state[rule.embedding.capturable], why=rule.embedding.why,

@@ -42,6 +42,7 @@ from pytest_eagle3.target.reference import ensure_reference
 from pytest_eagle3.capture.api import CAPTURE_ONLY, Eagle3CaptureUnsupported, select_method
 from pytest_eagle3.capture.draft_path import compare_captures
 from pytest_eagle3.suite.support import tolerance
+from pytest_eagle3.verdicts.compare import recorded_causes
 
 #: A parallel run's accept length must be at least this fraction of TP 1's (vLLM's pattern).
 RELATIVE_GATE = 0.95
@@ -63,6 +64,9 @@ PREDICTED_COLLAPSE_HELD = (
 )
 OFFLINE_COLLAPSE = ("{reason}; offline, the draft reaches accept length {got:.2f} on what SGLang captures and "
                     "{ref:.2f} on its training contract's layers of the reference (gate {gate})")
+#: Leads an acceptance failure when this run already found the captures wrong.
+CAPTURES_WRONG = ("the aux hidden states this SGLang captures are wrong ({tests} reports it): a draft fed them "
+                  "cannot meet its gate")
 NO_CONTINUATIONS = "{draft} ships no continuations.json: replaying the suite prompts for {n} tokens each"
 USER_TOKENS = 32
 
@@ -125,7 +129,9 @@ def test_draft_acceptance_meets_the_gate(eagle3_engine_request, eagle3_capture, 
         pytest.xfail(COLLAPSED.format(reason=req.xfail_reason, length=total.accept_length, rate=rate,
                                       gate=gates.min_accept_length, tp=eagle3_tp))
     if below:
-        pytest.fail(GATE_FAILED.format(length=total.accept_length, rate=rate, draft=draft.name,
+        causes = recorded_causes(request.config)
+        lead = CAPTURES_WRONG.format(tests=", ".join(causes)) + "\n" if causes else ""
+        pytest.fail(lead + GATE_FAILED.format(length=total.accept_length, rate=rate, draft=draft.name,
                                        tp=eagle3_tp, gate_length=gates.min_accept_length,
                                        gate_rate=gates.min_accept_rate, source=gates.source, per=per),
                     pytrace=False)
@@ -142,7 +148,7 @@ def test_draft_acceptance_meets_the_gate(eagle3_engine_request, eagle3_capture, 
 @pytest.mark.tp(1)
 @pytest.mark.eagle3_engines(*ACCEPTANCE_NEEDS)
 def test_acceptance_gate_has_power(eagle3_engine_request, eagle3_capture, eagle3_checkpoint, eagle3_settings,
-                                   eagle3_model_config, record_property):
+                                   eagle3_model_config, record_property, request):
     from pathlib import Path
 
     req = eagle3_engine_request
@@ -186,6 +192,9 @@ def test_acceptance_gate_has_power(eagle3_engine_request, eagle3_capture, eagle3
                                                                gate=gates.min_accept_length,
                                                                reason=req.xfail_reason)]
     if problems:
+        causes = recorded_causes(request.config)
+        if causes:
+            problems.insert(0, CAPTURES_WRONG.format(tests=", ".join(causes)))
         pytest.fail("\n".join(problems), pytrace=False)
 
 

@@ -538,6 +538,12 @@ def cause_signature(report: Any) -> tuple[str, ...] | None:
     return tuple(sorted({_NUMBERS.sub("#", line) for line in diag.slot_lines.values()}))
 
 
+def recorded_causes(config: pytest.Config) -> list[str]:
+    """Tests of this pytest process that reported a capture defect in full
+    (:func:`fail_if_bad`), in the order they did."""
+    return list(dict.fromkeys(config.stash.get(_CAUSES, {}).values()))
+
+
 def _current_test() -> str:
     return os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
+from pytest_eagle3.target.checkpoint.families import family_of
 from pytest_eagle3.verdicts.snapshots import fmt_err, full_label, label
 from pytest_eagle3.verdicts.shards import vocab_shard, vocab_shard_ranges
 from pytest_eagle3.target.reference import ensure_reference_details
@@ -442,7 +443,8 @@ def diagnose_slots(captured: Any, reference: Any, verdicts: Sequence[Any], *, ex
 
 
 def layer_norms(checkpoint_dir: Path) -> tuple[Any, float]:
-    """``([L, H] input_layernorm weights, rms_norm_eps)`` read from the checkpoint."""
+    """``([L, H] input_layernorm multipliers, rms_norm_eps)`` read from the checkpoint
+    (the stored weight, plus 1 for Gemma 3's ``x * (1 + w)`` norms)."""
     import torch
     from safetensors import safe_open
 
@@ -458,7 +460,10 @@ def layer_norms(checkpoint_dir: Path) -> tuple[Any, float]:
                         found[l] = f.get_tensor(name).to(torch.float32)
     if len(found) != L:
         raise ValueError(f"{checkpoint_dir}: input_layernorm weights of layers {sorted(set(range(L)) - set(found))} missing")
-    return torch.stack([found[l] for l in range(L)]), float(config.get("rms_norm_eps", 1e-6))
+    # Gemma 3's norms multiply by (1 + weight): the candidates need the multiplier.
+    family = family_of(config)
+    offset = family.norm_offset if family is not None else 0.0
+    return torch.stack([found[l] + offset for l in range(L)]), float(config.get("rms_norm_eps", 1e-6))
 
 
 def checkpoint_evidence(checkpoint_dir: Path, prompts: Sequence[Sequence[int]], *, tp: int, vocab_size: int,

@@ -15,7 +15,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 from pytest_eagle3.errors import Eagle3ConfigError
-from pytest_eagle3.target.checkpoint.families import FAMILIES, UNKNOWN_FAMILY_MSG, family_of, is_deepseek
+from pytest_eagle3.target.checkpoint.families import (
+    FAMILIES,
+    NO_TRANSFORMERS_CLASS_MSG,
+    UNKNOWN_FAMILY_MSG,
+    family_of,
+    is_deepseek,
+    missing_transformers_class,
+)
 from pytest_eagle3.target.checkpoint.init import make_weights
 
 if TYPE_CHECKING:
@@ -129,17 +136,23 @@ def _build_family(spec: TargetSpec, out_dir: Path) -> list[dict]:
     """Run :mod:`.family_worker` for a non-DeepSeek spec; returns its calibration record.
 
     Raises:
-        Eagle3ConfigError: the family is unknown, or the worker failed (its last
-            stderr line in the message).
+        Eagle3ConfigError: the family is unknown, the installed transformers
+            lacks its model folder, or the worker failed (its last stderr line
+            in the message).
     """
     import os
     import subprocess
     import sys
     import tempfile
 
-    if family_of(spec.config) is None:
+    family = family_of(spec.config)
+    if family is None:
         raise Eagle3ConfigError(UNKNOWN_FAMILY_MSG.format(
             model_type=spec.config.get("model_type"), known=", ".join(sorted(FAMILIES))))
+    where = missing_transformers_class(family)
+    if where is not None:
+        raise Eagle3ConfigError(NO_TRANSFORMERS_CLASS_MSG.format(
+            preset=spec.name, model_type=family.model_type, folder=family.transformers_folder, where=where))
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         spec_file = Path(tmp) / "spec.json"

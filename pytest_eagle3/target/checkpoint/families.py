@@ -22,6 +22,8 @@ family (read from transformers 5.19's ``models/<family>/modeling_*.py``):
   logits alone, which fp32 on both sides reproduces);
 * ``sglang_file``: the installed SGLang model file that serves the architecture
   (``srt/models/<file>``), for messages;
+* ``transformers_dir``: the family's folder under ``transformers/models/``
+  (its absence means the installed transformers cannot build or check it);
 * ``sinks_bf16``: SGLang keeps the attention-sink logits in bfloat16 whatever
   ``--dtype`` is (``srt/models/gpt_oss.py``, ``GptOssAttention.__init__``), so
   the builder draws sinks that bfloat16 represents exactly.
@@ -51,6 +53,11 @@ class Family:
     router: str = ""
     router_gain: float = 1.0
     sinks_bf16: bool = False
+    transformers_dir: str = ""
+
+    @property
+    def transformers_folder(self) -> str:
+        return self.transformers_dir or self.model_type
 
 
 FAMILIES: dict[str, Family] = {
@@ -62,7 +69,8 @@ FAMILIES: dict[str, Family] = {
         Family("gpt_oss", "GptOssForCausalLM", "gpt_oss.py", experts_in_first=True,
                router="logit_bias", router_gain=0.01, sinks_bf16=True),
         Family("gemma3_text", "Gemma3ForCausalLM", "gemma3_causal.py", mid_norm="pre_feedforward_layernorm",
-               post_norms=("post_attention_layernorm", "post_feedforward_layernorm"), norm_offset=1.0),
+               post_norms=("post_attention_layernorm", "post_feedforward_layernorm"), norm_offset=1.0,
+               transformers_dir="gemma3"),
         Family("glm4_moe_lite", "Glm4MoeLiteForCausalLM", "glm4_moe_lite.py", router="correction_bias"),
     )
 }
@@ -72,6 +80,28 @@ UNKNOWN_FAMILY_MSG = (
     "the checkpoint builder has no family {model_type!r} (known: deepseek_v3, {known}); "
     "add it to pytest_eagle3/target/checkpoint/families.py or pass a checkpoint directory"
 )
+
+
+#: ``{preset}``, ``{model_type}``, ``{folder}``, ``{where}``.
+NO_TRANSFORMERS_CLASS_MSG = (
+    "target {preset} ({model_type}) needs transformers' models/{folder}/, which the installed "
+    "transformers ({where}) lacks: install a transformers release that has it "
+    "(pytest-eagle3 is verified with 5.19), or pick another --eagle3-target"
+)
+
+
+def missing_transformers_class(family: Family) -> str | None:
+    """Where the installed transformers is, when it lacks ``family``'s model
+    folder; ``None`` when it has it.  Reads the file tree (``find_spec`` of the
+    top-level package only): transformers is not imported."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or not spec.submodule_search_locations:
+        return "not installed"
+    root = Path(list(spec.submodule_search_locations)[0])
+    return None if (root / "models" / family.transformers_folder).is_dir() else str(root)
 
 
 def family_of(config: dict) -> Family | None:

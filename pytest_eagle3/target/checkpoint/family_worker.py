@@ -41,11 +41,9 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any
-
-
-def _round_scale(value: float, bits: int) -> float:
-    mant, exp = math.frexp(value)
-    return math.ldexp(round(mant * (1 << bits)) / (1 << bits), exp)
+from pytest_eagle3.target.checkpoint.builder import write_weights
+from pytest_eagle3.target.checkpoint.families import FAMILIES
+from pytest_eagle3.target.checkpoint.init import _round_scale
 
 
 def _draw(model: Any, family: Any, init: dict, gen: Any) -> None:
@@ -162,8 +160,6 @@ def build(spec: dict, out_dir: Path) -> list[dict]:
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from pytest_eagle3.target.checkpoint.builder import write_weights
-    from pytest_eagle3.target.checkpoint.families import FAMILIES
 
     config = dict(spec["config"])
     family = FAMILIES[config["model_type"]]
