@@ -94,6 +94,11 @@ class IdRule:
         from_code: read from an installed copy (else: the version table).
         supported: the model has EAGLE-3 capture at all.
         default_layers: ``layers_to_capture`` without ids on :data:`PROBE_LAYERS` layers.
+        last_layer: where the model captures the last layer's output for layer
+            index ``L`` (``srt/models/gpt_oss.py:732``: ``if self.end_layer in
+            self.layers_to_capture``; the Gemma files, ``minimax_m3.py``), ``""``
+            where it does not (the others: an ``L`` in ``layers_to_capture`` is
+            never reached and the first forward fails).
     """
 
     kind: str
@@ -103,6 +108,7 @@ class IdRule:
     from_code: bool = False
     supported: bool = True
     default_layers: tuple[int, ...] | None = None
+    last_layer: str = ""
 
     @property
     def known(self) -> bool:
@@ -275,7 +281,10 @@ def predict(ids: Sequence[int] | None, num_layers: int, rule: "IdRule | str") ->
         layers = list(r.layers_to_capture(ids, num_layers))
     except SetupFailed as exc:
         return Prediction(r.kind, (), (), (), setup_error=str(exc), source=r.source)
-    reached = sorted({i for i in layers if 0 <= i < num_layers})
-    missing = tuple(i for i in layers if not 0 <= i < num_layers)
+    top = num_layers if r.last_layer else num_layers - 1
+    # Layer index L, where the model captures it, is the last layer's output
+    # before the final norm: final_prenorm, snapshot L+1 (verdicts/snapshots.py).
+    reached = sorted({i if i < num_layers else num_layers + 1 for i in layers if 0 <= i <= top})
+    missing = tuple(i for i in layers if not 0 <= i <= top)
     embedding_fails = 0 in layers and r.embedding.capturable is False
     return Prediction(r.kind, tuple(layers), tuple(reached), missing, embedding_fails, source=r.source)

@@ -77,8 +77,15 @@ def load_draft(draft_dir: Path) -> tuple[dict, Any]:
     return load_file(str(Path(draft_dir) / "model.safetensors")), cfg
 
 
+#: A replayed continuation needs this many tokens: the first comes from the
+#: prefill, so a one-token continuation has no verify step and no speculative metrics.
+MIN_REPLAY_TOKENS = 2
+
+
 def load_examples(draft_dir: Path) -> "list[DraftExample]":
-    """The prompts and greedy continuations a shipped draft learnt (``continuations.json``);
+    """The prompts and greedy continuations a shipped draft learnt (``continuations.json``),
+    without those whose trusted continuation is shorter than :data:`MIN_REPLAY_TOKENS`
+    (they teach the draft nothing either: no draft row has a trusted label);
     ``[]`` for a draft without one."""
 
     try:
@@ -86,7 +93,8 @@ def load_examples(draft_dir: Path) -> "list[DraftExample]":
     except (OSError, ValueError, KeyError):
         return []
     return [DraftExample(name=s["name"], prompt=tuple(s["prompt"]), generated=tuple(s["generated"]),
-                         margins=tuple(s["margins"]), trusted=int(s["trusted"])) for s in seqs]
+                         margins=tuple(s["margins"]), trusted=int(s["trusted"])) for s in seqs
+            if int(s["trusted"]) >= MIN_REPLAY_TOKENS]
 
 
 def with_captures(stacks: "Sequence[torch.Tensor]", captured: "Sequence[torch.Tensor]",

@@ -17,6 +17,8 @@ from typing import Any, Iterable, Mapping
 from pytest_eagle3.engine.cpu import forks, recipe
 from pytest_eagle3.engine.cuda.recipe import CudaRecipe
 from pytest_eagle3.engine.install import SGLangInstall
+from pytest_eagle3.engine.recorder_hook import RECORD_TARGET_ENV
+from pytest_eagle3.engine.recorder_hook import TARGET as RECORD_TARGET
 from pytest_eagle3.engine.sglang_hooks import HOOKS_ENV, SITE_HOOK_DIR
 from pytest_eagle3.errors import Eagle3ConfigError
 
@@ -236,8 +238,12 @@ def build_engine_config(
         args.update(cuda.args)
     # A self-test fault (engine/faults.py) is part of the engine's env, so of its key.
     env.update(extra_env or {})
-    # The per-rank recorder, idle until a test enables it (engine/recorder_hook.py).
+    # The per-rank recorder, idle until a test enables it (engine/recorder_hook.py),
+    # on the forward whose loop captures for this architecture (read from its model file).
     env[HOOKS_ENV] = ",".join(x for x in (env.get(HOOKS_ENV), "record") if x)
+    forward = install.model_code(_architecture(model_path)).capture_forward if install.location else None
+    if forward is not None and forward != RECORD_TARGET:
+        env[RECORD_TARGET_ENV] = forward
     if not install.general_plugins:
         # No sglang.srt.plugins: the hooks come in through our sitecustomize.
         base = env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import dataclasses
 import functools
 import textwrap
 import typing
@@ -453,6 +454,23 @@ def _capture_loop_facts(method: _Method) -> EmbeddingCapture:
     return EmbeddingCapture(None, method.where, f"{method.label} has no capture loop this reader recognises")
 
 
+def _last_layer_capture(method: _Method) -> str:
+    """``file:line`` where the ``forward`` in ``method`` captures layer index ``L``
+    (the last layer's output): a test ``X in self.layers_to_capture`` whose ``X``
+    is not the capture loop's variable (``self.end_layer``, ``num_layers``);
+    ``""`` when there is none."""
+    fn = method.node
+    loop_vars = {n.target.id for n in ast.walk(fn) if isinstance(n, ast.For) and isinstance(n.target, ast.Name)}
+    loop_vars |= {e.id for n in ast.walk(fn) if isinstance(n, ast.For) and isinstance(n.target, ast.Tuple)
+                  for e in n.target.elts if isinstance(e, ast.Name)}
+    for node in ast.walk(fn):
+        if (isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.In)
+                and _mentions(node.comparators[0], _CAPTURE_NAMES)
+                and not (isinstance(node.left, ast.Name) and node.left.id in loop_vars)):
+            return f"{method.module.rel}:{node.lineno}"
+    return ""
+
+
 def _mentions(node: ast.AST, names: Sequence[str]) -> bool:
     return any((isinstance(n, ast.Attribute) and n.attr in names) or (isinstance(n, ast.Name) and n.id in names)
                for n in ast.walk(node))
@@ -495,11 +513,16 @@ class ModelCode:
         rule: the id rule (``rule.source`` names the file and line).
         file: the model file registering the architecture (``srt/models/deepseek_v2.py``),
             ``None`` when none does.
+        capture_forward: the dotted ``forward`` of the inner model whose loop
+            captures (``sglang.srt.models.gemma3_causal.Gemma3TextModel.forward``;
+            the class that defines it, a base where the subclass inherits it),
+            which the per-rank recorder hooks; ``None`` when not found.
     """
 
     architecture: str
     rule: IdRule
     file: str | None
+    capture_forward: str | None = None
 
 
 def read_rules(location: str | Path, architecture: str, *, probe_layers: int = 8) -> ModelCode:
@@ -556,10 +579,16 @@ def _read_rules(location: str, architecture: str, probe_layers: int, stamp: floa
         return _call(reader, found, ids, num_layers)
 
     where = _delegation_chain(reader, found, method)
+    forward = None
+    if inner is not None and inner.module.rel.endswith(".py"):
+        forward = "sglang." + inner.module.rel[:-3].replace("/", ".") + f".{inner.cls}.forward"
+    last = _last_layer_capture(inner) if inner is not None else ""
     try:
-        return ModelCode(architecture, classify(layers, probe_layers, source=where, embedding=embedding), rel)
+        rule = classify(layers, probe_layers, source=where, embedding=embedding)
+        return ModelCode(architecture, dataclasses.replace(rule, last_layer=last) if rule.known else rule, rel,
+                         forward)
     except _Unreadable as exc:
-        return ModelCode(architecture, unknown_rule(f"{method.where} ({method.label}): {exc}"), rel)
+        return ModelCode(architecture, unknown_rule(f"{method.where} ({method.label}): {exc}"), rel, forward)
 
 
 def _delegation_chain(reader: _Reader, top: tuple[_Module, ast.ClassDef], method: _Method) -> str:

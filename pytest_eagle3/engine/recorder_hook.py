@@ -1,9 +1,13 @@
 """Per-rank recorder: runs inside every SGLang TP worker (never in the test process).
 
 Installed by :mod:`pytest_eagle3.engine.sglang_hooks` when the hook set
-``record`` is enabled.  It wraps ``DeepseekV2Model.forward``
-(``srt/models/deepseek_v2.py``, which returns ``(hidden_states, aux)`` when
-captures are on; ``aux`` a list of per-layer tensors before 0.5.23) with an *after* hook through SGLang's own
+``record`` is enabled.  It wraps the inner model's ``forward`` whose loop
+captures (``$PYTEST_EAGLE3_RECORD_TARGET``, read from the installed model file by
+:attr:`pytest_eagle3.engine.model_code.ModelCode.capture_forward`, e.g.
+``sglang.srt.models.gemma3_causal.Gemma3TextModel.forward``; default
+``DeepseekV2Model.forward`` of ``srt/models/deepseek_v2.py``), which returns
+``(hidden_states, aux)`` when captures are on (``aux`` a list of per-layer
+tensors before 0.5.23 in DeepSeek, and in Gemma 3 and other files), with an *after* hook through SGLang's own
 ``HookRegistry`` (``srt/plugins/hook_registry.py``) and writes a copy of each
 rank's packed aux hidden states to ``$PYTEST_EAGLE3_RECORD_DIR/rank<r>/``.
 It observes: the tensor SGLang uses is never modified.
@@ -34,6 +38,8 @@ RECORD_DIR_ENV = "PYTEST_EAGLE3_RECORD_DIR"
 ENABLED_FILE = "ENABLED"
 FAULT_FILE = "FAULT"
 TARGET = "sglang.srt.models.deepseek_v2.DeepseekV2Model.forward"
+#: Set by the engine host to the architecture's capturing ``forward`` (dotted path).
+RECORD_TARGET_ENV = "PYTEST_EAGLE3_RECORD_TARGET"
 
 #: Fault kinds a test may ask the recorder to apply to its copy on one rank:
 #: ``unreduced-embedding``: slot ``slot`` keeps only the rows of tokens in this
@@ -151,14 +157,15 @@ def install() -> None:
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType
     except ImportError:
         HookRegistry = None  # type: ignore[assignment]
+    target = os.environ.get(RECORD_TARGET_ENV) or TARGET
     if HookRegistry is not None:
-        HookRegistry.register(TARGET, _after_forward, HookType.AFTER)
+        HookRegistry.register(target, _after_forward, HookType.AFTER)
         return
     import functools
     import importlib
 
-    module = importlib.import_module("sglang.srt.models.deepseek_v2")
-    cls = module.DeepseekV2Model
+    module_name, class_name, _ = target.rsplit(".", 2)
+    cls = getattr(importlib.import_module(module_name), class_name)
     original = cls.forward
 
     @functools.wraps(original)

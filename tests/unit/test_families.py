@@ -60,7 +60,8 @@ def test_family_build_is_deterministic(tmp_path: Path):
 @pytest.mark.parametrize("preset", FAMILY_PRESETS)
 def test_family_layers_can_be_told_apart(preset: str, cache_root: Path):
     """The distinguishable-layers init holds on every family: any two residual-stream
-    snapshots of a prompt differ by relative L2 >= 0.4 (docs/design.md)."""
+    snapshots of a prompt differ by relative L2 >= 0.4 (docs/design.md, "Reduced-layer
+    targets that can tell layers apart")."""
     from transformers import AutoModelForCausalLM
 
     path = ensure_checkpoint(TargetSpec.preset(preset), cache_root)
@@ -231,3 +232,30 @@ def test_an_architecture_without_eagle3_capture_is_one_line(tmp_path: Path):
     proc = _plan("--eagle3-target", str(tmp_path / "ckpt"), "--tp", "1", cwd=tmp_path)
     assert "eagle3: GPT2LMHeadModel has no EAGLE-3 aux capture in this SGLang: srt/models/gpt2.py" in proc.stdout
     assert re.search(r"^\d+ left out: sglang \S+ \(.*\) cannot serve EAGLE-3 for GPT2LMHeadModel", proc.stdout, re.M)
+
+
+def test_the_recorder_hooks_the_forward_that_captures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Each family's capturing forward is read from the installed model file and
+    handed to the per-rank recorder through the engine's environment."""
+    sglang = pytest.importorskip("sglang")
+    from pytest_eagle3.engine.config import build_engine_config
+    from pytest_eagle3.engine.install import SGLangInstall
+    from pytest_eagle3.engine.model_code import read_rules
+    from pytest_eagle3.engine.recorder_hook import RECORD_TARGET_ENV
+    from pytest_eagle3.target.spec import targets_dir
+
+    location = str(Path(sglang.__file__).parent)
+    want = {"Gemma3ForCausalLM": "sglang.srt.models.gemma3_causal.Gemma3TextModel.forward",
+            "Qwen3MoeForCausalLM": "sglang.srt.models.qwen2_moe.Qwen2MoeModel.forward",
+            "GptOssForCausalLM": "sglang.srt.models.gpt_oss.GptOssModel.forward",
+            "DeepseekV3ForCausalLM": "sglang.srt.models.deepseek_v2.DeepseekV2Model.forward"}
+    for arch, forward in want.items():
+        assert read_rules(location, arch).capture_forward == forward
+    flags = frozenset({"model-path", "tp-size", "device", "attention-backend", "dtype"})
+    inst = SGLangInstall("0.5.23", location, flags, sys.executable)
+    for preset, expected in (("tiny-gemma3", want["Gemma3ForCausalLM"]), ("tiny-dsv3", None)):
+        ckpt = tmp_path / preset
+        ckpt.mkdir()
+        (ckpt / "config.json").write_text(json.dumps(json.loads((targets_dir() / f"{preset}.json").read_text())["config"]))
+        env = build_engine_config(inst, model_path=str(ckpt), tp=1, device="cpu").env_dict()
+        assert env.get(RECORD_TARGET_ENV) == expected  # DeepSeek keeps the recorder's default (same engine key)

@@ -98,8 +98,23 @@ def usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 # ----------------------------------------------------------------------------------------
 
 
+#: Ends at the last layer's output (id L): a capture DeepSeek's model never reaches.
+LAST_LAYER = "vllm-last-layer"
+
+
 def test_every_fixture_is_pinned() -> None:
-    assert {name for name, _ in EXPECTED} == set(FIXTURES)
+    assert {name for name, _ in EXPECTED} | {LAST_LAYER} == set(FIXTURES)
+
+
+@pytest.mark.parametrize("version", [NEW, OLD])
+def test_last_layer_contract_fails_on_deepseek(version: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fx = FIXTURES[LAST_LAYER]
+    assert list(fx.ids) == [5, 6, 8] and fx.contract.to_snapshot_indices(L)[-1] == L + 1  # final_prenorm
+    draft = make_draft(tmp_path / LAST_LAYER, fx.ids, slots=3)
+    code, result = run_json(capsys, "--draft", str(draft), "--stack", fx.stack, "--target", "tiny-dsv3",
+                            "--sglang-version", version)
+    assert result["verdict"] == "fails" and code == 1 and result["fix"]["ids"] is None
+    assert "never reaches" in result["fix"]["text"]
 
 
 @pytest.mark.parametrize(("name", "version"), sorted(EXPECTED), ids=lambda v: str(v))

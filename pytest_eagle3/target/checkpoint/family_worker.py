@@ -7,8 +7,8 @@ Usage::
 ``SPEC.json`` is a target spec (:class:`~pytest_eagle3.target.spec.TargetSpec`
 fields).  The worker instantiates the family's transformers class from the
 spec's ``config`` (``AutoModelForCausalLM.from_config``, float32, eager
-attention), applies the distinguishable-layers init of docs/design.md
-("Reduced-layer targets that can tell layers apart") parameter by parameter in
+attention), applies the distinguishable-layers init of docs/design.md,
+"Reduced-layer targets that can tell layers apart", parameter by parameter in
 the model's own order from one ``torch.Generator`` seeded with ``spec.seed``:
 
 * embedding N(0, ``embedding_std``^2); every other matrix (and each expert's
