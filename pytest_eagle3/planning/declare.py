@@ -363,6 +363,18 @@ def uses_draft_path(ctx: NeedContext) -> bool:
     return method == "eagle3-draft"
 
 
+def case_uses_draft_path(ctx: NeedContext, ids: Sequence[int] | None) -> bool:
+    """:func:`uses_draft_path`, or (``auto``) an id list reaching id ``L``: SGLang's
+    capture-only API refuses ids ``>= L`` before the model sees them (0.5.23
+    ``model_runner_components/spec_aux_hidden_state.py``, ``_check_capture_layer_ids_in_range``),
+    while a draft's ids reach the model's own rule, which may capture the last
+    layer's output (``gpt_oss.py``), as a served draft's do."""
+    if uses_draft_path(ctx):
+        return True
+    return (ctx.settings.capture_method == "auto" and ids is not None and ctx.facts is not None
+            and max(ids, default=-1) >= ctx.facts.num_layers)
+
+
 def target_config(facts: "TargetFacts") -> dict[str, Any]:
     """The target config keys a random capture draft is sized from (same in the plan and the run)."""
     return {"hidden_size": facts.hidden_size, "vocab_size": facts.vocab_size}
@@ -471,10 +483,10 @@ def resolve(need: EngineNeed, ctx: NeedContext) -> EngineRequest:
         return EngineRequest(ids, v.args_for(ctx.install, ctx.tp), decode_steps=int(req.get("decode_steps", 0)),
                              batch=bool(req.get("batch")), repeat=int(req.get("repeat", 1)),
                              expected=predicted, predicted=predicted,
-                             draft=capture_draft(ctx, ids) if uses_draft_path(ctx) else None)
+                             draft=capture_draft(ctx, ids) if case_uses_draft_path(ctx, ids) else None)
     ids = _ids(case.ids)
     predicted = tuple(predict(list(ids) if ids is not None else None, L, rule).snapshots)
-    draft = capture_draft(ctx, ids) if uses_draft_path(ctx) else None
+    draft = capture_draft(ctx, ids) if case_uses_draft_path(ctx, ids) else None
     if case.contract is None:
         # The capture-order test checks SGLang's own rule, which needs no contract.
         return EngineRequest(ids, expected=predicted, predicted=predicted, draft=draft,

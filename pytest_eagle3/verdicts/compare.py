@@ -529,7 +529,12 @@ def cause_signature(report: Any) -> tuple[str, ...] | None:
     numbers and errors left out (``"slot # holds the MLP output of layer # after
     its post_feedforward_layernorm ..."``), when it names every wrong slot and
     no id-list pattern; else ``None``.  Two reports with one signature fail for
-    one reason, whatever ids or path each test used."""
+    one reason, whatever ids or path each test used.  A per-rank report has the
+    signature its ranks share (``slot_reports``), if they share one."""
+    subs = getattr(report, "slot_reports", None)
+    if subs:
+        signatures = {cause_signature(r) for r in subs}
+        return signatures.pop() if len(signatures) == 1 and None not in signatures else None
     diag = getattr(report, "diagnosis", None)
     if diag is None or diag.pattern_lines or not diag.slot_lines:
         return None
@@ -571,7 +576,8 @@ def fail_if_bad(report: Any, *, verbose: bool = False, config: pytest.Config | N
                 here = _current_test()
                 first = config.stash.setdefault(_CAUSES, {}).setdefault(signature, here)
                 if first != here:
-                    line = report.diagnosis.slot_lines[min(report.diagnosis.slot_lines)]
+                    diag = (getattr(report, "slot_reports", None) or [report])[0].diagnosis
+                    line = diag.slot_lines[min(diag.slot_lines)]
                     pytest.fail(SAME_CAUSE.format(first=first, line=line), pytrace=False)
         message = report.message(verbose=verbose)
         pytest.fail(f"{cause}\n{message}" if cause else message, pytrace=False)

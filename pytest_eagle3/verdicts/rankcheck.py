@@ -48,11 +48,17 @@ PARTIAL_FIT_TOL = 1e-3
 
 @dataclass
 class RankReport:
-    """Result of a per-rank check: ``ok``, ``lines`` (first line is the verdict)."""
+    """Result of a per-rank check: ``ok``, ``lines`` (first line is the verdict).
+
+    ``slot_reports``: each failing rank's :class:`~pytest_eagle3.verdicts.compare.SlotReport`
+    when nothing but those comparisons failed (no partial sum, no count problem),
+    so :func:`~pytest_eagle3.verdicts.compare.cause_signature` can tell that every
+    rank shows one cause."""
 
     ok: bool
     lines: list[str] = field(default_factory=list)
     details: list[str] = field(default_factory=list)
+    slot_reports: list[Any] = field(default_factory=list)
 
     def message(self, verbose: bool = False) -> str:
         return "\n".join(self.lines + (self.details if verbose else []))
@@ -153,6 +159,8 @@ def check_rank_slots(records: Mapping[int, Sequence["Record"]], references: Sequ
     (:mod:`pytest_eagle3.verdicts.diagnose`), e.g. each rank's unreduced MLP share."""
     tp = len(records)
     lines: list[str] = _count_lines(records, references)
+    plain = not lines
+    failed: list[Any] = []
     for rank in sorted(records):
         for i, (rec, ref) in enumerate(zip(records[rank], references)):
             report = compare_slots(rec.aux, ref, expected=list(expected), num_layers=num_layers,
@@ -169,7 +177,9 @@ def check_rank_slots(records: Mapping[int, Sequence["Record"]], references: Sequ
                                                       label=full_label(index, num_layers), err=fmt_err(fit[1])))
             lines.append(RANK_PREFIX.format(rank=rank, message=report.message()))
             lines.extend(partial)
+            plain = plain and not partial
+            failed.append(report)
             break
     if lines:
-        return RankReport(False, lines)
+        return RankReport(False, lines, slot_reports=failed if plain else [])
     return RankReport(True, [ALL_RANKS_OK.format(tp=tp, message="every slot holds its expected snapshot")])

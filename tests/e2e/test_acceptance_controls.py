@@ -7,7 +7,9 @@ one, the embedding id replaced, no ids (SGLang's default list), ``fc`` blocks
 permuted, and for the MLA draft its ids only at the top level (its ``fc`` is
 still sized for them; SGLang's target side reads only ``eagle_config``).  Each
 must fall below the gate the correct draft clears, and the correct accept length
-must be at least :data:`POWER_RATIO` x the best miswired one.  One inner pytest
+must be at least :data:`POWER_RATIO` x the best miswired one.  The model-family
+drafts (``tiny-llama``, ``tiny-gpt-oss``, ...) run on their own target preset with
+the controls of :data:`FAMILY_MISWIRED`.  One inner pytest
 run per draft, one engine per control (about 1 minute each on 2 cores).
 ``PYTEST_EAGLE3_CONTROLS_TP=2`` runs the same at TP 2.
 """

@@ -259,3 +259,57 @@ def test_the_recorder_hooks_the_forward_that_captures(tmp_path: Path, monkeypatc
         (ckpt / "config.json").write_text(json.dumps(json.loads((targets_dir() / f"{preset}.json").read_text())["config"]))
         env = build_engine_config(inst, model_path=str(ckpt), tp=1, device="cpu").env_dict()
         assert env.get(RECORD_TARGET_ENV) == expected  # DeepSeek keeps the recorder's default (same engine key)
+
+
+ONE_CAUSE_TESTS = '''
+import pytest
+from types import SimpleNamespace
+from pytest_eagle3.verdicts.compare import fail_if_bad
+
+
+def report(layer):
+    line = f"slot 0 holds the MLP output of layer {layer} after its post_feedforward_layernorm (rel.err 3e-07): why"
+    diag = SimpleNamespace(slot_lines={0: line}, pattern_lines=(), kinds=("no-residual",))
+    return SimpleNamespace(ok=False, diagnosis=diag, wrong=[SimpleNamespace(slot=0)],
+                           message=lambda verbose=False: "aux hidden states: 1 of 1 slots wrong\\n" + line)
+
+
+def rank_report():
+    return SimpleNamespace(ok=False, slot_reports=[report(5), report(5)], message=lambda verbose=False: "ranks")
+
+
+def other():
+    diag = SimpleNamespace(slot_lines={0: "slot 0 holds something else (rel.err 1e-07): why"}, pattern_lines=(),
+                           kinds=("x",))
+    return SimpleNamespace(ok=False, diagnosis=diag, wrong=[SimpleNamespace(slot=0)],
+                           message=lambda verbose=False: "other cause")
+
+
+def test_a(pytestconfig):
+    fail_if_bad(report(1), config=pytestconfig)
+
+
+def test_b(pytestconfig):
+    fail_if_bad(report(3), config=pytestconfig)
+
+
+def test_c(pytestconfig):
+    fail_if_bad(rank_report(), config=pytestconfig)
+
+
+def test_d(pytestconfig):
+    fail_if_bad(other(), config=pytestconfig)
+'''
+
+
+def test_one_root_cause_one_failure(pytester: pytest.Pytester):
+    """The first test with a named capture defect reports it in full; later ones
+    with the same defect (other layers, other ranks) point to it; another defect
+    is reported in full."""
+    pytester.makepyfile(test_causes=ONE_CAUSE_TESTS)
+    result = pytester.runpytest("-p", "no:cacheprovider", "-rf")
+    result.assert_outcomes(failed=4)
+    out = result.stdout.str()
+    assert "aux hidden states: 1 of 1 slots wrong" in out  # test_a in full
+    assert out.count("same cause as test_causes.py::test_a, which reports it in full") == 2  # test_b, test_c
+    assert "other cause" in out  # test_d in full
