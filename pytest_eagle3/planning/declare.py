@@ -30,6 +30,7 @@ Nothing here imports torch or sglang.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
@@ -288,6 +289,15 @@ NO_MLA_MODEL = (
 )
 VARIANT_USER_DRAFT = "--eagle3-draft is the acceptance draft: the shipped {variant} draft is not used"
 NO_VARIANT_DRAFT = "target {target} ships no {variant} draft (fixtures/drafts/<preset>-{variant})"
+#: The MLA drafts serve the DeepSeek-V3 layout only (Kimi-K2.x); ``{target}``, ``{architecture}``.
+MLA_NOT_THIS_FAMILY = (
+    "the MLA drafts (Eagle3DeepseekV2ForCausalLM, srt/models/kimi_k25_eagle3.py) serve DeepSeek-V3-layout "
+    "targets (Kimi-K2.x); target {target} is {architecture}"
+)
+#: A family preset's shipped draft already declares the portable ids.
+PORTABLE_IS_SHIPPED = (
+    "target {target}'s shipped draft already declares the portable ids [1, L//2-1, L-4] (specforge-default-ids)"
+)
 VARIANT_SLOW = (
     "the {variant} draft needs engines of its own (about 40 s per TP size on cpu); run with --eagle3-slow"
 )
@@ -330,6 +340,8 @@ def _variant_reason(variant: str, ctx: NeedContext) -> str | None:
     s = ctx.settings
     if s.draft is not None:
         return VARIANT_USER_DRAFT.format(variant=variant)
+    if ctx.facts is not None and ctx.facts.kv_lora_rank is None and acceptance_draft(s, variant=variant) is None:
+        return MLA_NOT_THIS_FAMILY.format(target=s.target, architecture=ctx.facts.architecture)
     if acceptance_draft(s, variant=variant) is None:
         return NO_VARIANT_DRAFT.format(target=s.target, variant=variant)
     if ctx.install is not None and not has_draft_model(ctx.install.location, MLA_ARCHITECTURE):
@@ -346,12 +358,24 @@ def _portable_reason(ctx: NeedContext) -> str | None:
     if s.draft is not None:
         return PORTABLE_USER_DRAFT
     if acceptance_draft(s, portable=True) is None:
+        shipped = acceptance_draft(s)
+        if shipped is not None and _declares_portable_ids(shipped):
+            return PORTABLE_IS_SHIPPED.format(target=s.target)
         return NO_PORTABLE_DRAFT.format(target=s.target)
     if ctx.install is None or ctx.facts is None or acceptance_draft(s) is None:
         return None
     if _acceptance_request(ctx).xfail_reason is None:
         return PORTABLE_NOT_NEEDED.format(sglang=ctx.install.describe())
     return None
+
+
+def _declares_portable_ids(draft: Path) -> bool:
+    """The draft's provenance names the portable contract (``specforge-default-ids``)."""
+    try:
+        meta = json.loads((Path(draft) / "config.json").read_text(encoding="utf-8")).get("pytest_eagle3") or {}
+    except (OSError, ValueError):
+        return False
+    return meta.get("contract") == PORTABLE_CASE
 
 
 def uses_draft_path(ctx: NeedContext) -> bool:

@@ -2,7 +2,7 @@
 their checkpoints, the CPU pieces they need, the Gemma 3 diagnosis, ``--eagle3-target families``.
 
 Checkpoints are built with transformers (a subprocess per build); nothing here
-starts SGLang (tests/e2e/test_families.py does).
+starts SGLang (tests/e2e/test_family_suites.py does).
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ def test_family_build_is_deterministic(tmp_path: Path):
 @pytest.mark.parametrize("preset", FAMILY_PRESETS)
 def test_family_layers_can_be_told_apart(preset: str, cache_root: Path):
     """The distinguishable-layers init holds on every family: any two residual-stream
-    snapshots of a prompt differ by relative L2 >= 0.4 (docs/design.md, "Reduced-layer
-    targets that can tell layers apart")."""
+    snapshots of a prompt differ by relative L2 >= 0.4 (docs/design.md,
+    "Reduced-layer targets that can tell layers apart")."""
     from transformers import AutoModelForCausalLM
 
     path = ensure_checkpoint(TargetSpec.preset(preset), cache_root)

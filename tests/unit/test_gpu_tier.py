@@ -37,6 +37,8 @@ def test_gpu_preset_keeps_the_widths_the_kernels_check() -> None:
 
     for name in cases.case_names():
         ids = cases.resolve(name, f.num_layers, f.hidden_size, "0.5.23").ids
+        if ids is not None and max(ids) >= f.num_layers:
+            continue  # the last layer's output (vllm-last-layer): gpt-oss's files capture it, DeepSeek's never
         assert not predict(list(ids) if ids is not None else None, f.num_layers, "0.5.23").fails_at_first_forward
 
 

@@ -1,9 +1,10 @@
 """The model families a target preset can have besides DeepSeek-V3, as plain data.
 
 Each :class:`Family` says, for one Hugging Face ``model_type``, where the
-distinguishable-layers init (docs/design.md, "Reduced-layer targets that can
-tell layers apart") finds what it needs in the transformers model of that
-family (read from transformers 5.19's ``models/<family>/modeling_*.py``):
+distinguishable-layers init of docs/design.md,
+"Reduced-layer targets that can tell layers apart", finds what it needs in the
+transformers model of that family (read from transformers 5.19's
+``models/<family>/modeling_*.py``):
 
 * ``mid_norm``: the norm whose input is the residual stream between the
   attention and the MLP branch (the calibration reads it with a pre-hook);
