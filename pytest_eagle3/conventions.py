@@ -244,8 +244,9 @@ class Prediction:
         snapshots: the snapshot index each capture slot will hold, in slot
             order (SGLang captures in layer order, whatever order ids have).
         missing: layers in ``layers_to_capture`` that are never reached
-            (``>= L``): SGLang fails at the first forward with
-            "captured k of K aux hidden states".
+            (``>= L``, or ``> L`` where the model captures the last layer's
+            output, :attr:`IdRule.last_layer`): SGLang fails at the first forward
+            with "captured k of K aux hidden states".
         embedding_fails: layer 0 is in ``layers_to_capture`` on an SGLang
             that cannot capture it (TypeError at the first forward).
         setup_error: SGLang's method raises for these ids (engine setup fails).

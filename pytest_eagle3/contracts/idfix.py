@@ -62,7 +62,7 @@ NOT_FIRST_NOTE = (
 )
 KEEP_TOP_LEVEL_NOTE = "keep the top-level " + "eagle_aux_hidden_state_layer_ids for vLLM"
 UNREACHABLE_FIX = (
-    "no id list works: the contract wants {wanted}, which SGLang's DeepSeek capture never reaches "
+    "no id list works: the contract wants {wanted}, which this SGLang model's capture never reaches "
     "(it captures layer inputs only, hs[0]..hs[{last}]); retrain the draft on layers it can capture"
 )
 EMBEDDING_FIX = (
@@ -125,12 +125,16 @@ def is_portable(ids: Sequence[int], num_layers: int) -> bool:
     return old is not None and old == captures(ids, num_layers, NEW_RULE_VERSION)
 
 
-def _candidates(wanted: tuple[int, ...]) -> list[tuple[int, ...]]:
-    out = [wanted]
-    if all(s >= 1 for s in wanted):
-        out.append(tuple(s - 1 for s in wanted))
-    if len(wanted) >= 2:
-        out.append((wanted[1], wanted[0], *wanted[2:]))
+def _candidates(wanted: tuple[int, ...], num_layers: int) -> list[tuple[int, ...]]:
+    """Id lists worth trying for snapshots ``wanted``: their layer indices (the
+    last layer's output, snapshot ``L+1``, is layer index ``L`` where a model
+    captures it), one less, the first two swapped."""
+    layers = tuple(num_layers if s == num_layers + 1 else s for s in wanted)
+    out = [layers]
+    if all(s >= 1 for s in layers):
+        out.append(tuple(s - 1 for s in layers))
+    if len(layers) >= 2:
+        out.append((layers[1], layers[0], *layers[2:]))
     return out
 
 
@@ -146,7 +150,7 @@ def ids_for(
         The ids, or None when no list works (see the module docstring for why).
     """
     target = tuple(wanted)
-    good = [c for c in _candidates(target) if captures(c, num_layers, rule) == target]
+    good = [c for c in _candidates(target, num_layers) if captures(c, num_layers, rule) == target]
     if not good:
         return None
     pref = tuple(prefer) if prefer is not None else None
@@ -198,7 +202,9 @@ def plan_fix(
     """
     L = num_layers
     wanted = tuple(contract.to_snapshot_indices(L))
-    unreachable = [i for i in wanted if i >= L]
+    # The last layer's output (final_prenorm, L+1) is reachable where the model captures it.
+    last_ok = bool(as_rule(rule).last_layer)
+    unreachable = [i for i in wanted if i >= L and not (last_ok and i == L + 1)]
     if unreachable:
         return Fix(None, key, UNREACHABLE_FIX.format(wanted=_wanted_text(unreachable, L), last=L - 1))
     order = tuple(sorted(wanted))

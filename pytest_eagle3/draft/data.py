@@ -183,7 +183,6 @@ class TransformersTarget:
         import torch
         from transformers import AutoModelForCausalLM
 
-
         path = ensure_checkpoint(spec, cache_root)
         self.model = AutoModelForCausalLM.from_pretrained(
             str(path), dtype=torch.float32, attn_implementation="eager", local_files_only=True).eval()

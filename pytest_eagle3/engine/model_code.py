@@ -457,16 +457,22 @@ def _capture_loop_facts(method: _Method) -> EmbeddingCapture:
 def _last_layer_capture(method: _Method) -> str:
     """``file:line`` where the ``forward`` in ``method`` captures layer index ``L``
     (the last layer's output): a test ``X in self.layers_to_capture`` whose ``X``
-    is not the capture loop's variable (``self.end_layer``, ``num_layers``);
-    ``""`` when there is none."""
+    is an attribute (``self.end_layer``, ``gpt_oss.py``) or a name assigned
+    ``len(...)`` (``num_layers = len(self.layers)``, ``gemma3_causal.py``), not a
+    loop's variable or an expression of one; ``""`` when there is none."""
     fn = method.node
-    loop_vars = {n.target.id for n in ast.walk(fn) if isinstance(n, ast.For) and isinstance(n.target, ast.Name)}
-    loop_vars |= {e.id for n in ast.walk(fn) if isinstance(n, ast.For) and isinstance(n.target, ast.Tuple)
-                  for e in n.target.elts if isinstance(e, ast.Name)}
+    loop_vars = {n.id for f in ast.walk(fn) if isinstance(f, ast.For) for n in ast.walk(f.target)
+                 if isinstance(n, ast.Name)}
+    lengths = {t.id for n in ast.walk(fn) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+               and isinstance(n.value.func, ast.Name) and n.value.func.id == "len"
+               for t in n.targets if isinstance(t, ast.Name)}
     for node in ast.walk(fn):
-        if (isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.In)
-                and _mentions(node.comparators[0], _CAPTURE_NAMES)
-                and not (isinstance(node.left, ast.Name) and node.left.id in loop_vars)):
+        if not (isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.In)
+                and _mentions(node.comparators[0], _CAPTURE_NAMES)):
+            continue
+        left = node.left
+        if isinstance(left, ast.Attribute) and _is_self(left.value) or (
+                isinstance(left, ast.Name) and left.id in lengths and left.id not in loop_vars):
             return f"{method.module.rel}:{node.lineno}"
     return ""
 

@@ -8,7 +8,9 @@ command once per family preset (the packaged presets that are not DeepSeek-V3:
 ``--eagle3-target <preset>`` (and, with ``--eagle3-report FILE``, its own
 ``FILE-<preset>.json``), one after another, its output streamed as it comes,
 and ends with one line per family.  The exit status is the worst of theirs:
-a usage or internal error, else failed tests, else 0 (all "no tests" is 5).
+a usage or internal error (a child killed by a signal counts as one), else
+failed tests, else 0 (all "no tests" is 5).  Ctrl-C reaches the running child
+too; the parent waits for it to stop its engines, then stops.
 """
 
 from __future__ import annotations
@@ -50,13 +52,18 @@ def _report_for(report: Path, preset: str) -> Path:
 
 
 def worst(codes: list[int]) -> int:
-    """Exit status of the whole run from the per-family ones."""
+    """Exit status of the whole run from the per-family ones: a child killed by a
+    signal (negative status) or exiting outside pytest's 0-5 counts as an
+    internal error (3); no family at all is "no tests" (5)."""
+    if not codes:
+        return 5
+    codes = [c if 0 <= c <= 5 else 3 for c in codes]
     for bad in (3, 4, 2):
         if bad in codes:
             return bad
     if 1 in codes:
         return 1
-    if codes and all(c == 5 for c in codes):
+    if all(c == 5 for c in codes):
         return 5
     return 0
 
@@ -73,9 +80,12 @@ def run_families(config: pytest.Config, report: Path | None) -> int:
         command = [sys.executable, "-m", "pytest", *child]
         print(HEADER.format(preset=preset, i=i, n=len(presets), command=" ".join(child)), flush=True)
         start = time.monotonic()
+        child = subprocess.Popen(command, cwd=config.invocation_params.dir)
         try:
-            code = subprocess.call(command, cwd=config.invocation_params.dir)
+            code = child.wait()
         except KeyboardInterrupt:
+            # The child got the same SIGINT: let it stop its engines and write its report.
+            child.wait()
             code = 2
         results.append((preset, code, time.monotonic() - start))
         if code == 2:

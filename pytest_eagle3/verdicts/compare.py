@@ -522,6 +522,7 @@ def _json_float(value: float) -> float | None:
 SAME_CAUSE = ("same cause as {first}, which reports it in full: {line}")
 _CAUSES = pytest.StashKey[dict]()
 _NUMBERS = re.compile(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+_LAYER = re.compile(r"holds \D*?(\d+)")
 
 
 def cause_signature(report: Any) -> tuple[str, ...] | None:
@@ -540,7 +541,15 @@ def cause_signature(report: Any) -> tuple[str, ...] | None:
         return None
     if {v.slot for v in report.wrong} - set(diag.slot_lines):
         return None
-    return tuple(sorted({_NUMBERS.sub("#", line) for line in diag.slot_lines.values()}))
+    # Layer numbers go, but not how far each slot's layer is from the one it
+    # should hold: the same defect keeps that offset whatever the ids.
+    expected = {v.slot: v.expected for v in getattr(report, "slots", ()) if hasattr(v, "expected")}
+    out = set()
+    for slot, line in diag.slot_lines.items():
+        held = _LAYER.search(line)
+        offset = (int(held.group(1)) - int(expected[slot])) if held and slot in expected else None
+        out.add(f"{_NUMBERS.sub('#', line)} [offset {offset}]")
+    return tuple(sorted(out))
 
 
 def recorded_causes(config: pytest.Config) -> list[str]:
@@ -564,7 +573,7 @@ def fail_if_bad(report: Any, *, verbose: bool = False, config: pytest.Config | N
     One root cause, one failure: with ``config``, the first test whose diagnosis
     has a given :func:`cause_signature` reports it in full; a later one with the
     same signature fails with :data:`SAME_CAUSE`, naming the first and its own
-    first slot line (per pytest process)."""
+    first slot line (per pytest process; with ``-v`` every test reports in full)."""
     __tracebackhide__ = True
     if config is not None and hasattr(config.hook, "pytest_eagle3_verdict"):
         config.hook.pytest_eagle3_verdict(config=config, report=report)
@@ -572,7 +581,7 @@ def fail_if_bad(report: Any, *, verbose: bool = False, config: pytest.Config | N
         if config is not None:
             verbose = verbose or config.get_verbosity() > 0
             signature = cause_signature(report)
-            if signature is not None and cause is None:
+            if signature is not None and cause is None and not verbose:
                 here = _current_test()
                 first = config.stash.setdefault(_CAUSES, {}).setdefault(signature, here)
                 if first != here:

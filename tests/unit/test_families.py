@@ -187,7 +187,8 @@ def test_worst_exit_status_of_the_family_runs():
     assert worst([0, 1, 5]) == 1
     assert worst([1, 4]) == 4
     assert worst([5, 5]) == 5
-    assert worst([]) == 0
+    assert worst([]) == 5
+    assert worst([0, -9]) == 3 and worst([137]) == 3  # killed by a signal
 
 
 def test_a_family_the_installed_transformers_lacks_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -313,3 +314,22 @@ def test_one_root_cause_one_failure(pytester: pytest.Pytester):
     assert "aux hidden states: 1 of 1 slots wrong" in out  # test_a in full
     assert out.count("same cause as test_causes.py::test_a, which reports it in full") == 2  # test_b, test_c
     assert "other cause" in out  # test_d in full
+
+
+def test_last_layer_capture_is_read_from_the_model_file():
+    """gpt-oss and Gemma 3 capture layer index L (the last layer's output); the
+    others never reach it.  gpt-oss keeps [5, 6, 8] as given, so 8 is final_prenorm."""
+    sglang = pytest.importorskip("sglang")
+    from pytest_eagle3.conventions import predict
+    from pytest_eagle3.engine.model_code import read_rules
+
+    location = str(Path(sglang.__file__).parent)
+    rules = {a: read_rules(location, a).rule for a in ("GptOssForCausalLM", "Gemma3ForCausalLM",
+                                                      "LlamaForCausalLM", "DeepseekV3ForCausalLM")}
+    assert rules["GptOssForCausalLM"].last_layer.startswith("srt/models/gpt_oss.py:")
+    assert rules["Gemma3ForCausalLM"].last_layer.startswith("srt/models/gemma3_causal.py:")
+    assert rules["LlamaForCausalLM"].last_layer == rules["DeepseekV3ForCausalLM"].last_layer == ""
+    gpt = predict([5, 6, 8], 8, rules["GptOssForCausalLM"])
+    assert gpt.snapshots == (5, 6, 9) and not gpt.fails_at_first_forward  # 9 = final_prenorm on 8 layers
+    assert predict([5, 6, 8], 8, rules["DeepseekV3ForCausalLM"]).missing == (8,)
+    assert predict([5, 6, 8], 8, rules["Gemma3ForCausalLM"]).missing == (9,)  # +1 asks layer 9 of 8

@@ -11,7 +11,12 @@ torch and safetensors are imported inside functions only.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import tempfile
 from dataclasses import asdict
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 from pytest_eagle3.errors import Eagle3ConfigError
@@ -43,6 +48,8 @@ INDEX_FILE = "model.safetensors.index.json"
 #: Largest shard written (bytes); smaller checkpoints are one file.
 SHARD_BYTES = 2 << 30
 BUILD_INFO_FILE = "build_info.json"
+#: A family checkpoint builds in 4-9 s on 2 cores; a worker past this is stuck.
+FAMILY_BUILD_TIMEOUT_S = 600
 
 
 def _dump_json(data: object) -> str:
@@ -129,6 +136,9 @@ def build_checkpoint(spec: TargetSpec, out_dir: Path) -> None:
         "description": spec.description,
         "branch_scales": scales,
     }
+    if not is_deepseek(spec.config):
+        # The bytes of a family checkpoint come from transformers' class and torch's generator.
+        info["built_with"] = {name: metadata.version(name) for name in ("transformers", "torch")}
     (out_dir / BUILD_INFO_FILE).write_text(_dump_json(info), encoding="ascii")
 
 
@@ -140,11 +150,6 @@ def _build_family(spec: TargetSpec, out_dir: Path) -> list[dict]:
             lacks its model folder, or the worker failed (its last stderr line
             in the message).
     """
-    import os
-    import subprocess
-    import sys
-    import tempfile
-
     family = family_of(spec.config)
     if family is None:
         raise Eagle3ConfigError(UNKNOWN_FAMILY_MSG.format(
@@ -159,9 +164,13 @@ def _build_family(spec: TargetSpec, out_dir: Path) -> list[dict]:
         spec_file.write_text(json.dumps({"seed": spec.seed, "init": spec.init.to_dict(), "config": spec.config}),
                              encoding="ascii")
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", OMP_NUM_THREADS="1")
-        proc = subprocess.run([sys.executable, "-m", "pytest_eagle3.target.checkpoint.family_worker",
-                               "--spec", str(spec_file), "--out", str(out_dir)],
-                              capture_output=True, text=True, env=env)
+        try:
+            proc = subprocess.run([sys.executable, "-m", "pytest_eagle3.target.checkpoint.family_worker",
+                                   "--spec", str(spec_file), "--out", str(out_dir)],
+                                  capture_output=True, text=True, env=env, timeout=FAMILY_BUILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise Eagle3ConfigError(f"building target {spec.name} with transformers took over "
+                                    f"{FAMILY_BUILD_TIMEOUT_S} s: the worker is stuck") from None
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
         raise Eagle3ConfigError(f"building target {spec.name} with transformers failed: "

@@ -28,8 +28,8 @@ arguments.  Semantics from sgl-kernel ``csrc/cpu/decode.cpp`` and
   dropped after it, so it only takes probability mass away.
 
 Everything is computed in float32 and written into the output tensor.  What
-this stand-in does not implement (cross attention, encoder lengths, sliding
-tree masks of speculative topk > 1, fp8 KV caches)
+this stand-in does not implement (cross attention, encoder lengths, tree
+masks of speculative topk > 1, fp8 KV caches)
 raises ``NotImplementedError`` instead of computing something else.
 """
 
@@ -108,8 +108,7 @@ def decode_attention_cpu(
 ) -> None:
     """One decode step per sequence; writes ``output [num_seqs, H, Dv]`` in place."""
     op = "decode_attention_cpu"
-    _refuse(op, cross_attention=is_cross_attn, encoder_lengths=encoder_lens is not None,
-)
+    _refuse(op, cross_attention=is_cross_attn, encoder_lengths=encoder_lens is not None)
     _check_kv_dtype(op, k_buffer)
     window = int(sliding_window_size or 0)
     if key is not None:
