@@ -80,12 +80,12 @@ def run_families(config: pytest.Config, report: Path | None) -> int:
         command = [sys.executable, "-m", "pytest", *child]
         print(HEADER.format(preset=preset, i=i, n=len(presets), command=" ".join(child)), flush=True)
         start = time.monotonic()
-        child = subprocess.Popen(command, cwd=config.invocation_params.dir)
+        proc = subprocess.Popen(command, cwd=config.invocation_params.dir)
         try:
-            code = child.wait()
+            code = proc.wait()
         except KeyboardInterrupt:
             # The child got the same SIGINT: let it stop its engines and write its report.
-            child.wait()
+            proc.wait()
             code = 2
         results.append((preset, code, time.monotonic() - start))
         if code == 2:
