@@ -522,7 +522,6 @@ def _json_float(value: float) -> float | None:
 SAME_CAUSE = ("same cause as {first}, which reports it in full: {line}")
 _CAUSES = pytest.StashKey[dict]()
 _NUMBERS = re.compile(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?")
-_LAYER = re.compile(r"holds \D*?(\d+)")
 
 
 def cause_signature(report: Any) -> tuple[str, ...] | None:
@@ -530,8 +529,10 @@ def cause_signature(report: Any) -> tuple[str, ...] | None:
     numbers and errors left out (``"slot # holds the MLP output of layer # after
     its post_feedforward_layernorm ..."``), when it names every wrong slot and
     no id-list pattern; else ``None``.  Two reports with one signature fail for
-    one reason, whatever ids or path each test used.  A per-rank report has the
-    signature its ranks share (``slot_reports``), if they share one."""
+    one reason, whatever ids, contract or path each test used (each pointer
+    keeps its own first slot line, layer numbers included; ``-v`` reports every
+    test in full).  A per-rank report has the signature its ranks share
+    (``slot_reports``), if they share one."""
     subs = getattr(report, "slot_reports", None)
     if subs:
         signatures = {cause_signature(r) for r in subs}
@@ -541,15 +542,7 @@ def cause_signature(report: Any) -> tuple[str, ...] | None:
         return None
     if {v.slot for v in report.wrong} - set(diag.slot_lines):
         return None
-    # Layer numbers go, but not how far each slot's layer is from the one it
-    # should hold: the same defect keeps that offset whatever the ids.
-    expected = {v.slot: v.expected for v in getattr(report, "slots", ()) if hasattr(v, "expected")}
-    out = set()
-    for slot, line in diag.slot_lines.items():
-        held = _LAYER.search(line)
-        offset = (int(held.group(1)) - int(expected[slot])) if held and slot in expected else None
-        out.add(f"{_NUMBERS.sub('#', line)} [offset {offset}]")
-    return tuple(sorted(out))
+    return tuple(sorted({_NUMBERS.sub("#", line) for line in diag.slot_lines.values()}))
 
 
 def recorded_causes(config: pytest.Config) -> list[str]:

@@ -45,7 +45,9 @@ def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 
 def _failed(run: InnerRun) -> dict[str, str]:
-    return {n: run.messages.get(n, "") for n, o in run.outcomes.items() if o in ("failed", "error")}
+    """Failed tests and their messages, without JUnit's ``Failed: `` prefix."""
+    return {n: re.sub(r"^Failed: ", "", run.messages.get(n, "").lstrip())
+            for n, o in run.outcomes.items() if o in ("failed", "error")}
 
 
 def test_family_passes_or_names_its_capture_defect(family: tuple[str, InnerRun]) -> None:
