@@ -291,7 +291,7 @@ def test_plus_one_past_the_last_layer_fails_before_any_engine(tmp_path: Path, ca
             "has layer 8, which a target of 8 layers never reaches (0..7) (captured 2 of 3)") in out
     assert "  slot 2: sglang captures nothing; the contract says out(L7, pre-norm)" in out
     assert ("fix:       no id list works: the contract wants out(L7, pre-norm) (output of layer 7 before the "
-            "final norm), which SGLang's DeepSeek capture never reaches (it captures layer inputs only") in out
+            "final norm), which this SGLang model's capture never reaches (it captures layer inputs only") in out
 
 
 def test_default_collapses_on_a_small_target(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
