@@ -325,10 +325,12 @@ def _layers(values: Any) -> str:
     return ("layer " if len(values) == 1 else "layers ") + ", ".join(str(v) for v in values)
 
 
-def _fails_reason(p: Prediction, num_layers: int) -> str:
+def _fails_reason(p: Prediction, num_layers: int, last: int) -> str:
+    """``last``: the highest layer index the model captures (L - 1, or L where
+    it captures the last layer's output, :attr:`IdRule.last_layer`)."""
     problems = []
     if p.missing:
-        problems.append(NEVER_REACHED.format(layers=_layers(p.missing), L=num_layers, last=num_layers - 1))
+        problems.append(NEVER_REACHED.format(layers=_layers(p.missing), L=num_layers, last=last))
     dups = sorted({i for i in p.layers_to_capture if p.layers_to_capture.count(i) > 1})
     if dups:
         problems.append(NAMED_TWICE.format(layers=_layers(dups)))
@@ -447,7 +449,7 @@ def inspect_draft(
         return Inspection(**common, verdict=UNKNOWN_VERDICT, reason=UNKNOWN_REASON.format(source=p.source),
                           slots=slots, notes=tuple(notes))
     if p.fails_at_first_forward:
-        verdict, reason = FAILS, _fails_reason(p, L)
+        verdict, reason = FAILS, _fails_reason(p, L, L if r.last_layer else L - 1)
     elif len(got) != contract.k:
         verdict, reason = FAILS, SLOT_COUNT.format(got=len(got), s="s" if len(got) != 1 else "", want=contract.k)
     elif got == wanted:

@@ -14,6 +14,7 @@ import json
 import shlex
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ from pytest_eagle3.cli import preflight
 from pytest_eagle3.contracts.catalog import load_contract_fixtures
 from pytest_eagle3.contracts.contract import Contract
 from pytest_eagle3.contracts.draft import TOP_LEVEL_KEY
-from pytest_eagle3.conventions import predict
+from pytest_eagle3.conventions import predict, rule_for_version
 from pytest_eagle3.suite.support import write_draft_config
 
 L, H = 8, 256
@@ -293,6 +294,16 @@ def test_plus_one_past_the_last_layer_fails_before_any_engine(tmp_path: Path, ca
     assert ("fix:       no id list works: the contract wants out(L7, pre-norm) (output of layer 7 before the "
             "final norm), which this SGLang model's capture never reaches (it captures layer inputs only") in out
 
+
+
+def test_past_the_last_layer_names_the_range_the_model_captures(tmp_path: Path) -> None:
+    """Where the model captures the last layer's output (gpt-oss, Gemma 3), the
+    reachable range named is 0..L, not 0..L-1."""
+    draft = make_draft(tmp_path / "d", [1, 3, 8])
+    rule = replace(rule_for_version(NEW), last_layer="srt/models/gpt_oss.py:735")
+    result = preflight.inspect_draft(draft, num_layers=8, sglang_version=NEW, stack="vllm", rule=rule)
+    assert result.verdict == preflight.FAILS
+    assert "has layer 9, which a target of 8 layers never reaches (0..8)" in result.reason
 
 def test_default_collapses_on_a_small_target(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     draft = speculators_draft(tmp_path / "d", [1, 3, 4])
