@@ -6,7 +6,9 @@ command once per family preset (the packaged presets that are not DeepSeek-V3:
 ``tiny-llama``, ``tiny-qwen3``, ``tiny-qwen3-moe``, ``tiny-gpt-oss``,
 ``tiny-gemma3``, ``tiny-glm4-moe-lite``), each in its own pytest process with
 ``--eagle3-target <preset>`` (and, with ``--eagle3-report FILE``, its own
-``FILE-<preset>.json``), one after another, its output streamed as it comes,
+``FILE-<preset>.json``; likewise ``--junitxml`` and pytest-html's ``--html``
+get ``-<preset>`` before their suffix, so no family overwrites another's
+file), one after another, its output streamed as it comes,
 and ends with one line per family.  The exit status is the worst of theirs:
 a usage or internal error (a child killed by a signal counts as one), else
 failed tests, else 0 (all "no tests" is 5).  Ctrl-C reaches the running child
@@ -47,8 +49,27 @@ def family_presets() -> list[str]:
     return out
 
 
-def _report_for(report: Path, preset: str) -> Path:
-    return report.with_name(f"{report.stem}-{preset}{report.suffix or '.json'}")
+#: Per-run output files a child would overwrite: (option dest, flag, default suffix).
+#: ``xmlpath`` is pytest's ``--junitxml``; ``htmlpath`` is pytest-html's ``--html``.
+OUTPUT_FILES = (("xmlpath", "--junitxml", ".xml"), ("htmlpath", "--html", ".html"))
+
+
+def _report_for(report: Path, preset: str, suffix: str = ".json") -> Path:
+    return report.with_name(f"{report.stem}-{preset}{report.suffix or suffix}")
+
+
+def child_args(config: pytest.Config, preset: str, report: Path | None) -> list[str]:
+    """The child pytest's arguments for ``preset``: the invoking ones, then
+    ``--eagle3-target preset`` and a per-preset name for every output file
+    given (``--eagle3-report``, ``--junitxml``, ``--html``); later options win."""
+    child = [*config.invocation_params.args, "--eagle3-target", preset]
+    if report is not None:
+        child += ["--eagle3-report", str(_report_for(report, preset))]
+    for dest, flag, suffix in OUTPUT_FILES:
+        path = getattr(config.option, dest, None)
+        if path:
+            child.append(f"{flag}={_report_for(Path(path), preset, suffix)}")
+    return child
 
 
 def worst(codes: list[int]) -> int:
@@ -70,13 +91,10 @@ def worst(codes: list[int]) -> int:
 
 def run_families(config: pytest.Config, report: Path | None) -> int:
     """Run the invoking pytest command once per :func:`family_presets` entry; returns the exit status."""
-    args = list(config.invocation_params.args)
     presets = family_presets()
     results = []
     for i, preset in enumerate(presets, 1):
-        child = [*args, "--eagle3-target", preset]
-        if report is not None:
-            child += ["--eagle3-report", str(_report_for(report, preset))]
+        child = child_args(config, preset, report)
         command = [sys.executable, "-m", "pytest", *child]
         print(HEADER.format(preset=preset, i=i, n=len(presets), command=" ".join(child)), flush=True)
         start = time.monotonic()

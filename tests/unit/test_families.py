@@ -21,7 +21,7 @@ pytest.importorskip("transformers")
 
 from pytest_eagle3.engine.cpu import recipe  # noqa: E402
 from pytest_eagle3.errors import Eagle3ConfigError  # noqa: E402
-from pytest_eagle3.plugin.families import family_presets, worst  # noqa: E402
+from pytest_eagle3.plugin.families import child_args, family_presets, worst  # noqa: E402
 from pytest_eagle3.target.checkpoint import builder  # noqa: E402
 from pytest_eagle3.target.checkpoint.cache import ensure_checkpoint  # noqa: E402
 from pytest_eagle3.target.checkpoint.families import FAMILIES  # noqa: E402
@@ -338,3 +338,16 @@ def test_last_layer_capture_is_read_from_the_model_file():
     assert gpt.snapshots == (5, 6, 9) and not gpt.fails_at_first_forward  # 9 = final_prenorm on 8 layers
     assert predict([5, 6, 8], 8, rules["DeepseekV3ForCausalLM"]).missing == (8,)
     assert predict([5, 6, 8], 8, rules["Gemma3ForCausalLM"]).missing == (9,)  # +1 asks layer 9 of 8
+
+
+def test_each_family_child_writes_its_own_output_files(pytester: pytest.Pytester):
+    """``--junitxml`` (and ``--eagle3-report``) get the preset in their name in
+    each child, so the six families do not overwrite one file."""
+    config = pytester.parseconfig("--eagle3-target", "families", "--junitxml", "out/junit.xml", "-q")
+    args = child_args(config, "tiny-llama", Path("r/report.json"))
+    invoked = list(config.invocation_params.args)  # pytester adds --basetemp
+    assert args[:len(invoked)] == invoked
+    assert args[len(invoked):] == ["--eagle3-target", "tiny-llama", "--eagle3-report", "r/report-tiny-llama.json",
+                        "--junitxml=out/junit-tiny-llama.xml"]
+    plain = pytester.parseconfig("--eagle3-target", "families")
+    assert child_args(plain, "tiny-qwen3", None) == [*plain.invocation_params.args, "--eagle3-target", "tiny-qwen3"]
