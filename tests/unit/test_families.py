@@ -10,7 +10,9 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -201,10 +203,8 @@ def test_a_family_the_installed_transformers_lacks_is_one_line(tmp_path: Path, m
         builder.build_checkpoint(TargetSpec.preset("tiny-llama"), tmp_path / "x")
 
 
-def _plan(*args: str, cwd: Path) -> "subprocess.CompletedProcess[str]":
-    import subprocess
-
-    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("PYTEST_EAGLE3_")}
+def _plan(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_EAGLE3_")}
     env["CUDA_VISIBLE_DEVICES"] = ""
     return subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "pytest_eagle3.suite", "--eagle3-plan",
                            "-p", "no:cacheprovider", *args], cwd=cwd, env=env, capture_output=True, text=True,
