@@ -348,6 +348,6 @@ def test_each_family_child_writes_its_own_output_files(pytester: pytest.Pytester
     invoked = list(config.invocation_params.args)  # pytester adds --basetemp
     assert args[:len(invoked)] == invoked
     assert args[len(invoked):] == ["--eagle3-target", "tiny-llama", "--eagle3-report", "r/report-tiny-llama.json",
-                        "--junitxml=out/junit-tiny-llama.xml"]
+                                   "--junitxml=out/junit-tiny-llama.xml"]
     plain = pytester.parseconfig("--eagle3-target", "families")
     assert child_args(plain, "tiny-qwen3", None) == [*plain.invocation_params.args, "--eagle3-target", "tiny-qwen3"]

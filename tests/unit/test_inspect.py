@@ -295,7 +295,6 @@ def test_plus_one_past_the_last_layer_fails_before_any_engine(tmp_path: Path, ca
             "final norm), which this SGLang model's capture never reaches (it captures layer inputs only") in out
 
 
-
 def test_past_the_last_layer_names_the_range_the_model_captures(tmp_path: Path) -> None:
     """Where the model captures the last layer's output (gpt-oss, Gemma 3), the
     reachable range named is 0..L, not 0..L-1."""
@@ -304,6 +303,7 @@ def test_past_the_last_layer_names_the_range_the_model_captures(tmp_path: Path) 
     result = preflight.inspect_draft(draft, num_layers=8, sglang_version=NEW, stack="vllm", rule=rule)
     assert result.verdict == preflight.FAILS
     assert "has layer 9, which a target of 8 layers never reaches (0..8)" in result.reason
+
 
 def test_default_collapses_on_a_small_target(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     draft = speculators_draft(tmp_path / "d", [1, 3, 4])
