@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
 
 from pytest_eagle3.engine.install import SGLangInstall
 from pytest_eagle3.errors import Eagle3Error
+from pytest_eagle3.engine.norm_code import AUTO
 from pytest_eagle3.engine.config import build_engine_config
 from pytest_eagle3.engine.cuda.recipe import cuda_recipe
 from pytest_eagle3.engine.gpus import PLAN_GPU_ARCH, detect_gpu_arch
@@ -152,7 +153,9 @@ def engine_config(install: SGLangInstall, settings: "CaptureOptions", *, model_p
     if getattr(settings, "fault", None):
         extra_env[FAULT_ENV] = str(settings.fault)
     return build_engine_config(install, model_path=model_path, tp=tp, device=settings.device,
-                               test_args=args, user_args=settings.sglang_args, cuda=cuda, extra_env=extra_env)
+                               test_args=args, user_args=settings.sglang_args, cuda=cuda, extra_env=extra_env,
+                               norm_path=getattr(settings, "cpu_norm", AUTO),
+                               allreduce_fusion=bool(getattr(settings, "cpu_allreduce_fusion", False)))
 
 
 def cuda_recipe_for(install: SGLangInstall, settings: "CaptureOptions", facts: "TargetFacts | None") -> "CudaRecipe":

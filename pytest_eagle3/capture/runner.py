@@ -14,7 +14,10 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 from pytest_eagle3.capture.api import CaptureOptions, capture, engine_config
 from pytest_eagle3.capture.draft_path import capture_draft_path
+from pytest_eagle3.engine.cpu.allreduce_fusion import FUSION_ENV
+from pytest_eagle3.engine.standin_proof import NOT_TAKEN, configured, not_taken
 from pytest_eagle3.engine.recordings import Recorder, prefill_records
+from pytest_eagle3.errors import Eagle3EngineError
 
 if TYPE_CHECKING:
     from pytest_eagle3.capture.draft_path import DraftPathCaptures
@@ -81,6 +84,14 @@ class CaptureRunner:
         self.prompts = prompts
         self.last_config: "EngineConfig | None" = None
 
+    @property
+    def fused_allreduce(self) -> bool:
+        """Whether this runner's engines fuse each MLP all-reduce into the next
+        norm: the CPU tier's all-reduce fusion path is in their env
+        (:data:`pytest_eagle3.engine.cpu.allreduce_fusion.FUSION_ENV`)."""
+        config = self.last_config or self.engine_config(None)
+        return config.env_dict().get(FUSION_ENV) == "1"
+
     def engine_config(self, layer_ids: Sequence[int] | None, extra_args: Mapping[str, Any] | None = None,
                       draft: str | None = None) -> "EngineConfig":
         """The engine for ``layer_ids`` and ``extra_args`` (the one ``--eagle3-plan`` prints);
@@ -127,6 +138,7 @@ class CaptureRunner:
             for prompt, n in zip(prompts, max_new_tokens):
                 out += capture_draft_path(server, [prompt], decode_steps=max(0, int(n) - 1))
             self.pool.results[key] = out
+        self._prove_standin_paths(server)
         return list(self.pool.results[key])
 
     def __call__(self, layer_ids: Sequence[int] | None, *, prompts: Sequence[Sequence[int]] | None = None,
@@ -144,8 +156,33 @@ class CaptureRunner:
         """
 
         server = self._server(layer_ids, extra_args, draft)
-        return capture(server, self.prompts if prompts is None else prompts, decode_steps=decode_steps,
-                       batch=batch)
+        out = capture(server, self.prompts if prompts is None else prompts, decode_steps=decode_steps,
+                      batch=batch)
+        self._prove_standin_paths(server)
+        return out
+
+    def _prove_standin_paths(self, server: Any) -> None:
+        """Fail when the engine runs a CPU-tier stand-in path (in-place norms,
+        all-reduce fusion) that did not run on every TP rank (its log, read
+        once per engine: :mod:`pytest_eagle3.engine.standin_proof`)."""
+        config = self.last_config
+        paths = configured(config.env_dict()) if config is not None else []
+        if not paths:
+            return
+        key = ("standin-proof", config)
+        if key not in self.pool.results:
+            try:
+                text = Path(server.log_path).read_text(encoding="utf-8", errors="replace")
+            except OSError as exc:
+                self.pool.results[key] = (paths[0], f"its log could not be read ({exc})")
+            else:
+                self.pool.results[key] = next(((p, why) for p in paths
+                                               if (why := not_taken(text, p, config.tp)) is not None), None)
+        failed = self.pool.results[key]
+        if failed is not None:
+            path, why = failed
+            raise Eagle3EngineError(NOT_TAKEN.format(engine=config.name, path=path.name,
+                                                     env="=".join(path.env), what=why, log=server.log_path))
 
     def _server(self, layer_ids: Sequence[int] | None, extra_args: Mapping[str, Any] | None,
                 draft: str | None = None) -> Any:
@@ -176,6 +213,7 @@ class CaptureRunner:
         with recorder.recording(fault=fault):
             captures = capture(server, self.prompts if prompts is None else prompts, decode_steps=decode_steps)
             records = recorder.read(self.tp)
+        self._prove_standin_paths(server)
         # Only the test's own requests, one prefill record per prompt in order
         # (a readiness probe's or another client's forward never shifts them).
         return captures, prefill_records(records, [c.rid for c in captures])

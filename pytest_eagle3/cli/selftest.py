@@ -33,7 +33,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
-from pytest_eagle3.planning.selftest import self_test_plan
+from pytest_eagle3.planning.selftest import self_test_args, self_test_plan
 
 #: Verdicts of one kind.
 CAUGHT = "caught"
@@ -196,7 +196,7 @@ def self_test(work: Path, *, no_tp: int = 1, kinds: Sequence[str] | None = None,
     for n, kind in enumerate(chosen, 1):
         tp, tests = plan[kind]
         progress(f"[{n}/{total}] fault {kind} at TP {tp}: {', '.join(tests)}")
-        run = runner(work / kind, tests, tp, kind, extra)
+        run = runner(work / kind, tests, tp, kind, [*extra, *self_test_args(kind)])
         if run.returncode == USAGE_ERROR:
             result.usage_error = _usage_line(run.output)
             return result
@@ -206,7 +206,9 @@ def self_test(work: Path, *, no_tp: int = 1, kinds: Sequence[str] | None = None,
     tests = tuple(sorted({t for k in chosen for t in plan[k][1]}))
     tp = max(plan[k][0] for k in chosen)
     progress(f"[{total}/{total}] control, no fault, at TP {tp}: {len(tests)} tests")
-    run = runner(work / "control", tests, tp, None, extra)
+    # The control runs every path the faults did (in-place norms, fused all-reduce).
+    paths = list(dict.fromkeys(a for k in chosen for a in self_test_args(k)))
+    run = runner(work / "control", tests, tp, None, [*extra, *paths])
     verdict, detail = judge(None, tests, run)
     result.control = KindResult(None, tp, tests, verdict, detail, run.seconds, work / "control" / "output.txt")
     progress(f"      {verdict} in {run.seconds:.0f} s: {detail}")

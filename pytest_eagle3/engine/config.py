@@ -17,6 +17,7 @@ from typing import Any, Iterable, Mapping
 from pytest_eagle3.engine.cpu import forks, recipe
 from pytest_eagle3.engine.cuda.recipe import CudaRecipe
 from pytest_eagle3.engine.install import SGLangInstall
+from pytest_eagle3.engine.norm_code import AUTO, resolve_norm_path
 from pytest_eagle3.engine.recorder_hook import RECORD_TARGET_ENV
 from pytest_eagle3.engine.recorder_hook import TARGET as RECORD_TARGET
 from pytest_eagle3.engine.sglang_hooks import HOOKS_ENV, SITE_HOOK_DIR
@@ -189,6 +190,8 @@ def build_engine_config(
     user_args: Iterable[tuple[str, Any]] = (),
     cuda: "CudaRecipe | None" = None,
     extra_env: Mapping[str, str] | None = None,
+    norm_path: str = AUTO,
+    allreduce_fusion: bool = False,
 ) -> EngineConfig:
     """Compose an engine: base args, then device defaults, the test's args, the user's.
 
@@ -202,6 +205,13 @@ def build_engine_config(
     On cuda, ``cuda`` (:func:`pytest_eagle3.engine.cuda.recipe.cuda_recipe`)
     gives the device defaults: bf16, the attention backend the kernels accept,
     CUDA graphs on, a small KV pool.
+
+    ``norm_path`` (cpu only): ``auto`` runs SGLang's in-place AMX norm branch
+    where the installed ``layernorm.py`` has one the stand-in kernels serve
+    (:func:`pytest_eagle3.engine.norm_code.resolve_norm_path`), ``inplace`` the
+    same, ``native`` the out-of-place ``forward_native``.  ``allreduce_fusion``
+    (cpu, ``tp > 1``): SGLang's fused all-reduce + add + RMSNorm path with a gloo
+    stand-in for the fused op (:mod:`pytest_eagle3.engine.cpu.allreduce_fusion`).
 
     Raises:
         Eagle3ConfigError: an argument the installed SGLang does not accept.
@@ -229,7 +239,10 @@ def build_engine_config(
         args.update(recipe.cpu_server_args(speculative=speculative, amx_attention=amx))
         env.update(recipe.cpu_env(tp, amx_attention=amx
                                   and layers.get("attention_backend", recipe.SPECULATIVE_ATTENTION)
-                                  == recipe.SPECULATIVE_ATTENTION))
+                                  == recipe.SPECULATIVE_ATTENTION,
+                                  norm_path=resolve_norm_path(norm_path, install.norm_code())[0],
+                                  allreduce_fusion=allreduce_fusion and tp > 1
+                                  and install.fusion_code().refusal is None))
         if speculative and install.spec_v2_cpu_gap:
             env[recipe.SPEC_V2_ENV] = "False"
         for fill in forks.env_fills(install, install.model_code(architecture).file):

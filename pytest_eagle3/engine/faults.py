@@ -89,6 +89,19 @@ CATALOG: dict[str, tuple[str, str]] = {
         "each slot scaled by the attention-TP size",
         "SGLang issue #31699 (DP gather scaled states by the attention-TP size)",
     ),
+    "aliased-capture": (
+        "each capture keeps the storage it was handed instead of a copy (AuxHiddenStatePacker.append / "
+        "AuxHiddenStateList.capture as if owned=True): a slot holds whatever a later in-place norm wrote "
+        "into the residual tensor by the end of the forward",
+        "SGLang PR #39286 (Gemma 4 captures share storage with the next layer's in-place residual "
+        "update); issue #27540",
+    ),
+    "before-fused-allreduce": (
+        "where SGLang's own gate (flashinfer_ar_fusion_applies) fuses the MLP all-reduce into the next "
+        "layer's all-reduce + residual add + RMSNorm, a capturing layer reads the stream before that fused "
+        "all-reduce: the post-attention residual plus this rank's unreduced MLP share",
+        "SGLang PR #28343 (Kimi-K2.5 captures taken before the fused all-reduce)",
+    ),
     "wrong-request-rows": (
         "in a decode forward of >= 2 requests, request j's rows hold request j+1's (cyclic)",
         "SGLang issue #26163 (a batch's hidden states attributed to the wrong request)",
@@ -96,7 +109,13 @@ CATALOG: dict[str, tuple[str, str]] = {
 }
 
 #: Kinds that need TP > 1 to change anything.
-NEEDS_TP = ("unreduced-embedding", "partial-sum", "dp-gather-scaled")
+NEEDS_TP = ("unreduced-embedding", "partial-sum", "dp-gather-scaled", "before-fused-allreduce")
+#: Kinds that change nothing unless SGLang's norms run in place (the CPU tier's
+#: ``--eagle3-cpu-norm inplace``, every GPU and Xeon AMX server).
+NEEDS_INPLACE_NORM = ("aliased-capture",)
+#: Kinds that change nothing unless SGLang fuses the MLP all-reduce into the next
+#: norm (the CPU tier's ``--eagle3-cpu-allreduce-fusion``, Hopper/Blackwell at TP > 1).
+NEEDS_FUSED_ALLREDUCE = ("before-fused-allreduce",)
 
 
 logger = logging.getLogger("pytest_eagle3.faults")
@@ -106,6 +125,9 @@ SET_LAYERS = f"{_MODEL_CLS}.DeepseekV2ForCausalLM.set_eagle3_layers_to_capture"
 MODEL_FORWARD = f"{_MODEL_CLS}.DeepseekV2Model.forward"
 LAYER_FORWARD = f"{_MODEL_CLS}.DeepseekV2DecoderLayer.forward"
 PACKER_SLOT = "sglang.srt.layers.aux_hidden_states.AuxHiddenStatePacker.slot"
+PACKER_APPEND = "sglang.srt.layers.aux_hidden_states.AuxHiddenStatePacker.append"
+PACKER_FINALIZE = "sglang.srt.layers.aux_hidden_states.AuxHiddenStatePacker.finalize"
+LIST_CAPTURE = "sglang.srt.layers.aux_hidden_states.AuxHiddenStateList.capture"
 
 
 class FaultError(RuntimeError):
@@ -213,6 +235,37 @@ def _around_packer_slot(original: Callable, packer: Any, like: Any, *args: Any, 
     return packer._buffer[..., mirror * width:(mirror + 1) * width]
 
 
+# --- aliasing: AuxHiddenStatePacker.append / finalize, AuxHiddenStateList.capture
+
+
+def _around_packer_append(original: Callable, packer: Any, hidden: Any, *args: Any, **kwargs: Any) -> Any:
+    """aliased-capture: remember the tensor handed to the packer (its storage, not a copy)."""
+    index = len(packer)
+    result = original(packer, hidden, *args, **kwargs)
+    if _writes_here(_FAULT):
+        borrowed = packer.__dict__.setdefault("_eagle3_borrowed", [])
+        borrowed.append((index, hidden))
+    return result
+
+
+def _around_packer_finalize(original: Callable, packer: Any, *args: Any, **kwargs: Any) -> Any:
+    """aliased-capture: each slot <- what its borrowed storage holds now, at the end of the forward."""
+    out = original(packer, *args, **kwargs)
+    width = packer._feature_size
+    for index, hidden in packer.__dict__.pop("_eagle3_borrowed", []):
+        out[..., index * width:(index + 1) * width].copy_(hidden)
+    _log_once("aliased-capture", "aliased-capture: packed slots read from the storage each capture was handed")
+    return out
+
+
+def _around_list_capture(original: Callable, captures: Any, hidden: Any, *args: Any, **kwargs: Any) -> Any:
+    """aliased-capture on models that collect a list: adopt the storage (``owned=True``)."""
+    if _writes_here(_FAULT):
+        kwargs["owned"] = True
+        _log_once("aliased-capture-list", "aliased-capture: AuxHiddenStateList.capture adopts borrowed storage")
+    return original(captures, hidden, *args, **kwargs)
+
+
 # --- per-forward context: DeepseekV2Model.forward ---------------------------
 
 
@@ -297,6 +350,9 @@ def _around_layer(original: Callable, layer: Any, *args: Any, **kwargs: Any) -> 
       post-attention residual) + ``pending.value`` (its MLP output, still this
       rank's unreduced partial at TP > 1) -- the bug's read before the fused
       all-reduce;
+    * ``before-fused-allreduce``: the same read, but only where SGLang's own
+      gate ``flashinfer_ar_fusion_applies`` says the next norm completes that
+      all-reduce in its fused kernel (elsewhere it changes nothing);
     * ``no-residual``: value = the pending MLP output completed on a copy (the
       all-reduce runs on every rank), without the residual.
 
@@ -320,6 +376,16 @@ def _around_layer(original: Callable, layer: Any, *args: Any, **kwargs: Any) -> 
     layer_id = int(getattr(layer, "layer_id", -1))
     index = len(packer)  # the slot this layer's capture goes to
     value = None
+    if kind == "before-fused-allreduce" and layer_id > 0:
+        residual, pending = _stream_state(forward_batch)
+        if pending is not None and residual is not None and pending.value is not None:
+            if pending.owed is not None and _fusion_applies(pending.value.shape[0]):
+                value = residual + pending.value  # read before the fused all-reduce completes it
+                _log_once(kind, "%s at layer %d: the MLP all-reduce of layer %d is fused into this layer's "
+                          "norm; slot read before it", kind, layer_id, layer_id - 1)
+            else:
+                _log_once(f"{kind}-off", "%s: SGLang does not fuse the all-reduce before layer %d here "
+                          "(flashinfer_ar_fusion_applies is false): the fault changes nothing", kind, layer_id)
     if kind in ("partial-sum", "no-residual") and layer_id > 0:
         # Read the stream before this layer's boundary consumes it.
         residual, pending = _stream_state(forward_batch)
@@ -354,6 +420,18 @@ def _around_layer(original: Callable, layer: Any, *args: Any, **kwargs: Any) -> 
     return result
 
 
+def _fusion_applies(tokens: int) -> bool:
+    """SGLang's own decision that the fused all-reduce + add + RMSNorm takes a
+    batch of ``tokens`` (``flashinfer_ar_fusion_applies``,
+    ``srt/layers/layer_boundary/residual/add_norm.py`` in 0.5.23); ``False``
+    where this SGLang has no such gate."""
+    try:
+        from sglang.srt.layers.layer_boundary.residual.add_norm import flashinfer_ar_fusion_applies
+    except ImportError:
+        return False
+    return bool(flashinfer_ar_fusion_applies(int(tokens)))
+
+
 def _slot_view(packer: Any, index: int) -> Any:
     """The packed columns of capture ``index`` (after the layer wrote it)."""
     if len(packer) <= index:
@@ -377,7 +455,8 @@ def _local_embedding(like: Any) -> Any:
     return local
 
 
-_LAYER_FAULTS = ("normalized-input", "no-residual", "partial-sum", "unreduced-embedding", "dp-gather-scaled")
+_LAYER_FAULTS = ("normalized-input", "no-residual", "partial-sum", "unreduced-embedding", "dp-gather-scaled",
+                 "before-fused-allreduce")
 
 
 def install(fault: dict[str, Any] | None = None) -> dict[str, Any] | None:
@@ -405,6 +484,10 @@ def install(fault: dict[str, Any] | None = None) -> dict[str, Any] | None:
         HookRegistry.register(SET_LAYERS, _after_set_layers, HookType.AFTER)
     elif kind == "reversed-order":
         HookRegistry.register(PACKER_SLOT, _around_packer_slot, HookType.AROUND)
+    elif kind == "aliased-capture":
+        HookRegistry.register(PACKER_APPEND, _around_packer_append, HookType.AROUND)
+        HookRegistry.register(PACKER_FINALIZE, _around_packer_finalize, HookType.AROUND)
+        HookRegistry.register(LIST_CAPTURE, _around_list_capture, HookType.AROUND)
     else:
         HookRegistry.register(MODEL_FORWARD, _around_model_forward, HookType.AROUND)
         if kind in _LAYER_FAULTS:

@@ -25,11 +25,15 @@ from pytest_eagle3.reaper import die_with_parent
 from pytest_eagle3.errors import Eagle3SGLangMissing
 from pytest_eagle3.libversions import owning_distribution
 from pytest_eagle3.engine.model_code import read_rules
+from pytest_eagle3.engine.norm_code import DISPATCH_FILE, LAYERNORM_FILE, read_norm_code
+from pytest_eagle3.engine.fusion_code import GATE_FILE, OP_FILE, read_fusion_code
 from pytest_eagle3.engine.sglang_hooks import IMPORT_HOOK_LOADER, PLUGIN_LOADER
 
 if TYPE_CHECKING:
     from pytest_eagle3.conventions import IdRule
     from pytest_eagle3.engine.model_code import ModelCode
+    from pytest_eagle3.engine.norm_code import NormCode
+    from pytest_eagle3.engine.fusion_code import FusionCode
 
 NOT_INSTALLED = (
     "SGLang is not installed in this environment ({python}); install it "
@@ -91,6 +95,18 @@ class SGLangInstall:
         (:func:`pytest_eagle3.engine.model_code.read_rules`; cached, well under a second)."""
 
         return read_rules(self.location, architecture)
+
+    def norm_code(self) -> "NormCode":
+        """Whether this install's ``srt/layers/layernorm.py`` has the AMX in-place norm
+        branch the CPU tier can run (:func:`pytest_eagle3.engine.norm_code.read_norm_code`)."""
+
+        return read_norm_code(self.source(LAYERNORM_FILE), dispatch_text=self.source(DISPATCH_FILE))
+
+    def fusion_code(self) -> "FusionCode":
+        """Whether the CPU tier can open this install's all-reduce fusion gate
+        (:func:`pytest_eagle3.engine.fusion_code.read_fusion_code`)."""
+
+        return read_fusion_code(self.source(GATE_FILE), self.source(OP_FILE))
 
     def id_rule(self, architecture: str = "DeepseekV3ForCausalLM") -> "IdRule":
         """The aux layer-id rule of ``architecture`` in this install, read from its code."""

@@ -21,6 +21,10 @@ pytest-eagle3's ``pyproject.toml`` and does nothing unless the engine host set
   self-test run); never without it.  Installed before the recorder, so the
   recorder and the HTTP API see the faulted captures.
 
+With :data:`FIX_ENV` set (and any hook set active), the upstream fix it names
+(:mod:`pytest_eagle3.engine.upstream_fixes`) is installed after the fault and
+before the recorder.
+
 Where the installed SGLang has no ``sglang.srt.plugins`` (releases before
 0.5.11), nothing calls :func:`load`; the engine host then puts
 ``engine/site_hook`` on the workers' ``PYTHONPATH`` and its ``sitecustomize``
@@ -33,6 +37,8 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+
+from pytest_eagle3.engine.upstream_fixes import FIX_ENV
 
 HOOKS_ENV = "PYTEST_EAGLE3_SGLANG_HOOKS"
 #: The engine env var carrying the fault to inject (:mod:`pytest_eagle3.engine.faults`).
@@ -86,6 +92,11 @@ def load() -> None:
         fault = faults.install()
         if fault is not None:
             logger.info("pytest-eagle3: fault %s installed (pid %d)", fault["kind"], os.getpid())
+    if os.environ.get(FIX_ENV, "").strip():
+        from pytest_eagle3.engine import upstream_fixes
+
+        fix = upstream_fixes.install()
+        logger.warning("pytest-eagle3: upstream fix %s installed (pid %d)", fix, os.getpid())
     if "record" in sets:
         from pytest_eagle3.engine import recorder_hook
 

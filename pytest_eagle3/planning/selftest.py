@@ -7,10 +7,10 @@ SGLang's own computation); this module only picks the smallest part of
 
 from __future__ import annotations
 
-from pytest_eagle3.engine.faults import NEEDS_TP
+from pytest_eagle3.engine.faults import NEEDS_FUSED_ALLREDUCE, NEEDS_INPLACE_NORM, NEEDS_TP
 from pytest_eagle3.planning.cases import WIDE_CASE
 
-__all__ = ["NEEDS_TP", "self_test_plan"]
+__all__ = ["NEEDS_TP", "self_test_args", "self_test_plan"]
 
 
 def self_test_plan(no_tp: int = 1) -> dict[str, tuple[int, tuple[str, ...]]]:
@@ -39,4 +39,22 @@ def self_test_plan(no_tp: int = 1) -> dict[str, tuple[int, tuple[str, ...]]]:
         "dp-gather-scaled": (2, (order(2),)),
         # Rows of one decode forward of several requests: the batched path variant.
         "wrong-request-rows": (no_tp, (f"test_captures_identical_through_path[tp{no_tp}-batch]",)),
+        # Invisible on the native norm path: the child runs --eagle3-cpu-norm inplace (self_test_args).
+        "aliased-capture": (no_tp, (order(no_tp),)),
+        # Lives only where the all-reduce is fused: the child runs --eagle3-cpu-allreduce-fusion.
+        "before-fused-allreduce": (2, (order(2), f"test_every_rank_fully_reduced[tp2-{WIDE_CASE}]")),
     }
+
+
+def self_test_args(kind: str | None) -> tuple[str, ...]:
+    """Child pytest arguments that put a fault's engine on the path where the
+    fault lives: ``--eagle3-cpu-norm inplace`` for the kinds in
+    :data:`~pytest_eagle3.engine.faults.NEEDS_INPLACE_NORM`,
+    ``--eagle3-cpu-allreduce-fusion`` for those in
+    :data:`~pytest_eagle3.engine.faults.NEEDS_FUSED_ALLREDUCE` (both act on cpu
+    only; a GPU runs these paths natively).  ``None``: none."""
+    if kind in NEEDS_INPLACE_NORM:
+        return ("--eagle3-cpu-norm", "inplace")
+    if kind in NEEDS_FUSED_ALLREDUCE:
+        return ("--eagle3-cpu-allreduce-fusion",)
+    return ()

@@ -39,6 +39,8 @@ from pytest_eagle3.plugin.bisect import BisectPlugin, mark_untestable
 from pytest_eagle3.plugin.report import ReportWriter
 from pytest_eagle3.plugin.figures import Figures
 from pytest_eagle3.engine.faults import describe, read_fault
+from pytest_eagle3.engine.norm_code import norm_code_at, resolve_norm_path
+from pytest_eagle3.engine.fusion_code import fusion_code_at
 from pytest_eagle3.target.prompts import load_prompts
 
 FIXTURES_MODULE = "pytest_eagle3.plugin.fixtures"
@@ -61,6 +63,8 @@ LEFT_OUT_MARK = "eagle3_left_out"
 HEADER_SGLANG = "eagle3: sglang {version} at {location}"
 HEADER_NO_SGLANG = "eagle3: sglang not importable (install pytest-eagle3[cpu] or your SGLang fork)"
 HEADER_LIBS = "eagle3: torch {torch}, transformers {transformers}"
+HEADER_NORM = "eagle3: norm path {why}"
+HEADER_FUSION = "eagle3: all-reduce fusion at TP > 1 (--eagle3-cpu-allreduce-fusion): {what}"
 HEADER_HOOKS = "eagle3: hooks reach SGLang's processes via the {loader}"
 HEADER_RULE = "eagle3: aux layer-id rule of {arch}: {rule}"
 HEADER_NO_EAGLE3 = "eagle3: {arch} has no EAGLE-3 aux capture in this SGLang: {why}"
@@ -153,6 +157,12 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     hooks = _hooks_line()
     if hooks is not None:
         lines.append(hooks)
+    norm = _norm_line(settings) if settings.device == "cpu" else None
+    if norm is not None:
+        lines.append(norm)
+    location, _version = sglang_location_and_version()
+    if settings.device == "cpu" and settings.cpu_allreduce_fusion and location is not None:
+        lines.append(HEADER_FUSION.format(what=fusion_code_at(location).describe()))
     device = settings.device + _src(settings, "device")
     if settings.source("device") == "default":
         device = f"{settings.device} (auto: {settings.gpu.how})"
@@ -460,6 +470,16 @@ def _sglang_line() -> str:
     if location is None:
         return HEADER_NO_SGLANG
     return HEADER_SGLANG.format(version=version, location=location)
+
+
+def _norm_line(settings: options.Settings) -> str | None:
+    """Which norm path the CPU engines run (read from the installed layernorm.py)."""
+
+    location, _version = sglang_location_and_version()
+    if location is None:
+        return None
+    path, why = resolve_norm_path(settings.cpu_norm, norm_code_at(location))
+    return HEADER_NORM.format(why=why) + _src(settings, "cpu_norm")
 
 
 def _hooks_line() -> str | None:

@@ -28,6 +28,7 @@ import pytest
 from pytest_eagle3.target.checkpoint.cache import CACHE_ENV, default_cache_dir
 from pytest_eagle3.engine.gpus import GpuProbe, detect_gpus
 from pytest_eagle3.engine.faults import FAULT_ENV, FaultError, read_fault
+from pytest_eagle3.engine.norm_code import AUTO, NORM_PATHS
 
 #: Tensor-parallel sizes the suite knows how to run.
 TP_CHOICES: tuple[int, ...] = (1, 2, 4, 8)
@@ -37,6 +38,8 @@ DEFAULT_TARGETS: Mapping[str, str] = MappingProxyType({"cpu": "tiny-dsv3", "cuda
 DEFAULT_STARTUP_TIMEOUT = 600.0
 #: ``--eagle3-capture-method`` values (``pytest_eagle3.capture.api`` method names).
 CAPTURE_METHODS = ("auto", "capture-only", "eagle3-draft")
+#: Env spelling of ``--eagle3-cpu-norm``.
+ENV_CPU_NORM = "PYTEST_EAGLE3_CPU_NORM_PATH"
 MSG_BAD_GATE = "{flag}: expected {what}, got {value!r}"
 
 
@@ -164,6 +167,12 @@ class Settings:
             packaged ones (token ids or text: :mod:`pytest_eagle3.target.prompts`).
         prefetch: on cpu, start the run's next engine while the current one starts
             and serves (``--eagle3-no-prefetch`` turns it off; :mod:`pytest_eagle3.engine.pool`).
+        cpu_norm: ``--eagle3-cpu-norm`` (env ``PYTEST_EAGLE3_CPU_NORM_PATH``): ``auto`` (SGLang's
+            in-place AMX norm branch where the installed layernorm.py has one), ``inplace``,
+            ``native`` (:mod:`pytest_eagle3.engine.norm_code`).
+        cpu_allreduce_fusion: ``--eagle3-cpu-allreduce-fusion``: on cpu, every engine at TP > 1
+            runs SGLang's fused all-reduce + residual add + RMSNorm path with a gloo stand-in for
+            the fused op (:mod:`pytest_eagle3.engine.cpu.allreduce_fusion`).
     """
 
     tp: int = 1
@@ -187,6 +196,8 @@ class Settings:
     min_accept_rate: float | None = None
     prefetch: bool = True
     prompts: Path | None = None
+    cpu_norm: str = AUTO
+    cpu_allreduce_fusion: bool = False
 
     def source(self, name: str) -> str:
         """Where ``name`` came from; ``"default"`` when unknown."""
@@ -370,6 +381,20 @@ def add_options(parser: pytest.Parser) -> None:
         help="self-test: inject a wiring fault into SGLang's own computation in every engine of "
         "this run (pytest_eagle3/engine/faults.py CATALOG); the suite must then fail and name it. "
         "Env PYTEST_EAGLE3_FAULT",
+    )
+    group.addoption(
+        "--eagle3-cpu-norm", dest="eagle3_cpu_norm", choices=NORM_PATHS, default=None,
+        help="on cpu, the norm path SGLang runs: inplace (its AMX branch, fused_add_rmsnorm_cpu "
+        "overwriting x and residual, as on Xeon AMX servers and like CUDA), native (forward_native, "
+        f"out of place) or auto (inplace where the installed layernorm.py has the branch; the default). "
+        f"Env {ENV_CPU_NORM}",
+    )
+    group.addoption(
+        "--eagle3-cpu-allreduce-fusion", dest="eagle3_cpu_allreduce_fusion", action="store_true",
+        default=False,
+        help="on cpu, every engine at TP > 1 runs SGLang's all-reduce fusion path (the MLP and "
+        "attention all-reduces deferred into the next layer's fused all-reduce + add + RMSNorm, as "
+        "on Hopper/Blackwell), the fused op served by a gloo stand-in; docs/cpu-tier.md",
     )
     group.addoption(
         "--eagle3-bisect", dest="eagle3_bisect", action="store_true", default=False,
@@ -564,6 +589,16 @@ def resolve_settings(config: pytest.Config, *, validate: bool = True) -> Setting
     else:
         timeout, sources["startup_timeout"] = DEFAULT_STARTUP_TIMEOUT, "default"
 
+    cpu_norm = getattr(opt, "eagle3_cpu_norm", None)
+    if cpu_norm:
+        sources["cpu_norm"] = "cli"
+    elif env.get(ENV_CPU_NORM):
+        cpu_norm, sources["cpu_norm"] = env[ENV_CPU_NORM], "env"
+        if validate and cpu_norm not in NORM_PATHS:
+            raise pytest.UsageError(f"{ENV_CPU_NORM}={cpu_norm!r}: expected {_join(NORM_PATHS)}")
+    else:
+        cpu_norm, sources["cpu_norm"] = AUTO, "default"
+
     draft = getattr(opt, "eagle3_draft", None)
     settings = Settings(
         tp=tp, device=device, target=str(target), cache_dir=cache_dir, rebuild=rebuild,
@@ -577,7 +612,8 @@ def resolve_settings(config: pytest.Config, *, validate: bool = True) -> Setting
         fault=_resolve_fault(getattr(opt, "eagle3_fault", None), sources) if validate else getattr(opt, "eagle3_fault", None),
         min_accept_length=getattr(opt, "eagle3_min_accept_length", None),
         min_accept_rate=getattr(opt, "eagle3_min_accept_rate", None),
-        prefetch=bool(getattr(opt, "eagle3_prefetch", True)),
+        prefetch=bool(getattr(opt, "eagle3_prefetch", True)), cpu_norm=str(cpu_norm),
+        cpu_allreduce_fusion=bool(getattr(opt, "eagle3_cpu_allreduce_fusion", False)),
         prompts=_prompts_path(getattr(opt, "eagle3_prompts", None), validate),
         report=Path(getattr(opt, "eagle3_report")).expanduser() if getattr(opt, "eagle3_report", None) else None,
     )

@@ -57,12 +57,14 @@ def tolerance(settings: Settings) -> float:
 
 
 def evidence(checkpoint: Path, prompts: Sequence[Sequence[int]], facts: "TargetFacts", tp: int, *,
-             attn_tp: int | None = None) -> list:
+             attn_tp: int | None = None, fused_allreduce: bool = False) -> list:
     """Per prompt, the lazy candidates that let a failing comparison name its bug
     (:func:`pytest_eagle3.verdicts.diagnose.checkpoint_evidence`): nothing is
-    read or computed unless a slot matches no snapshot."""
+    read or computed unless a slot matches no snapshot.  ``fused_allreduce``:
+    the engine fuses its MLP all-reduces into the next norm (``eagle3_capture.fused_allreduce``)."""
 
-    return checkpoint_evidence(checkpoint, prompts, tp=tp, vocab_size=facts.vocab_size, attn_tp=attn_tp)
+    return checkpoint_evidence(checkpoint, prompts, tp=tp, vocab_size=facts.vocab_size, attn_tp=attn_tp,
+                               fused_allreduce=fused_allreduce)
 
 
 def attention_tp(tp: int, server_args: dict | None) -> int:

@@ -43,7 +43,8 @@ def test_capture_order(eagle3_engine_request, eagle3_capture, eagle3_reference, 
     record_property("eagle3_predicted_snapshots", list(req.predicted))
     record_property("eagle3_rule", rule.to_dict())
     captures = eagle3_capture.run(req)
-    candidates = evidence(eagle3_checkpoint, eagle3_capture.prompts, eagle3_model_config, eagle3_tp)
+    candidates = evidence(eagle3_checkpoint, eagle3_capture.prompts, eagle3_model_config, eagle3_tp,
+                          fused_allreduce=eagle3_capture.fused_allreduce)
     for cap, ref, ev in zip(captures, eagle3_reference, candidates):
         n = len(req.predicted) if rule.known else cap.width // H
         if cap.width != n * H:

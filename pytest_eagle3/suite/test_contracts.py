@@ -36,7 +36,8 @@ def test_draft_receives_its_training_contract(eagle3_engine_request, eagle3_capt
     record_property("eagle3_contract", req.contract)
     tol = tolerance(eagle3_settings)
     captures = eagle3_capture.run(req)
-    candidates = evidence(eagle3_checkpoint, eagle3_capture.prompts, eagle3_model_config, eagle3_tp)
+    candidates = evidence(eagle3_checkpoint, eagle3_capture.prompts, eagle3_model_config, eagle3_tp,
+                          fused_allreduce=eagle3_capture.fused_allreduce)
     for cap, ref, ev in zip(captures, eagle3_reference, candidates):
         report = compare_slots(cap.prefill, ref, expected=list(req.expected), num_layers=L, hidden_size=H,
                                tol=tol, side_names=("SGLang", "contract"), evidence=ev)

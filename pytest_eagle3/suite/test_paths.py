@@ -59,11 +59,13 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_request, eag
     tol = tolerance(eagle3_settings)
     extended = extended_candidates = None
     attn_tp = attention_tp(eagle3_tp, req.extra_args)
-    candidates = evidence(eagle3_checkpoint, eagle3_capture.prompts, eagle3_model_config, eagle3_tp, attn_tp=attn_tp)
+    candidates = evidence(eagle3_checkpoint, eagle3_capture.prompts, eagle3_model_config, eagle3_tp, attn_tp=attn_tp,
+                          fused_allreduce=eagle3_capture.fused_allreduce)
     if req.decode_steps:
         seqs = [list(c.prompt) + list(c.output_ids[:-1]) for c in captures]
         extended = ensure_reference(eagle3_checkpoint, seqs)
-        extended_candidates = evidence(eagle3_checkpoint, seqs, eagle3_model_config, eagle3_tp, attn_tp=attn_tp)
+        extended_candidates = evidence(eagle3_checkpoint, seqs, eagle3_model_config, eagle3_tp, attn_tp=attn_tp,
+                                       fused_allreduce=eagle3_capture.fused_allreduce)
     for i, (cap, ref) in enumerate(zip(captures, eagle3_reference)):
         T, n, d = len(cap.prompt), cap.prefill.shape[0], cap.decode.shape[0]
         want = prefill_rows(T, info, repeat=req.repeat)

@@ -67,5 +67,6 @@ def test_every_rank_fully_reduced(rank_captures, eagle3_reference, eagle3_model_
     report = check_rank_slots(records, eagle3_reference, expected=list(req.predicted),
                               num_layers=facts.num_layers, hidden_size=facts.hidden_size,
                               tol=tolerance(eagle3_settings),
-                              evidence=evidence(eagle3_checkpoint, eagle3_capture.prompts, facts, eagle3_tp))
+                              evidence=evidence(eagle3_checkpoint, eagle3_capture.prompts, facts, eagle3_tp,
+                                                fused_allreduce=eagle3_capture.fused_allreduce))
     fail_if_bad(report, config=pytestconfig)

@@ -8,11 +8,14 @@ tensors the known wiring bugs produce instead, and names the bug with a tag
 * across slots: every slot one layer late / early (``[offset-twice]`` /
   ``[offset-missing]``), SGLang's default layer list whatever was configured
   (``[ids-ignored]``), the expected snapshots in reverse or another order
-  (``[reversed-order]`` / ``[permuted-order]``);
+  (``[reversed-order]`` / ``[permuted-order]``), several slots holding one
+  snapshot at or past the deepest expected one (``[aliased-capture]``: storage
+  a later in-place norm rewrote);
 * per slot: ``input_layernorm(hs[i])`` (``[normalized-input]``), a layer's
   MLP output or attention + MLP output without the residual (``[no-residual]``),
   the post-attention residual plus one TP rank's unreduced MLP share
-  (``[partial-sum]``), a snapshot times a factor (``[dp-gather-scaled]`` when the
+  (``[partial-sum]``; ``[before-fused-allreduce]`` when the engine fuses that
+  all-reduce into the next norm), a snapshot times a factor (``[dp-gather-scaled]`` when the
   factor is the attention-TP size, ``[scaled]`` otherwise), a snapshot whose rows
   outside one vocab shard are exact zeros (``[unreduced-embedding]``), rows that
   belong to another request of the batch (``[wrong-request-rows]``).
@@ -63,6 +66,11 @@ IDS_IGNORED = (
     "the slots hold SGLang's default layers [2, L//2, L-3] = {default}, not the configured ones "
     "({expected}): the configured ids were ignored (SGLang PR #22836, vLLM PR #50170)"
 )
+ALIASED = (
+    "slots {slots} all hold {got}, a snapshot at or past the deepest expected one ({expected}): the captures "
+    "kept the storage of the residual tensor instead of a copy, and the later layers' in-place norms "
+    "(fused_add_rmsnorm overwrites the residual) rewrote it (SGLang PR #39286, issue #27540)"
+)
 REVERSED = "the slots hold the expected snapshots in reverse order ({got}): the captures were concatenated in reverse"
 PERMUTED = "the slots hold the expected snapshots in another order ({got}): the captures were concatenated out of order"
 
@@ -80,6 +88,11 @@ WHY_DELTA = "layer {layer}'s attention + MLP output without the residual ({hs} -
 WHY_PARTIAL = (
     "{hs} read before the MLP all-reduce: layer {layer}'s post-attention residual plus TP rank "
     "{rank}'s unreduced MLP share (SGLang PR #28343)"
+)
+WHY_BEFORE_FUSED = (
+    "{hs} read before the fused all-reduce: layer {layer}'s post-attention residual plus TP rank "
+    "{rank}'s unreduced MLP share, whose all-reduce this engine fuses into layer {next}'s "
+    "all-reduce + residual add + RMSNorm (SGLang PR #28343)"
 )
 WHY_GATHER = (
     "{hs} scaled by the attention-TP size {n}: rows summed over attention-TP ranks that all hold "
@@ -103,7 +116,7 @@ SCALE_MARGIN = 0.02
 KINDS = (
     "offset-twice", "offset-missing", "ids-ignored", "reversed-order", "permuted-order",
     "normalized-input", "no-residual", "partial-sum", "dp-gather-scaled", "scaled",
-    "unreduced-embedding", "zero-rows", "wrong-request-rows",
+    "unreduced-embedding", "zero-rows", "wrong-request-rows", "aliased-capture", "before-fused-allreduce",
 )
 
 
@@ -127,6 +140,10 @@ class Evidence:
         others: label (``"request 1"``) -> ``[L+2, T', H]`` another request's
             reference rows (a wrong row is looked up among all of them, the
             same row index first).
+        fused_allreduce: the engine fuses each MLP all-reduce into the next
+            layer's all-reduce + add + RMSNorm (FlashInfer's on SM90/SM100, the
+            CPU tier's stand-in): a partial sum is then named
+            ``[before-fused-allreduce]`` instead of ``[partial-sum]``.
     """
 
     token_ids: Sequence[int] | None = None
@@ -140,6 +157,7 @@ class Evidence:
     mlp_what: str = "the MLP output of layer {layer}"
     partial: Any = None
     others: Mapping[str, Any] = field(default_factory=dict)
+    fused_allreduce: bool = False
 
     def rows(self, start: int, stop: int) -> "Evidence":
         """The same evidence for rows ``start:stop`` (compare a slice of a prompt)."""
@@ -218,6 +236,12 @@ def pattern_lines(best: Sequence[int | None], expected: Sequence[int], num_layer
         return [("ids-ignored", IDS_IGNORED.format(
             default="[" + ", ".join(label(d, L) for d in default) + "]",
             expected="[" + ", ".join(label(w, L) for w in want) + "]"))]
+    repeated = [g for g in dict.fromkeys(got) if got.count(g) > 1 and g >= max(want)]
+    if repeated:
+        g = repeated[0]
+        return [("aliased-capture", ALIASED.format(
+            slots=", ".join(str(s) for s, b in enumerate(got) if b == g), got=label(g, L),
+            expected=label(max(want), L)))]
     if all(g - w == 1 for g, w in zip(got, want)):
         return [("offset-twice", OFFSET_LATE.format(pairs=_pairs(got, want, L)))]
     if all(g - w == -1 for g, w in zip(got, want)):
@@ -254,8 +278,10 @@ def _candidates(reference: "torch.Tensor", ev: Evidence, num_layers: int) -> lis
     if ev.partial is not None and ev.post_attention is not None:
         for r in range(ev.partial.shape[0]):
             for l in range(min(L, ev.partial.shape[1])):
-                out.append(("partial-sum", f"layer {l}'s post-attention residual + rank {r}'s MLP share",
-                            WHY_PARTIAL.format(hs=_after(l, L), layer=l, rank=r),
+                kind, why = (("before-fused-allreduce", WHY_BEFORE_FUSED) if ev.fused_allreduce
+                             else ("partial-sum", WHY_PARTIAL))
+                out.append((kind, f"layer {l}'s post-attention residual + rank {r}'s MLP share",
+                            why.format(hs=_after(l, L), layer=l, rank=r, next=l + 1),
                             ev.post_attention[l].double() + ev.partial[r, l].double()))
     return out
 
@@ -467,10 +493,12 @@ def layer_norms(checkpoint_dir: Path) -> tuple[Any, float]:
 
 
 def checkpoint_evidence(checkpoint_dir: Path, prompts: Sequence[Sequence[int]], *, tp: int, vocab_size: int,
-                        attn_tp: int | None = None, cache_dir: Path | None = None) -> list[Callable[[], Evidence]]:
+                        attn_tp: int | None = None, cache_dir: Path | None = None,
+                        fused_allreduce: bool = False) -> list[Callable[[], Evidence]]:
     """One lazy :class:`Evidence` per prompt: norms from the checkpoint, the
     reference's inside-the-layer tensors (one transformers run for all prompts,
-    cached), token ids, TP sizes.  Nothing is read until a diagnosis asks."""
+    cached), token ids, TP sizes, whether the engine fuses its all-reduces
+    (:attr:`Evidence.fused_allreduce`).  Nothing is read until a diagnosis asks."""
     from functools import lru_cache
 
     prompts = [[int(t) for t in p] for p in prompts]
@@ -486,6 +514,7 @@ def checkpoint_evidence(checkpoint_dir: Path, prompts: Sequence[Sequence[int]], 
             d = details[i]
             return Evidence(token_ids=prompts[i], vocab_size=vocab_size, tp=tp, attn_tp=attn_tp, norms=norms,
                             norm_eps=eps, post_attention=d["post_attention"], mlp=d["mlp"], partial=d.get("partial"),
+                            fused_allreduce=fused_allreduce,
                             **({"mlp_what": d["mlp_what"]} if d.get("mlp_what") else {}))
         return build
 

@@ -72,3 +72,25 @@ def test_family_passes_or_names_its_capture_defect(family: tuple[str, InnerRun])
     for name, m in others.items():
         assert m.startswith("same cause as") or "reports it): a draft fed them cannot meet its gate" in m, \
             f"{name} does not point to {first}:\n{m[:600]}"
+
+
+def test_gemma3_passes_with_the_upstream_fix_applied(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The Gemma 3 verdict is SGLang's, not the reference's: with the fix SGLang
+    PR #39286 describes (each capture holds the residual stream) applied inside
+    SGLang's processes (:mod:`pytest_eagle3.engine.upstream_fixes`), the suite
+    that fails above passes on the same checkpoint, draft and reference, and
+    the draft clears its gate."""
+    pytest.importorskip("sglang")
+    import sglang
+
+    from pytest_eagle3.engine.upstream_fixes import FIX_ENV
+
+    if sglang.__version__ != "0.5.23":
+        pytest.skip(f"the Gemma 3 finding is SGLang 0.5.23's; installed {sglang.__version__}")
+    work = tmp_path_factory.mktemp("gemma3-fixed")
+    run = run_inner(work, ["--pyargs", "pytest_eagle3.suite", "--eagle3-target", GEMMA, "--tp", "1"],
+                    env={FIX_ENV: "gemma3-capture-residual"})
+    failed = _failed(run)
+    assert not failed, f"{sorted(failed)}\n" + run.output[-4000:]
+    assert any(n.startswith("test_draft_acceptance") and o == "passed" for n, o in run.outcomes.items()), \
+        run.output[-3000:]

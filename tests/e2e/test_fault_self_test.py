@@ -74,3 +74,17 @@ def test_no_fault_passes(self_test_result) -> None:
     assert control is not None and control.verdict == "passed", f"{control.detail}\n{control.log.read_text()[-3000:]}"
     assert set(control.tests) == {t for _, names in CASES.values() for t in names}
     assert self_test_result.ok
+
+
+def test_an_aliased_capture_is_invisible_on_the_native_norm_path(tmp_path) -> None:
+    """Why the in-place norm path is the CPU tier's default: on SGLang's native,
+    out-of-place norms a capture that kept the residual's storage still holds the
+    right values (nothing writes that storage again), so the suite passes with
+    the aliased-capture fault injected; the in-place run above catches it."""
+    tests = CASES["aliased-capture"][1]
+    cache = os.environ.get("PYTEST_EAGLE3_CACHE") or str(default_cache_dir()[0])
+    run = selftest.run_child(tmp_path, tests, CASES["aliased-capture"][0], "aliased-capture",
+                             ["--device", "cpu", "--eagle3-cache", cache, "--eagle3-cpu-norm", "native"],
+                             env={**os.environ, RUN_MARK: str(tmp_path)})
+    assert run.returncode == 0 and all(run.outcomes.get(t) == "passed" for t in tests), run.output[-3000:]
+    assert "norm path forward_native, out of place (--eagle3-cpu-norm native)" in run.output

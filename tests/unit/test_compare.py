@@ -468,6 +468,36 @@ def test_partial_sum_before_the_mlp_all_reduce_names_the_rank() -> None:
     )
 
 
+def test_partial_sum_on_an_engine_that_fuses_the_all_reduce_names_the_fused_one() -> None:
+    ref = make_reference()
+    post, partial, mlp = inside()
+    cap = capture(ref, EXPECTED)
+    cap[:, H:2 * H] = post[2] + partial[0, 2]
+    report, lines = diagnose(cap, ref, evidence=Evidence(post_attention=post, mlp=mlp, partial=partial, tp=2,
+                                                         fused_allreduce=True))
+    assert report.kinds == ("before-fused-allreduce",)
+    assert lines[-1].endswith(
+        "hs[3] read before the fused all-reduce: layer 2's post-attention residual plus TP rank 0's unreduced "
+        "MLP share, whose all-reduce this engine fuses into layer 3's all-reduce + residual add + RMSNorm "
+        "(SGLang PR #28343) [before-fused-allreduce]"
+    )
+
+
+def test_slots_aliased_to_the_last_residual_are_named() -> None:
+    """Captures that kept the residual's storage all hold what the last in-place norm wrote."""
+    ref = make_reference()
+    report, lines = diagnose(capture(ref, (7, 7, 7)), ref)  # final_prenorm: the last fused add
+    assert report.kinds == ("aliased-capture",)
+    assert lines[-1].startswith("diagnosis [aliased-capture]: slots 0, 1, 2 all hold ")
+    assert "in-place norms (fused_add_rmsnorm overwrites the residual) rewrote it (SGLang PR #39286" in lines[-1]
+
+
+def test_two_slots_on_one_shallow_snapshot_are_not_aliasing() -> None:
+    ref = make_reference()
+    report, _ = diagnose(capture(ref, (3, 3, 5)), ref)
+    assert "aliased-capture" not in report.kinds
+
+
 def test_evidence_is_built_only_for_a_slot_matching_nothing() -> None:
     ref = make_reference()
 

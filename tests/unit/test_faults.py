@@ -17,7 +17,8 @@ from pytest_eagle3.planning.selftest import self_test_plan
 
 PUBLIC_KINDS = (
     "offset-twice", "offset-missing", "ids-ignored", "reversed-order", "normalized-input", "no-residual",
-    "unreduced-embedding", "partial-sum", "dp-gather-scaled", "wrong-request-rows",
+    "unreduced-embedding", "partial-sum", "dp-gather-scaled", "aliased-capture", "before-fused-allreduce",
+    "wrong-request-rows",
 )
 
 
@@ -31,6 +32,8 @@ def test_catalog_lists_every_public_bug_class_with_its_source() -> None:
     assert "#28343" in CATALOG["partial-sum"][1]
     assert "#31699" in CATALOG["dp-gather-scaled"][1]
     assert "#26163" in CATALOG["wrong-request-rows"][1]
+    assert "#39286" in CATALOG["aliased-capture"][1]
+    assert "#28343" in CATALOG["before-fused-allreduce"][1]
 
 
 def test_diagnosis_tags_cover_the_catalog() -> None:
@@ -103,6 +106,8 @@ def registry():
     ("reversed-order", [faults.PACKER_SLOT]),
     ("partial-sum", [faults.MODEL_FORWARD, faults.LAYER_FORWARD]),
     ("wrong-request-rows", [faults.MODEL_FORWARD]),
+    ("aliased-capture", [faults.PACKER_APPEND, faults.PACKER_FINALIZE, faults.LIST_CAPTURE]),
+    ("before-fused-allreduce", [faults.MODEL_FORWARD, faults.LAYER_FORWARD]),
 ])
 def test_install_registers_hooks_on_sglang_targets(registry, kind, targets) -> None:
     before = {k: len(v) for k, v in registry._hooks.items()}
@@ -172,3 +177,35 @@ def test_self_test_plan_names_collected_suite_tests(tmp_path) -> None:
     collected = {line.split("::", 1)[1] for line in proc.stdout.splitlines() if "::" in line}
     wanted = {name for _, names in plan.values() for name in names}
     assert wanted <= collected, (sorted(wanted - collected), proc.stdout[-2000:], proc.stderr[-2000:])
+
+
+def test_an_aliased_capture_reads_what_a_later_in_place_write_left() -> None:
+    """aliased-capture on SGLang's own packer: a slot ends up holding what its
+    borrowed tensor holds at the end of the forward, not what it held when captured."""
+    torch = pytest.importorskip("torch")
+    aux = pytest.importorskip("sglang.srt.layers.aux_hidden_states", exc_type=ImportError)
+    from pytest_eagle3.engine.faults import _around_packer_append, _around_packer_finalize
+
+    cls = aux.AuxHiddenStatePacker
+    residual = torch.zeros(2, 4)
+    for fault in (None, {"kind": "aliased-capture"}):
+        packer = cls(2)
+        old = faults._FAULT
+        faults._FAULT = fault
+        try:
+            residual.fill_(1.0)
+            (_around_packer_append if fault else lambda o, p, h: o(p, h))(cls.append, packer, residual)
+            residual.fill_(2.0)  # the next layer's fused_add_rmsnorm rewrites the residual in place
+            (_around_packer_append if fault else lambda o, p, h: o(p, h))(cls.append, packer, residual)
+            residual.fill_(3.0)
+            out = _around_packer_finalize(cls.finalize, packer) if fault else packer.finalize()
+        finally:
+            faults._FAULT = old
+        want = [3.0] * 8 if fault else [1.0] * 4 + [2.0] * 4
+        assert out[0].tolist() == want, fault
+
+
+def test_before_fused_allreduce_changes_nothing_where_sglang_does_not_fuse(monkeypatch) -> None:
+    """The fault reads SGLang's own gate; on a CPU without the fusion stand-in it is false."""
+    pytest.importorskip("sglang.srt.layers.layer_boundary.residual.add_norm", exc_type=ImportError)
+    assert faults._fusion_applies(8) is False

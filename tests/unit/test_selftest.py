@@ -63,7 +63,12 @@ def test_every_kind_then_the_control_with_the_users_arguments(tmp_path) -> None:
     plan = self_test_plan(2)
     assert result.ok and [k.kind for k in result.kinds] == sorted(plan)
     assert runner.calls[-1][0] == "control" and runner.calls[-1][2] is None and runner.calls[-1][1] == 2
-    assert all(extra == ("--device", "cuda") for *_, extra in runner.calls)
+    assert all(extra[:2] == ("--device", "cuda") for *_, extra in runner.calls)
+    paths = {k: extra[2:] for k, _, f, extra in runner.calls}
+    assert paths["aliased-capture"] == ("--eagle3-cpu-norm", "inplace")
+    assert paths["before-fused-allreduce"] == ("--eagle3-cpu-allreduce-fusion",)
+    assert paths["partial-sum"] == ()
+    assert paths["control"] == ("--eagle3-cpu-norm", "inplace", "--eagle3-cpu-allreduce-fusion")
     assert {(k, tp) for k, tp, f, _ in runner.calls if f} == {(k, plan[k][0]) for k in plan}
     table = selftest.render(result)
     assert table[-1] == f"{len(plan)} of {len(plan)} faults caught and named; control passed"
@@ -85,7 +90,7 @@ def test_a_missed_fault_or_a_failing_control_exits_1_and_points_at_the_log(
 def test_an_unknown_kind_is_a_usage_error_before_anything_runs(tmp_path, capsys) -> None:
     rc = cli_main.main(["self-test", "--kind", "nope", "--work-dir", str(tmp_path / "w")])
     err = capsys.readouterr().err
-    assert rc == 2 and "unknown fault kind 'nope'; known: dp-gather-scaled" in err
+    assert rc == 2 and "unknown fault kind 'nope'; known: aliased-capture, before-fused-allreduce" in err
     assert not (tmp_path / "w").exists()
 
 

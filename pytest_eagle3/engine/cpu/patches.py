@@ -14,7 +14,8 @@ import os
 logger = logging.getLogger("pytest_eagle3.cpu")
 
 #: Names of the fixes this module installs (``variants.py`` checks for the ones a path needs).
-FIXES = ("torch_native_mla_dispatch", "torch_native_dp_padding", "amx_attention_platform")
+FIXES = ("torch_native_mla_dispatch", "torch_native_dp_padding", "amx_attention_platform",
+         "inplace_norms", "allreduce_fusion_standin")
 
 #: Set (to ``1``) by :func:`pytest_eagle3.engine.cpu.recipe.cpu_env` for engines
 #: that run the ``intel_amx`` attention backend (EAGLE/EAGLE-3 speculative decoding).
@@ -31,9 +32,11 @@ def install() -> None:
     _installed = True
     # First: the routing below imports SGLang modules, which a fork's gap
     # (a CUDA query at import) would otherwise crash.
-    from pytest_eagle3.engine.cpu import forks, older_releases
+    from pytest_eagle3.engine.cpu import allreduce_fusion, forks, norms, older_releases
 
     forks.install()
+    norms.install()
+    allreduce_fusion.install()
     _route_torch_native_mla()
     _torch_native_dp_padding()
     speculative = os.environ.get(AMX_ATTENTION_ENV, "") not in ("", "0")
@@ -56,7 +59,8 @@ def _amx_attention_platform() -> None:
     process-wide.  Its only other reader is the gpt-oss model override.
 
     The per-layer AMX switches read ``utils.common.cpu_has_amx_support()``
-    directly (linear, MoE, top-k, norms, rope, embedding, KV store), not the
+    directly (linear, MoE, top-k, rope, embedding, KV store; the norms' own gate is
+    switched only on the in-place norm path, :mod:`pytest_eagle3.engine.cpu.norms`), not the
     platform fact, and stay False: the stand-in ``sgl_kernel`` registers no
     ``convert_weight_packed`` and this CPU has no AMX tiles.  So only the
     attention backend changes; its kernels are the stand-in's plain-torch

@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from pytest_eagle3.engine.cpu.allreduce_fusion import FUSION_ENV
+from pytest_eagle3.engine.cpu.norms import NORM_PATH_ENV
 from pytest_eagle3.engine.cpu.patches import AMX_ATTENTION_ENV
 from pytest_eagle3.engine.sglang_hooks import HOOKS_ENV
 
@@ -80,14 +82,19 @@ def refuses_plain_attention(location: str | Path, architecture: str) -> str | No
     return None
 
 
-def cpu_env(tp: int, *, pythonpath: str | None = None, amx_attention: bool = False) -> dict[str, str]:
+def cpu_env(tp: int, *, pythonpath: str | None = None, amx_attention: bool = False,
+            norm_path: str = "native", allreduce_fusion: bool = False) -> dict[str, str]:
     """Environment for an SGLang server on CPU with ``tp`` ranks.
 
     The stand-in ``sgl_kernel`` goes first on ``PYTHONPATH`` (before any
     existing entries) so every TP worker imports it instead of the CUDA-only one.
     ``amx_attention``: the engine runs the ``intel_amx`` attention backend
     (speculative decoding); the CPU hooks then keep SGLang from replacing it
-    by ``torch_native``.
+    by ``torch_native``.  ``norm_path="inplace"``: SGLang's norms take their AMX
+    branch with the stand-in in-place kernels (:mod:`pytest_eagle3.engine.cpu.norms`).
+    ``allreduce_fusion``: SGLang defers its all-reduces into the next norm and
+    calls the fused op, served by a gloo stand-in
+    (:mod:`pytest_eagle3.engine.cpu.allreduce_fusion`); meaningful at ``tp > 1``.
     """
     existing = os.environ.get("PYTHONPATH", "") if pythonpath is None else pythonpath
     path = str(SHIM_DIR) + (os.pathsep + existing if existing else "")
@@ -105,6 +112,10 @@ def cpu_env(tp: int, *, pythonpath: str | None = None, amx_attention: bool = Fal
     }
     if amx_attention:
         env[AMX_ATTENTION_ENV] = "1"
+    # Always explicit: a worker never inherits another run's choice.
+    env[NORM_PATH_ENV] = norm_path
+    if allreduce_fusion:
+        env[FUSION_ENV] = "1"
     return env
 
 

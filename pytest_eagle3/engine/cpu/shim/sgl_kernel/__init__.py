@@ -49,6 +49,7 @@ def __getattr__(name: str) -> Any:
 
 
 from ._attention import decode_attention_cpu, extend_attention_cpu  # noqa: E402
+from ._norm import NORM_OPS  # noqa: E402
 from ._speculative import (  # noqa: E402,F401
     assign_draft_cache_locs_contiguous_cpu,
     assign_extend_cache_locs_cpu,
@@ -85,6 +86,9 @@ def _with_kv_scales(op: Callable[..., Any], scale_at: int) -> Callable[..., Any]
 TORCH_OPS = {
     "decode_attention_cpu": _with_kv_scales(decode_attention_cpu, 3),
     "extend_attention_cpu": _with_kv_scales(extend_attention_cpu, 6),
+    # Reached only where the CPU tier runs SGLang's in-place norm branch
+    # (pytest_eagle3/engine/cpu/norms.py): never on the native path.
+    **NORM_OPS,
 }
 
 

@@ -1,0 +1,69 @@
+"""Proof, from an engine's log, that a CPU-tier stand-in path really ran on every TP rank.
+
+The CPU tier runs two of SGLang's production branches through stand-in
+kernels: the in-place norms (:mod:`pytest_eagle3.engine.cpu.norms`) and the
+fused all-reduce (:mod:`pytest_eagle3.engine.cpu.allreduce_fusion`).  Each
+stand-in logs one line at its first call in a process; a test on such an
+engine passes only if at least ``tp`` processes (one per TP rank) logged it,
+else it fails with :data:`NOT_TAKEN`: a configured path that never ran
+proves nothing.  Nothing here imports torch or sglang.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Mapping
+
+from pytest_eagle3.engine.cpu.allreduce_fusion import FUSION_ENV
+from pytest_eagle3.engine.cpu.norms import NORM_PATH_ENV
+
+NOT_TAKEN = ("{engine}: {path} was configured ({env}) but {what}: the path did not run, so this test "
+             "proves nothing about it (log: {log})")
+
+
+@dataclass(frozen=True)
+class StandinPath:
+    """One stand-in path: the engine env that turns it on and the log line its kernels write.
+
+    Attributes:
+        name: what the path is, for messages (``the in-place norm path``).
+        env: ``(variable, value)`` in the engine's env that selects it.
+        called: regex of the first-call line; group ``op`` names the kernel, ``pid`` the process.
+    """
+
+    name: str
+    env: tuple[str, str]
+    called: re.Pattern[str]
+
+
+PATHS = (
+    StandinPath("the in-place norm path", (NORM_PATH_ENV, "inplace"),
+                re.compile(r"pytest-eagle3 norm stand-in: sgl_kernel\.(?P<op>\w+) called \(pid (?P<pid>\d+)")),
+    StandinPath("all-reduce fusion", (FUSION_ENV, "1"),
+                re.compile(r"pytest-eagle3 all-reduce fusion stand-in: (?P<op>\w+) called \(pid (?P<pid>\d+)")),
+)
+
+
+def ops_called(log_text: str, path: StandinPath) -> dict[str, set[int]]:
+    """Stand-in op -> pids that called it, from an engine's log."""
+    out: dict[str, set[int]] = {}
+    for m in path.called.finditer(log_text):
+        out.setdefault(m.group("op"), set()).add(int(m.group("pid")))
+    return out
+
+
+def configured(env: Mapping[str, str]) -> list[StandinPath]:
+    """The stand-in paths an engine with ``env`` runs."""
+    return [p for p in PATHS if env.get(p.env[0]) == p.env[1]]
+
+
+def not_taken(log_text: str, path: StandinPath, tp: int) -> str | None:
+    """Why ``path`` did not run on every TP rank (``None``: it ran)."""
+    called = ops_called(log_text, path)
+    if not called:
+        return "no process called its stand-in kernels"
+    pids = set().union(*called.values())
+    if len(pids) < tp:
+        return f"only {len(pids)} of {tp} TP ranks called its stand-in kernels ({', '.join(sorted(called))})"
+    return None

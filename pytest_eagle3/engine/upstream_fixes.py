@@ -1,0 +1,95 @@
+"""Upstream fixes applied inside SGLang's processes, to check a verdict against them.
+
+When the suite blames SGLang for a capture, the proof that the blame is right
+(and not the reference's) is to apply the fix SGLang's own pull request
+describes and watch the same tests pass.  This module holds such fixes; an
+engine gets one when :data:`FIX_ENV` names it, through the same
+``sglang.srt.plugins`` hooks and ``HookRegistry`` as the fault catalog
+(:mod:`pytest_eagle3.engine.sglang_hooks`).  Never set, nothing here is
+imported, and production servers never see it.
+
+:data:`CATALOG` lists each fix with the pull request it follows.
+
+* ``gemma3-capture-residual`` (SGLang PR #39286, "Gemma 3's captures omit the
+  residual"): ``Gemma3DecoderLayer.forward`` of ``srt/models/gemma3_causal.py``
+  (0.5.23, lines 408-410) returns ``(hidden_states, residual)`` with
+  ``hidden_states`` the MLP branch after ``post_feedforward_layernorm``, and
+  ``Gemma3TextModel.forward`` appends that first value as the capture
+  (lines 639/657, 671).  The fix returns ``(hidden_states + residual, 0)``: the
+  full residual stream in the value the model captures, and a zero residual,
+  so every later norm (``Gemma3RMSNorm`` adds ``x + residual`` first) and the
+  final norm compute what they computed before, exactly (``x + 0 == x``).  A
+  layer that receives such a stream gets a copy of it, so a capture the model
+  kept is never the tensor an in-place norm later rewrites (the PR's second
+  half: captures "can be overwritten by subsequent fused normalization").
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable
+
+#: Engine env var naming the fix (one of :data:`CATALOG`).
+FIX_ENV = "PYTEST_EAGLE3_UPSTREAM_FIX"
+
+#: fix -> (what it changes, the upstream pull request it follows).
+CATALOG: dict[str, tuple[str, str]] = {
+    "gemma3-capture-residual": (
+        "Gemma3DecoderLayer.forward returns (MLP branch + residual, zeros): each capture holds the residual "
+        "stream, a copy the next layer's norms never write",
+        "SGLang PR #39286 (Gemma 3 captures omit the residual)",
+    ),
+}
+
+GEMMA3_LAYER = "sglang.srt.models.gemma3_causal.Gemma3DecoderLayer.forward"
+#: Logged once per process at the fix's first call (the e2e test reads it back).
+APPLIED_LINE = "pytest-eagle3 upstream fix {fix} applied (pid {pid})"
+
+logger = logging.getLogger("pytest_eagle3.upstream_fixes")
+_logged: set[str] = set()
+
+
+class UpstreamFixError(RuntimeError):
+    """:data:`FIX_ENV` names no fix in :data:`CATALOG`."""
+
+
+def read_fix(env: dict[str, str] | None = None) -> str | None:
+    """The fix :data:`FIX_ENV` names, ``None`` when unset.
+
+    Raises:
+        UpstreamFixError: an unknown name.
+    """
+    name = (os.environ if env is None else env).get(FIX_ENV, "").strip()
+    if not name:
+        return None
+    if name not in CATALOG:
+        raise UpstreamFixError(f"{FIX_ENV}={name!r}: unknown fix; known: {', '.join(CATALOG)}")
+    return name
+
+
+def _around_gemma3_layer(original: Callable, layer: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND ``Gemma3DecoderLayer.forward``: the stream in the captured value."""
+    hidden = kwargs.get("hidden_states")
+    if hidden is not None:
+        kwargs["hidden_states"] = hidden.clone()  # the caller may have kept it as a capture
+    out, residual = original(layer, *args, **kwargs)
+    if residual is None:
+        return out, residual
+    if "gemma3" not in _logged:
+        _logged.add("gemma3")
+        logger.warning(APPLIED_LINE.format(fix="gemma3-capture-residual", pid=os.getpid()))
+    return out + residual, residual.new_zeros(residual.shape)
+
+
+def install(fix: str | None = None) -> str | None:
+    """Register the fix :data:`FIX_ENV` names (or ``fix``) with SGLang's
+    ``HookRegistry``; returns its name, ``None`` when none is asked for."""
+    fix = fix or read_fix()
+    if fix is None:
+        return None
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    if fix == "gemma3-capture-residual":
+        HookRegistry.register(GEMMA3_LAYER, _around_gemma3_layer, HookType.AROUND)
+    return fix
