@@ -218,11 +218,12 @@ def self_test(work: Path, *, no_tp: int = 1, kinds: Sequence[str] | None = None,
 def render(result: SelfTestResult) -> list[str]:
     """The summary table: fault | TP | verdict | the test that catches it | its message."""
     lines = ["pytest-eagle3 self-test: fault -> test that catches it -> message"]
+    width = max([len("(no fault)"), *(len(k.kind or "") for k in result.kinds)])
     for k in result.kinds:
-        lines.append(f"  {k.kind:<20} TP {k.tp}  {k.verdict:<8} {k.detail}")
+        lines.append(f"  {k.kind:<{width}} TP {k.tp}  {k.verdict:<8} {k.detail}")
     if result.control is not None:
         c = result.control
-        lines.append(f"  {'(no fault)':<20} TP {c.tp}  {c.verdict:<8} {c.detail}")
+        lines.append(f"  {'(no fault)':<{width}} TP {c.tp}  {c.verdict:<8} {c.detail}")
     bad = [k for k in result.kinds if not k.ok] + ([result.control] if result.control and not result.control.ok else [])
     for k in bad:
         lines.append(f"  log of {k.kind or 'the control'}: {k.log}")
