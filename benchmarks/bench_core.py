@@ -17,7 +17,9 @@ Each stage goes through the package functions the suite itself uses:
    with ``draft=``), and the acceptance run (greedy speculative decoding of the
    draft's learnt prompts, ``capture_draft_path``) with its accept length;
 5. the main job: ``python -m pytest --pyargs pytest_eagle3.suite --tp 2 -q
-   -p no:cacheprovider --eagle3-cache <cache>`` with the cache warmed above (~5 min).
+   -p no:cacheprovider --eagle3-cache <cache>`` with the cache warmed above (~5 min),
+   once per ``--main-job-paths`` entry (``inplace``, ``native``: SGLang's norm path;
+   ``fused``: the all-reduce fusion path), one after the other.
 
 Run from the repository root in the dev environment, e.g.
 ``python benchmarks/bench_core.py --tp 1 2 4 8 --json /tmp/bench.json``.
@@ -218,9 +220,19 @@ def bench_acceptance(install: Any, ckpt: Path, spec: TargetSpec, preset: str, tp
     return row
 
 
-def run_main_job(cache: Path) -> dict[str, Any]:
+#: ``--main-job-paths`` values -> the suite flags that select the path.
+MAIN_JOB_PATHS = {
+    "default": (),
+    "inplace": ("--eagle3-cpu-norm", "inplace"),
+    "native": ("--eagle3-cpu-norm", "native"),
+    "fused": ("--eagle3-cpu-allreduce-fusion",),
+}
+
+
+def run_main_job(cache: Path, path: str = "default") -> dict[str, Any]:
     cmd = [sys.executable, "-m", "pytest", "--pyargs", "pytest_eagle3.suite", "--tp",
-           str(MAIN_JOB_TP), "-q", "-p", "no:cacheprovider", "--eagle3-cache", str(cache)]
+           str(MAIN_JOB_TP), "-q", "-p", "no:cacheprovider", "--eagle3-cache", str(cache),
+           *MAIN_JOB_PATHS[path]]
     log("main job: $ " + " ".join(cmd))
     lines: list[str] = []
     t0 = time.perf_counter()
@@ -234,7 +246,7 @@ def run_main_job(cache: Path) -> dict[str, Any]:
         rc = proc.wait()
     summary = next((ln.strip("= ") for ln in reversed(lines) if ln.strip()), "")
     return {"seconds": time.perf_counter() - t0, "returncode": rc, "summary": summary,
-            "command": cmd, "skipped": False}
+            "command": cmd, "skipped": False, "path": path}
 
 
 def fmt(value: float | None) -> str:
@@ -262,9 +274,10 @@ def print_table(r: dict[str, Any]) -> None:
         rows.append((f"spec engine start tp{a['tp']}", a["start_s"], a["error"] or f"EAGLE-3, {d}"))
         rows.append((f"acceptance run tp{a['tp']}", a["run_s"],
                      f"{a['tokens']} tokens, {a['verifies']} verifies, accept length {a['accept_length']}"))
-    m = r["main_job"]
-    rows.append((f"main job (suite --tp {MAIN_JOB_TP})", m["seconds"],
-                 "skipped" if m["skipped"] else f"rc {m['returncode']}: {m['summary']}"))
+    for m in r.get("main_jobs") or [r["main_job"]]:
+        path = "" if m.get("path", "default") == "default" else f", {m['path']}"
+        rows.append((f"main job (suite --tp {MAIN_JOB_TP}{path})", m["seconds"],
+                     "skipped" if m["skipped"] else f"rc {m['returncode']}: {m['summary']}"))
     print(f"\n{'stage':<30} {'time_s':>8}  notes")
     print("-" * 78)
     for name, secs, note in rows:
@@ -285,6 +298,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="shipped drafts (fixtures/drafts/NAME) to time the acceptance stages of "
                     "(default: the preset's own)")
     ap.add_argument("--startup-timeout", type=float, default=600.0, help="per engine (s)")
+    ap.add_argument("--main-job-paths", nargs="+", default=["default"], choices=sorted(MAIN_JOB_PATHS),
+                    help="run the main job once per path, one after the other: SGLang's in-place or native "
+                    "norms (--eagle3-cpu-norm), or the fused all-reduce (--eagle3-cpu-allreduce-fusion); "
+                    "default: the suite's defaults")
+    ap.add_argument("--main-job-only", action="store_true",
+                    help="skip the engine and acceptance stages (the checkpoint and reference are still built)")
     opts = ap.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="eagle3-bench-"))
@@ -324,17 +343,19 @@ def main(argv: list[str] | None = None) -> int:
         log(f"sglang: probing flags ({'cold: launch_server --help' if cold else 'warm'})")
         install, probe_s = timed(lambda: probe(cache))
         r["probe"] = {"seconds": probe_s, "version": install.version, "cold": cold}
-        r["engines"] = [bench_engine(install, ckpt, prompts, spec, tp, log_dir, opts.startup_timeout)
-                        for tp in opts.tp]
+        r["engines"] = [] if opts.main_job_only else [
+            bench_engine(install, ckpt, prompts, spec, tp, log_dir, opts.startup_timeout) for tp in opts.tp]
 
-        r["acceptance"] = [bench_acceptance(install, ckpt, spec, draft, tp, log_dir, opts.startup_timeout)
-                           for draft in (opts.drafts or [preset]) for tp in opts.tp]
+        r["acceptance"] = [] if opts.main_job_only else [
+            bench_acceptance(install, ckpt, spec, draft, tp, log_dir, opts.startup_timeout)
+            for draft in (opts.drafts or [preset]) for tp in opts.tp]
 
         if opts.skip_main_job:
             r["main_job"] = {"seconds": None, "returncode": None, "summary": None,
                              "command": None, "skipped": True}
         else:
-            r["main_job"] = run_main_job(cache)
+            r["main_jobs"] = [run_main_job(cache, path) for path in opts.main_job_paths]
+            r["main_job"] = r["main_jobs"][0]
     finally:
         if opts.cache is None:
             shutil.rmtree(cache, ignore_errors=True)
@@ -343,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     if opts.json:
         opts.json.write_text(json.dumps(r, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         log(f"wrote {opts.json}")
-    failed = any(e["error"] for e in r["engines"] + r["acceptance"]) or r["main_job"]["returncode"] not in (0, None)
+    failed = any(e["error"] for e in r["engines"] + r["acceptance"]) or any(
+        m["returncode"] not in (0, None) for m in r.get("main_jobs") or [r["main_job"]])
     return 1 if failed else 0
 
 

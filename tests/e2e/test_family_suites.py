@@ -88,9 +88,12 @@ def test_gemma3_passes_with_the_upstream_fix_applied(tmp_path_factory: pytest.Te
     if sglang.__version__ != "0.5.23":
         pytest.skip(f"the Gemma 3 finding is SGLang 0.5.23's; installed {sglang.__version__}")
     work = tmp_path_factory.mktemp("gemma3-fixed")
-    run = run_inner(work, ["--pyargs", "pytest_eagle3.suite", "--eagle3-target", GEMMA, "--tp", "1"],
-                    env={FIX_ENV: "gemma3-capture-residual"})
+    run = run_inner(work, ["--pyargs", "pytest_eagle3.suite", "--eagle3-target", GEMMA, "--tp", "1",
+                           f"--basetemp={work / 'tmp'}"], env={FIX_ENV: "gemma3-capture-residual"})
     failed = _failed(run)
     assert not failed, f"{sorted(failed)}\n" + run.output[-4000:]
+    applied = [p for p in work.glob("tmp/**/tp1-cpu-*.log") if "upstream fix gemma3-capture-residual applied"
+               in p.read_text(errors="replace")]
+    assert applied, "no engine log shows the fix applied"
     assert any(n.startswith("test_draft_acceptance") and o == "passed" for n, o in run.outcomes.items()), \
         run.output[-3000:]
