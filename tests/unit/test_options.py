@@ -35,7 +35,7 @@ def test_dump(pytestconfig):
         json.dump({
             "tp": s.tp, "device": s.device, "target": s.target, "cache_dir": str(s.cache_dir),
             "rebuild": s.rebuild, "sglang_args": [list(p) for p in s.sglang_args],
-            "startup_timeout": s.startup_timeout, "sources": dict(s.sources),
+            "startup_timeout": s.startup_timeout, "sources": dict(s.sources), "cpu_norm": s.cpu_norm,
         }, fh)
 """
 
@@ -166,10 +166,10 @@ def test_cli_values_and_sources(pytester: pytest.Pytester, tmp_path: Path) -> No
         "--eagle3-cache", str(tmp_path / "c"), "--eagle3-rebuild",
         "--sglang-arg", "disable-cuda-graph=true", "--sglang-arg", "mem_fraction_static=0.5",
         "--sglang-arg", "attention_backend=intel_amx", "--sglang-arg", "ids=[3, 31]",
-        "--eagle3-startup-timeout", "90",
+        "--eagle3-startup-timeout", "90", "--eagle3-cpu-norm", "native",
     )
-    assert (s["tp"], s["device"], s["target"], s["rebuild"], s["startup_timeout"]) == (
-        2, "cpu", "/models/x", True, 90.0
+    assert (s["tp"], s["device"], s["target"], s["rebuild"], s["startup_timeout"], s["cpu_norm"]) == (
+        2, "cpu", "/models/x", True, 90.0, "native"
     )
     assert s["cache_dir"] == str(tmp_path / "c")
     assert s["sglang_args"] == [
@@ -274,3 +274,15 @@ def test_cache_problem(tmp_path: Path) -> None:
     assert options.cache_problem(tmp_path / "not" / "yet") is None
     (tmp_path / "f").write_text("")
     assert options.cache_problem(tmp_path / "f" / "x") == f"{tmp_path / 'f'} is not a directory"
+
+
+def test_cpu_norm_path_from_env_and_its_bad_value(pytester: pytest.Pytester,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """``PYTEST_EAGLE3_CPU_NORM_PATH`` sets the norm path (source "env"); a value
+    outside auto/inplace/native is a usage error naming the variable."""
+    monkeypatch.setenv("PYTEST_EAGLE3_CPU_NORM_PATH", "native")
+    s = run_settings(pytester)
+    assert (s["cpu_norm"], s["sources"]["cpu_norm"]) == ("native", "env")
+    monkeypatch.setenv("PYTEST_EAGLE3_CPU_NORM_PATH", "fast")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--collect-only")
+    result.stderr.fnmatch_lines(["*PYTEST_EAGLE3_CPU_NORM_PATH='fast': expected auto, inplace*native*"])
