@@ -30,7 +30,7 @@ from pytest_eagle3.target.checkpoint.families import FAMILIES  # noqa: E402
 from pytest_eagle3.target.spec import TargetSpec  # noqa: E402
 from pytest_eagle3.verdicts.diagnose import Evidence, diagnose_slot  # noqa: E402
 
-FAMILY_PRESETS = ["tiny-gemma3", "tiny-glm4-moe-lite", "tiny-gpt-oss", "tiny-llama", "tiny-qwen3",
+FAMILY_PRESETS = ["tiny-gemma3", "tiny-gemma4", "tiny-glm4-moe-lite", "tiny-gpt-oss", "tiny-llama", "tiny-qwen3",
                   "tiny-qwen3-moe"]
 
 
@@ -153,6 +153,18 @@ def test_plain_attention_refusal_is_read_from_the_installed_code(tmp_path: Path)
     assert recipe.refuses_plain_attention(tmp_path, "GptOssForCausalLM") == "srt/arg_groups/model_hook.py:3"
     assert recipe.refuses_plain_attention(tmp_path, "LlamaForCausalLM") is None
     assert recipe.refuses_plain_attention(tmp_path / "missing", "GptOssForCausalLM") is None
+    # Gemma 4's form (0.5.23 model_hook.py:636-659): a branch on model_arch in (...) asserting a backend list.
+    hook.write_text(
+        'if model_arch in ("X",):\n    pass\n'
+        'elif model_arch in ("Gemma4ForCausalLM", "Y"):\n'
+        '    accepted = ("triton", "intel_amx")\n'
+        '    assert b in accepted, "Gemma4 only supports ..."\n'
+        'elif model_arch in ("LlamaForCausalLM",):\n'
+        '    accepted = ("torch_native", "intel_amx")\n'
+        '    assert b in accepted\n')
+    assert recipe.refuses_plain_attention(tmp_path, "Gemma4ForCausalLM") == "srt/arg_groups/model_hook.py:5"
+    assert recipe.refuses_plain_attention(tmp_path, "LlamaForCausalLM") is None  # torch_native is accepted
+    assert recipe.refuses_plain_attention(tmp_path, "X") is None  # no assertion
     args = recipe.cpu_server_args(amx_attention=True)
     assert args["attention_backend"] == recipe.SPECULATIVE_ATTENTION
 

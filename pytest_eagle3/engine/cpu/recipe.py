@@ -79,7 +79,38 @@ def refuses_plain_attention(location: str | Path, architecture: str) -> str | No
         if at < 0:
             continue
         return f"{rel}:{text.count(chr(10), 0, at) + 1}"
+    for rel in _BACKEND_CHECK_FILES:
+        line = _backend_list_assert(Path(location) / rel, architecture)
+        if line:
+            return f"{rel}:{line}"
     return None
+
+
+def _backend_list_assert(path: Path, architecture: str) -> int:
+    """Line of an ``assert`` inside ``if/elif model_arch in (..., architecture, ...)``
+    whose branch lists accepted attention backends with ``intel_amx`` and without
+    ``torch_native`` (0.5.23 ``model_hook.py`` for Gemma 4: "Gemma4 only supports
+    ... intel_amx ..."); 0 when there is none."""
+    import ast
+
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError):
+        return 0
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+                and len(node.test.ops) == 1 and isinstance(node.test.ops[0], ast.In)
+                and isinstance(node.test.comparators[0], (ast.Tuple, ast.List, ast.Set))):
+            continue
+        archs = {e.value for e in node.test.comparators[0].elts if isinstance(e, ast.Constant)}
+        if architecture not in archs:
+            continue
+        branch = ast.Module(body=node.body, type_ignores=[])
+        names = {n.value for n in ast.walk(branch) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        asserts = [n for n in ast.walk(branch) if isinstance(n, ast.Assert)]
+        if asserts and SPECULATIVE_ATTENTION in names and PLAIN_ATTENTION not in names:
+            return asserts[0].lineno
+    return 0
 
 
 def cpu_env(tp: int, *, pythonpath: str | None = None, amx_attention: bool = False,

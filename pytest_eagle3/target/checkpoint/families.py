@@ -11,7 +11,8 @@ transformers model of that family (read from transformers 5.19's
 * ``post_norms``: the branch outputs pass through a norm before the residual
   add (Gemma 3: ``post_attention_layernorm``, ``post_feedforward_layernorm``),
   so a branch is scaled through that norm's weight, not ``o_proj``/``down_proj``;
-* ``norm_offset``: the norm multiplies by ``offset + weight`` (Gemma: 1);
+* ``norm_offset``: the norm multiplies by ``offset + weight`` (Gemma 3: 1;
+  Gemma 4's ``Gemma4RMSNorm`` multiplies by ``weight``: 0);
 * ``experts_in_first``: fused expert tensors are stored ``[E, in, out]``
   (gpt-oss) rather than ``[E, out, in]`` (Qwen3-MoE, GLM-4.7-Flash), which
   decides each expert matrix's fan-in;
@@ -72,6 +73,8 @@ FAMILIES: dict[str, Family] = {
         Family("gemma3_text", "Gemma3ForCausalLM", "gemma3_causal.py", mid_norm="pre_feedforward_layernorm",
                post_norms=("post_attention_layernorm", "post_feedforward_layernorm"), norm_offset=1.0,
                transformers_dir="gemma3"),
+        Family("gemma4_text", "Gemma4ForCausalLM", "gemma4_causal.py", mid_norm="pre_feedforward_layernorm",
+               post_norms=("post_attention_layernorm", "post_feedforward_layernorm"), transformers_dir="gemma4"),
         Family("glm4_moe_lite", "Glm4MoeLiteForCausalLM", "glm4_moe_lite.py", router="correction_bias"),
     )
 }
