@@ -345,8 +345,12 @@ class SGLangServer:
         return self
 
     def port_taken(self, port: int | None) -> bool:
-        """Whether the log says the server could not bind its HTTP ``port``."""
-        return port is not None and f"('{self.host}', {port}): address already in use" in log_tail(self.log_path)
+        """Whether the log says the server could not bind its HTTP ``port``.
+
+        Reads the last 1000 lines: after the bind error SGLang 0.5.23 still
+        logs its warm-up request's failure, a traceback of 100+ lines."""
+        return port is not None and f"('{self.host}', {port}): address already in use" in log_tail(
+            self.log_path, lines=1000)
 
     def transient_failure(self, port: int | None) -> str | None:
         """Why a failed start is worth one more try (``None``: it is not).

@@ -182,6 +182,19 @@ def test_a_server_whose_port_was_taken_during_startup_starts_again(tmp_path: Pat
     assert messages == ["SGLang server s: port 40000 was taken while it started; starting it again on another port"]
 
 
+def test_a_taken_port_is_found_behind_the_warmup_traceback(tmp_path: Path) -> None:
+    """Seen with two pytest sessions on the 2 cores: the bind error, then SGLang's
+    warm-up request failing with ConnectionResetError, a traceback of 100+ lines."""
+    from pytest_eagle3.engine import server as server_module
+
+    srv = server_module.SGLangServer("s", {}, log_dir=tmp_path)
+    srv.log_path.write_text(
+        "ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 46595): address already in use\n"
+        + "  File \".../requests/adapters.py\", line 696, in send\n" * 150
+        + "requests.exceptions.ConnectionError: ('Connection aborted.', ConnectionResetError(104))\n")
+    assert srv.port_taken(46595)
+
+
 def test_a_server_whose_own_warmup_request_timed_out_starts_again(tmp_path: Path) -> None:
     """Seen in CI with the 2 cores loaded: SGLang's post-warmup /freeze_gc request to
     itself timed out after 10 s and the server exited with code 3."""
