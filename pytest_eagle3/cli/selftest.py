@@ -284,4 +284,9 @@ def _first_line(message: str) -> str:
 def _tagged_line(message: str, kind: str) -> str:
     """The first message line naming ``[kind]`` (the diagnosis), else the first line."""
     tag = f"[{kind}]"
-    return next((line.strip() for line in message.splitlines() if tag in line), _first_line(message))[:300]
+    line = next((line.strip() for line in message.splitlines() if tag in line), None)
+    if line is None:
+        return _first_line(message)
+    if len(line) > 300 and tag not in line[:300]:
+        line = line[:300 - len(tag) - 5] + " ... " + tag  # the table must show the name
+    return line[:300]

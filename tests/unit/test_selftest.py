@@ -126,3 +126,13 @@ def test_a_work_dir_that_is_a_file_is_one_line(tmp_path, capsys) -> None:
     assert cli_main.main(["self-test", "--work-dir", str(f / "sub")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"pytest-eagle3 self-test: --work-dir {f / 'sub'}: "), err
+
+
+def test_a_long_diagnosis_keeps_its_tag_in_the_table() -> None:
+    """The diagnosis line of before-fused-allreduce is longer than the table's 300
+    characters, with its tag at the end: the table still shows the tag."""
+    line = "slot 1 holds layer 2's post-attention residual + rank 0's MLP share: " + "x" * 300 + \
+        " [before-fused-allreduce]"
+    shown = selftest._tagged_line("first line\n" + line, "before-fused-allreduce")
+    assert len(shown) <= 300 and shown.endswith(" ... [before-fused-allreduce]")
+    assert selftest._tagged_line("short [partial-sum]", "partial-sum") == "short [partial-sum]"
