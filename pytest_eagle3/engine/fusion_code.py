@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_eagle3.engine.norm_code import read_installed
+
 GATE_FILE = "srt/layers/layer_boundary/residual/add_norm.py"
 OP_FILE = "srt/layers/flashinfer_comm_fusion.py"
 GATE_FN = "flashinfer_ar_fusion_applies"
@@ -74,10 +76,4 @@ def read_fusion_code(gate_text: str | None, op_text: str | None) -> FusionCode:
 
 def fusion_code_at(location: str | Path) -> FusionCode:
     """:func:`read_fusion_code` of the SGLang package at ``location``."""
-    def read(rel: str) -> str | None:
-        try:
-            return (Path(location) / rel).read_text(encoding="utf-8")
-        except OSError:
-            return None
-
-    return read_fusion_code(read(GATE_FILE), read(OP_FILE))
+    return read_fusion_code(read_installed(location, GATE_FILE), read_installed(location, OP_FILE))

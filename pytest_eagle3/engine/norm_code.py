@@ -190,15 +190,18 @@ def read_norm_code(text: str | None, file: str = LAYERNORM_FILE, dispatch_text: 
     return NormCode(file, gate_line, tuple(calls), refusal)
 
 
+def read_installed(location: str | Path, rel: str) -> str | None:
+    """Text of ``rel`` inside the SGLang package at ``location``; ``None`` when unreadable."""
+    try:
+        return (Path(location) / rel).read_text(encoding="utf-8")
+    except OSError:
+        return None
+
+
 def norm_code_at(location: str | Path) -> NormCode:
     """:func:`read_norm_code` of the installed SGLang at ``location`` (the ``sglang`` package dir)."""
-    def read(rel: str) -> str | None:
-        try:
-            return (Path(location) / rel).read_text(encoding="utf-8")
-        except OSError:
-            return None
-
-    return read_norm_code(read(LAYERNORM_FILE), dispatch_text=read(DISPATCH_FILE))
+    return read_norm_code(read_installed(location, LAYERNORM_FILE),
+                          dispatch_text=read_installed(location, DISPATCH_FILE))
 
 
 def resolve_norm_path(requested: str, code: NormCode) -> tuple[str, str]:
