@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
             _, ref_s = timed(lambda: ensure_reference(ckpt, prompts))
         r["reference"] = {"seconds": ref_s, "cold": cold, "prompts": len(prompts)}
 
-        from pytest_eagle3.engine.install import probe
+        from pytest_eagle3.sglang_source.install import probe
 
         cold = not (cache / "sglang-flags").is_dir()
         log(f"sglang: probing flags ({'cold: launch_server --help' if cold else 'warm'})")

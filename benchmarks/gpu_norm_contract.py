@@ -4,7 +4,7 @@
 SGLang's GPU norm (``RMSNorm.forward_cuda`` -> ``fused_add_rmsnorm``) is
 FlashInfer's kernel; the CPU tier's stand-in for the AMX op of the same
 contract is ``fused_add_rmsnorm_cpu`` in
-``pytest_eagle3/engine/cpu/shim/sgl_kernel/_norm.py``.  For bf16, fp16 and fp32,
+``pytest_eagle3/worker/cpu/shim/sgl_kernel/_norm.py``.  For bf16, fp16 and fp32,
 T in {1, 7, 64} tokens and H in {256, 7168}, this checks on the GPU:
 
 (a) the kernel overwrites ``input`` and ``residual`` in place and returns None;

@@ -9,7 +9,7 @@ builds that list, and each model file has its own version of it.
 
 An :class:`IdRule` is that mapping plus whether layer 0 can be captured.  The
 one that counts comes from the installed code
-(:func:`pytest_eagle3.engine.model_code.read_rules` runs the installed method
+(:func:`pytest_eagle3.sglang_source.model_code.read_rules` runs the installed method
 on a stand-in); :func:`rule_for_version` is only the *prediction* for an SGLang
 that is not installed (``pytest-eagle3 inspect --sglang-version``), from the
 upstream releases' DeepSeek model (``srt/models/deepseek_v2.py`` of every

@@ -1,7 +1,7 @@
 """Minimal stand-ins for SGLang model files, written by the tests (not SGLang's code).
 
 :func:`write_deepseek_file` writes a ``srt/models/deepseek_v2.py`` with the
-pieces :mod:`pytest_eagle3.engine.model_code` reads: an ``EntryClass``, a
+pieces :mod:`pytest_eagle3.sglang_source.model_code` reads: an ``EntryClass``, a
 causal-LM class whose ``set_eagle3_layers_to_capture`` applies one id rule, and
 an inner model whose ``forward`` capture loop either adds ``residual`` while it
 is still ``None`` before layer 0 (no layer-0 capture) or hands the capture to

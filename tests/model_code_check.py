@@ -1,6 +1,6 @@
 """Run in a subprocess with the CPU engine's environment: every model file of the
 installed SGLang that defines ``set_eagle3_layers_to_capture``, its *real*
-method (imported from SGLang) against the rule :mod:`pytest_eagle3.engine.model_code`
+method (imported from SGLang) against the rule :mod:`pytest_eagle3.sglang_source.model_code`
 read from the file, for several id lists.
 
 Prints one JSON object: ``{"checked": [...], "not_imported": [...], "disagree": [...]}``.
@@ -16,7 +16,7 @@ import types
 from pathlib import Path
 
 from pytest_eagle3.conventions import SetupFailed
-from pytest_eagle3.engine.model_code import METHOD, _Reader, method_files, read_rules
+from pytest_eagle3.sglang_source.model_code import METHOD, _Reader, method_files, read_rules
 
 L = 8
 ID_LISTS = ([0, 3, 5], [1, 3, 4], [2, 4, 5], [2, 4, 8], [6, 0, 4], None)
@@ -71,7 +71,7 @@ def _captured(obj, depth: int = 0):
 
 def main() -> None:
     # The CPU tier's fills for forks (a CUDA query at import), as in every engine process.
-    from pytest_eagle3.engine.cpu import forks
+    from pytest_eagle3.worker.cpu import forks
 
     forks.install()
     import sglang

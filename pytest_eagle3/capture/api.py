@@ -27,9 +27,9 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
 
-from pytest_eagle3.engine.install import SGLangInstall
+from pytest_eagle3.sglang_source.install import SGLangInstall
 from pytest_eagle3.errors import Eagle3Error
-from pytest_eagle3.engine.norm_code import AUTO
+from pytest_eagle3.sglang_source.norm_code import AUTO
 from pytest_eagle3.engine.config import build_engine_config
 from pytest_eagle3.engine.cuda.recipe import cuda_recipe
 from pytest_eagle3.engine.gpus import PLAN_GPU_ARCH, detect_gpu_arch
@@ -38,7 +38,7 @@ from pytest_eagle3.capture.response import (  # noqa: F401  (the capture API's o
     DECODE_ROWS_NOT_PER_TOKEN, DECODE_ROWS_UNEXPLAINED, NO_HIDDEN_STATES, Captures, Eagle3DecodeRowsNotPerToken,
     parse_response,
 )
-from pytest_eagle3.engine.faults import FAULT_ENV
+from pytest_eagle3.worker.env import FAULT_ENV
 
 if TYPE_CHECKING:
     from pytest_eagle3.engine.config import EngineConfig
@@ -54,7 +54,7 @@ class CaptureOptions(Protocol):
     Attributes:
         device: ``"cpu"`` or ``"cuda"``.
         fault: a fault to inject into every engine, as the env value
-            (:mod:`pytest_eagle3.engine.faults`), or ``None``.
+            (:mod:`pytest_eagle3.worker.faults`), or ``None``.
         plan: only planning (``--eagle3-plan``): nothing starts.
         sglang_args: the user's extra server arguments, ``(key, value)`` in order.
     """

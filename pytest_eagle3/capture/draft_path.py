@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from pytest_eagle3.capture.response import Captures, Eagle3DecodeRowsNotPerToken, parse_response
 from pytest_eagle3.capture.spec_metrics import SpecMetrics, has_spec_metrics, read_spec_metrics
 from pytest_eagle3.engine.config import speculative_server_args
-from pytest_eagle3.engine.install import SGLangInstall
+from pytest_eagle3.sglang_source.install import SGLangInstall
 from pytest_eagle3.errors import Eagle3Error
 
 if TYPE_CHECKING:

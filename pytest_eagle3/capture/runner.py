@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 from pytest_eagle3.capture.api import CaptureOptions, capture, engine_config
 from pytest_eagle3.capture.draft_path import capture_draft_path
-from pytest_eagle3.engine.cpu.allreduce_fusion import FUSION_ENV
+from pytest_eagle3.worker.cpu.allreduce_fusion import FUSION_ENV
 from pytest_eagle3.engine.standin_proof import NOT_TAKEN, configured, not_taken
 from pytest_eagle3.engine.recordings import Recorder, prefill_records
 from pytest_eagle3.errors import Eagle3EngineError
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from pytest_eagle3.capture.draft_path import DraftPathCaptures
     from pytest_eagle3.capture.response import Captures
     from pytest_eagle3.engine.config import EngineConfig
-    from pytest_eagle3.engine.install import SGLangInstall
+    from pytest_eagle3.sglang_source.install import SGLangInstall
     from pytest_eagle3.engine.pool import EnginePool
     from pytest_eagle3.engine.recordings import Record
     from pytest_eagle3.target.spec import TargetFacts
@@ -88,7 +88,7 @@ class CaptureRunner:
     def fused_allreduce(self) -> bool:
         """Whether this runner's engines fuse each MLP all-reduce into the next
         norm: the CPU tier's all-reduce fusion path is in their env
-        (:data:`pytest_eagle3.engine.cpu.allreduce_fusion.FUSION_ENV`)."""
+        (:data:`pytest_eagle3.worker.cpu.allreduce_fusion.FUSION_ENV`)."""
         config = self.last_config or self.engine_config(None)
         return config.env_dict().get(FUSION_ENV) == "1"
 
@@ -201,7 +201,7 @@ class CaptureRunner:
         (:func:`pytest_eagle3.engine.recordings.prefill_records`).
 
         ``fault`` (self-tests only) makes one rank's recorder store a wrong copy:
-        see :data:`pytest_eagle3.engine.recorder_hook.FAULTS`.
+        see :data:`pytest_eagle3.worker.recorder_hook.FAULTS`.
 
         Raises:
             Eagle3Error: a rank recorded nothing (the SGLang plugin is not loaded).

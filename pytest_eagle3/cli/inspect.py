@@ -2,7 +2,7 @@
 
 Resolves the target's layer count (``--target`` preset or checkpoint dir, or
 ``--layers``) and the id rule: the installed SGLang's, read from the model file
-of the target's architecture (``engine/model_code.py``: no ``--help`` probe, no
+of the target's architecture (``sglang_source/model_code.py``: no ``--help`` probe, no
 SGLang import), or with ``--sglang-version`` the version table's prediction
 for an upstream release that is not installed; then prints the :class:`~pytest_eagle3.cli.preflight.Inspection`.
 """
@@ -18,9 +18,9 @@ from packaging.version import InvalidVersion, Version
 from pytest_eagle3.errors import Eagle3ConfigError, Eagle3ContractError
 from pytest_eagle3.contracts.stacks import STACKS
 from pytest_eagle3.target.spec import DEFAULT_ARCHITECTURE, resolve_target
-from pytest_eagle3.engine.install import locate
-from pytest_eagle3.engine.model_code import read_rules
-from pytest_eagle3.engine.id_keys import draft_reads, target_reads
+from pytest_eagle3.sglang_source.install import locate
+from pytest_eagle3.sglang_source.model_code import read_rules
+from pytest_eagle3.sglang_source.id_keys import draft_reads, target_reads
 from pytest_eagle3.contracts.draft import read_draft_config
 from pytest_eagle3.errors import Eagle3SGLangMissing
 from pytest_eagle3.cli.preflight import inspect_draft, unreadable_dict

@@ -4,7 +4,7 @@ Subcommands:
 
 * ``info``: the installed SGLang, the capture API it offers, its aux
   layer-id rule and whether layer 0 can be captured, read from the model file
-  of ``--architecture`` (``engine/model_code.py``), with ``--ids`` predicting
+  of ``--architecture`` (``sglang_source/model_code.py``), with ``--ids`` predicting
   what a list of draft ids will capture on a ``--layers``-layer target.
 * ``inspect``: a draft checkpoint's training contract against what an SGLang
   version captures for it, with a verdict and a fix (``preflight.py``).
@@ -26,7 +26,7 @@ from pytest_eagle3.cli.inspect import add_inspect_parser, cmd_inspect
 from pytest_eagle3.cli.selftest import add_self_test_parser, cmd_self_test
 from pytest_eagle3.capture.api import Eagle3CaptureUnsupported, select_method
 from pytest_eagle3.conventions import predict, rule_for_version
-from pytest_eagle3.engine.install import probe
+from pytest_eagle3.sglang_source.install import probe
 from pytest_eagle3.target.spec import DEFAULT_ARCHITECTURE
 from pytest_eagle3.verdicts.snapshots import full_label
 

@@ -52,7 +52,7 @@ from pytest_eagle3.contracts.draft import (
     top_level_trap,
 )
 from pytest_eagle3.contracts.servers import ServerRead, vllm_reads
-from pytest_eagle3.engine.id_keys import KeyReads
+from pytest_eagle3.sglang_source.id_keys import KeyReads
 from pytest_eagle3.contracts.stacks import STACKS, stack_options
 from pytest_eagle3.conventions import IdRule, Prediction, predict, rule_for_version
 from pytest_eagle3.errors import Eagle3ConfigError, Eagle3ContractError
@@ -365,15 +365,15 @@ def inspect_draft(
         sglang_version: the SGLang version (for notes, and the version table's rule
             when ``rule`` is not given).
         rule: the installed SGLang's id rule, read from its code
-            (:meth:`~pytest_eagle3.engine.install.SGLangInstall.id_rule`); ``None``:
+            (:meth:`~pytest_eagle3.sglang_source.install.SGLangInstall.id_rule`); ``None``:
             the version table's prediction for ``sglang_version``.
         target_hidden_size: the target's hidden size, checked against the draft config.
         stack: a :data:`~pytest_eagle3.contracts.stacks.STACKS` name (see :func:`resolve_stack`).
         contract_text: the contract in human form instead of a stack (``[embedding, out(L2)]``).
         options: translator options (``datagen``, ``capture``, ``final_layer``, ``sglang_version``).
         key_reads: how the installed SGLang reads the ids, target side and the
-            draft's model (:func:`pytest_eagle3.engine.id_keys.target_reads`,
-            :func:`~pytest_eagle3.engine.id_keys.draft_reads`): ids only at the top
+            draft's model (:func:`pytest_eagle3.sglang_source.id_keys.target_reads`,
+            :func:`~pytest_eagle3.sglang_source.id_keys.draft_reads`): ids only at the top
             level are then diagnosed with the files and lines that read them.
 
     Raises:

@@ -1,7 +1,7 @@
 """``pytest-eagle3 self-test``: prove the packaged suite catches every wiring fault
 injected into the SGLang installed here.
 
-For each kind of the fault catalog (:data:`pytest_eagle3.engine.faults.CATALOG`)
+For each kind of the fault catalog (:data:`pytest_eagle3.worker.faults.CATALOG`)
 one child ``pytest --pyargs pytest_eagle3.suite --eagle3-fault KIND`` runs the
 smallest part of the suite that exercises it
 (:func:`pytest_eagle3.planning.selftest.self_test_plan`: one engine per kind).  The
@@ -177,7 +177,7 @@ def self_test(work: Path, *, no_tp: int = 1, kinds: Sequence[str] | None = None,
     """Run every kind of the plan (or ``kinds``), then the control.
 
     ``no_tp``: the TP size of kinds that need no TP > 1 (1 or 2); kinds in
-    :data:`pytest_eagle3.engine.faults.NEEDS_TP` always run at TP 2.
+    :data:`pytest_eagle3.worker.faults.NEEDS_TP` always run at TP 2.
     ``runner(work_dir, tests, tp, fault, extra) -> ChildRun`` runs one child
     (default :func:`run_child`).
 

@@ -32,9 +32,9 @@ from typing import Any
 from pytest_eagle3.contracts.contract import Contract
 from pytest_eagle3.contracts.stacks import translate
 from pytest_eagle3.errors import Eagle3ConfigError, Eagle3ContractError
-from pytest_eagle3.engine.install import sglang_location_and_version
-from pytest_eagle3.engine.model_code import read_rules
-from pytest_eagle3.engine.id_keys import KeyReads, draft_reads, target_reads
+from pytest_eagle3.sglang_source.install import sglang_location_and_version
+from pytest_eagle3.sglang_source.model_code import read_rules
+from pytest_eagle3.sglang_source.id_keys import KeyReads, draft_reads, target_reads
 
 #: Where the ids can be; the first is what SGLang reads.
 EAGLE_CONFIG_KEY = "eagle_config.eagle_aux_hidden_state_layer_ids"
@@ -98,7 +98,7 @@ SPECFORGE_UNDECLARED = (
     "no ids, so SGLang and vLLM capture their default layers; fix: write them under " + EAGLE_CONFIG_KEY
 )
 #: Ids only at the top level, diagnosed from the installed files that read them
-#: (:mod:`pytest_eagle3.engine.id_keys`).
+#: (:mod:`pytest_eagle3.sglang_source.id_keys`).
 TOP_LEVEL_TRAP = (
     "the ids {ids} are only at the top level ({top_key}): {draft_side}, but the target side reads {target_side} "
     "and captures its default layers instead; fix: move the ids under " + EAGLE_CONFIG_KEY
@@ -399,8 +399,8 @@ def load_draft(path: str | Path) -> DraftInfo:
 
 def top_level_trap(info: DraftInfo, target: KeyReads | None, draft: KeyReads | None) -> str:
     """What happens to ids only at the top level of ``info``'s config: which side
-    reads them (``target``: :func:`~pytest_eagle3.engine.id_keys.target_reads`;
-    ``draft``: :func:`~pytest_eagle3.engine.id_keys.draft_reads` of its architecture),
+    reads them (``target``: :func:`~pytest_eagle3.sglang_source.id_keys.target_reads`;
+    ``draft``: :func:`~pytest_eagle3.sglang_source.id_keys.draft_reads` of its architecture),
     with the files and lines, and the fix."""
     arch = (info.config.get("architectures") or ["the draft model"])[0]
     if draft is not None and draft.reads_top_level:
@@ -430,7 +430,7 @@ def installed_top_level_trap(info: DraftInfo, location: str | Path | None) -> st
 
 def installed_sglang_rule() -> Any:
     """The id rule of the importable SGLang's DeepSeek model, read from its model
-    file (:mod:`pytest_eagle3.engine.model_code`; no import of sglang), or None
+    file (:mod:`pytest_eagle3.sglang_source.model_code`; no import of sglang), or None
     when there is none."""
 
     location, _ = sglang_location_and_version()

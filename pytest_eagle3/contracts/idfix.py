@@ -17,7 +17,7 @@ construction for the version asked about.  :func:`plan_fix` turns that into a
   ``hs[1]`` with ``[1]`` alone (longer lists avoid it by not *listing* the 1 first).
 
 Every function takes the rule to apply: the installed SGLang's
-(:meth:`pytest_eagle3.engine.install.SGLangInstall.id_rule`, read from its
+(:meth:`pytest_eagle3.sglang_source.install.SGLangInstall.id_rule`, read from its
 code), or a version string for the version table's prediction.
 
 Pure Python: no torch, no SGLang.

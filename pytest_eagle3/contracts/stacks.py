@@ -157,7 +157,7 @@ def speculators(
     pre-norm final state), ``models/utils.py:99-140`` (default ``[2, L//2, L-3]``);
     ``standardize_data_v1`` is gone.  The flags change the draft's forward, not which
     layers feed ``fc``; a flag its serving model never reads is refused before any
-    engine (:func:`pytest_eagle3.engine.id_keys.flags_read`).
+    engine (:func:`pytest_eagle3.sglang_source.id_keys.flags_read`).
 
     ``datagen="extract_hidden_states"`` (default; speculators PR #353, commit
     ``2a1443c8``, 2026-03-26, onwards; read at ``c05b95b3``, 2026-08-20):

@@ -38,7 +38,7 @@ from typing import Any, Mapping
 
 from pytest_eagle3.contracts.draft import BAD_CONFIG_MSG, NO_DIR_MSG, read_draft_config, read_safetensors_header
 from pytest_eagle3.draft.config import ARCHITECTURE, ARCHITECTURES, FC, LM_HEAD, MLA_ARCHITECTURE, DraftConfig
-from pytest_eagle3.engine.id_keys import DRAFT_FILES, EAGLE_FLAGS, flags_read
+from pytest_eagle3.sglang_source.id_keys import DRAFT_FILES, EAGLE_FLAGS, flags_read
 from pytest_eagle3.errors import Eagle3ContractError
 
 
@@ -150,7 +150,7 @@ def validate_draft(path: str | Path, target_hidden_size: int, target_vocab_size:
         sglang_location: the installed ``sglang`` package: an EAGLE-3 flag the
             config sets (``norm_before_fc``, ``fc_norm``, ``norm_output``, ...)
             that its draft model file never reads is refused
-            (:func:`pytest_eagle3.engine.id_keys.flags_read`).
+            (:func:`pytest_eagle3.sglang_source.id_keys.flags_read`).
 
     Raises:
         Eagle3DraftError: (one line) not a directory, no/bad config, not an EAGLE-3

@@ -14,13 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from pytest_eagle3.engine.cpu import forks, recipe
+from pytest_eagle3.sglang_source import env_fills
+from pytest_eagle3.engine.cpu import recipe
 from pytest_eagle3.engine.cuda.recipe import CudaRecipe
-from pytest_eagle3.engine.install import SGLangInstall
-from pytest_eagle3.engine.norm_code import AUTO, resolve_norm_path
-from pytest_eagle3.engine.recorder_hook import RECORD_TARGET_ENV
-from pytest_eagle3.engine.recorder_hook import TARGET as RECORD_TARGET
-from pytest_eagle3.engine.sglang_hooks import HOOKS_ENV, SITE_HOOK_DIR
+from pytest_eagle3.sglang_source.install import SGLangInstall
+from pytest_eagle3.sglang_source.norm_code import AUTO, resolve_norm_path
+from pytest_eagle3.worker.recorder_hook import RECORD_TARGET_ENV
+from pytest_eagle3.worker.recorder_hook import TARGET as RECORD_TARGET
+from pytest_eagle3.worker.env import HOOKS_ENV
+from pytest_eagle3.worker.sglang_hooks import SITE_HOOK_DIR
 from pytest_eagle3.errors import Eagle3ConfigError
 
 UNKNOWN_ARG = (
@@ -208,10 +210,10 @@ def build_engine_config(
 
     ``norm_path`` (cpu only): ``auto`` runs SGLang's in-place AMX norm branch
     where the installed ``layernorm.py`` has one the stand-in kernels serve
-    (:func:`pytest_eagle3.engine.norm_code.resolve_norm_path`), ``inplace`` the
+    (:func:`pytest_eagle3.sglang_source.norm_code.resolve_norm_path`), ``inplace`` the
     same, ``native`` the out-of-place ``forward_native``.  ``allreduce_fusion``
     (cpu, ``tp > 1``): SGLang's fused all-reduce + add + RMSNorm path with a gloo
-    stand-in for the fused op (:mod:`pytest_eagle3.engine.cpu.allreduce_fusion`).
+    stand-in for the fused op (:mod:`pytest_eagle3.worker.cpu.allreduce_fusion`).
 
     Raises:
         Eagle3ConfigError: an argument the installed SGLang does not accept.
@@ -245,13 +247,13 @@ def build_engine_config(
                                   and install.fusion_code().refusal is None))
         if speculative and install.spec_v2_cpu_gap:
             env[recipe.SPEC_V2_ENV] = "False"
-        for fill in forks.env_fills(install, install.model_code(architecture).file):
+        for fill in env_fills.env_fills(install, install.model_code(architecture).file):
             env[fill.name] = fill.value
     elif device == "cuda" and cuda is not None:
         args.update(cuda.args)
-    # A self-test fault (engine/faults.py) is part of the engine's env, so of its key.
+    # A self-test fault (worker/faults.py) is part of the engine's env, so of its key.
     env.update(extra_env or {})
-    # The per-rank recorder, idle until a test enables it (engine/recorder_hook.py),
+    # The per-rank recorder, idle until a test enables it (worker/recorder_hook.py),
     # on the forward whose loop captures for this architecture (read from its model file).
     env[HOOKS_ENV] = ",".join(x for x in (env.get(HOOKS_ENV), "record") if x)
     forward = install.model_code(_architecture(model_path)).capture_forward if install.location else None

@@ -1,6 +1,6 @@
 """Test-process side of the per-rank recorder: switch it on, read what each rank wrote.
 
-The worker side is :mod:`pytest_eagle3.engine.recorder_hook`; the two share a
+The worker side is :mod:`pytest_eagle3.worker.recorder_hook`; the two share a
 directory (``EnginePool.record_dir``) and the file names defined there.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
-from pytest_eagle3.engine.recorder_hook import ENABLED_FILE, FAULT_FILE, FAULTS
+from pytest_eagle3.worker.recorder_hook import ENABLED_FILE, FAULT_FILE, FAULTS
 from pytest_eagle3.errors import Eagle3Error
 
 if TYPE_CHECKING:

@@ -1,8 +1,8 @@
 """Proof, from an engine's log, that a CPU-tier stand-in path really ran on every TP rank.
 
 The CPU tier runs two of SGLang's production branches through stand-in
-kernels: the in-place norms (:mod:`pytest_eagle3.engine.cpu.norms`) and the
-fused all-reduce (:mod:`pytest_eagle3.engine.cpu.allreduce_fusion`).  Each
+kernels: the in-place norms (:mod:`pytest_eagle3.worker.cpu.norms`) and the
+fused all-reduce (:mod:`pytest_eagle3.worker.cpu.allreduce_fusion`).  Each
 stand-in logs one line at its first call in a process; a test on such an
 engine passes only if at least ``tp`` processes (one per TP rank) logged it,
 else it fails with :data:`NOT_TAKEN`: a configured path that never ran
@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-from pytest_eagle3.engine.cpu.allreduce_fusion import FUSION_ENV
-from pytest_eagle3.engine.cpu.norms import NORM_PATH_ENV
+from pytest_eagle3.worker.cpu.allreduce_fusion import FUSION_ENV
+from pytest_eagle3.worker.cpu.norms import NORM_PATH_ENV
 
 NOT_TAKEN = ("{engine}: {path} was configured ({env}) but {what}: the path did not run, so this test "
              "proves nothing about it (log: {log})")

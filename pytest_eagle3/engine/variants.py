@@ -45,12 +45,12 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TextIO
 
 from pytest_eagle3.engine.gpus import detect_gpu_arch, normalize_arch
-from pytest_eagle3.engine.cpu import patches
-from pytest_eagle3.engine import install as sglang_install
+from pytest_eagle3.worker.cpu import patches
+from pytest_eagle3.sglang_source import install as sglang_install
 from pytest_eagle3.errors import Eagle3Error
 
 if TYPE_CHECKING:
-    from pytest_eagle3.engine.install import SGLangInstall
+    from pytest_eagle3.sglang_source.install import SGLangInstall
     from pytest_eagle3.engine.options import EngineOptions
 
 
@@ -104,7 +104,7 @@ class Needs:
         gpu_archs: on CUDA, the architectures that enter it (:data:`SM90`,
             :data:`SM10X`); empty: any.
         cpu_fix: on CPU, the name of a CPU-tier fix the path needs, looked up
-            in ``pytest_eagle3.engine.cpu.patches.FIXES`` (``""``: none).
+            in ``pytest_eagle3.worker.cpu.patches.FIXES`` (``""``: none).
         cpu_fix_why: what goes wrong on CPU without it.
     """
 
@@ -219,7 +219,7 @@ def _missing_flags(variant: Variant, install: "SGLangInstall") -> str:
 
 def cpu_tier_fixes() -> frozenset[str]:
     """Names of the fixes the CPU tier installs in SGLang's processes
-    (``pytest_eagle3.engine.cpu.patches.FIXES``; empty when it names none)."""
+    (``pytest_eagle3.worker.cpu.patches.FIXES``; empty when it names none)."""
 
     return frozenset(getattr(patches, "FIXES", ()))
 

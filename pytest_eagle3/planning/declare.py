@@ -39,7 +39,7 @@ from pytest_eagle3.errors import Eagle3ConfigError
 from pytest_eagle3.target.spec import DEFAULT_ARCHITECTURE
 from pytest_eagle3.draft import shipped_draft_dir
 from pytest_eagle3.draft.config import MLA_ARCHITECTURE
-from pytest_eagle3.engine.id_keys import DRAFT_FILES, has_draft_model
+from pytest_eagle3.sglang_source.id_keys import DRAFT_FILES, has_draft_model
 from pytest_eagle3.draft.random_draft import capture_draft_dir
 from pytest_eagle3.conventions import predict
 from pytest_eagle3.contracts.idfix import plan_fix
@@ -49,7 +49,7 @@ from pytest_eagle3.engine.gpus import PLAN_GPU_ARCH, detect_gpu_arch
 
 if TYPE_CHECKING:
     from pytest_eagle3.conventions import IdRule
-    from pytest_eagle3.engine.install import SGLangInstall
+    from pytest_eagle3.sglang_source.install import SGLangInstall
     from pytest_eagle3.engine.variants import Variant
     from pytest_eagle3.target.spec import TargetFacts
 
@@ -597,7 +597,7 @@ def _trained_contract(draft: Path, num_layers: int, hidden_size: int, rule: Any)
 
 def installed_rule(ctx: NeedContext) -> "IdRule":
     """The installed SGLang's id rule for the target's architecture, read from its
-    model file (:mod:`pytest_eagle3.engine.model_code`), never from its version."""
+    model file (:mod:`pytest_eagle3.sglang_source.model_code`), never from its version."""
     assert ctx.install is not None
     arch = ctx.facts.architecture if ctx.facts is not None else DEFAULT_ARCHITECTURE
     return ctx.install.id_rule(arch)

@@ -1,13 +1,13 @@
 """The self-test plan: which packaged tests must catch each injected fault.
 
-The faults themselves live in :mod:`pytest_eagle3.engine.faults` (injected into
+The faults themselves live in :mod:`pytest_eagle3.worker.faults` (injected into
 SGLang's own computation); this module only picks the smallest part of
 ``pytest_eagle3.suite`` that must fail naming each kind.
 """
 
 from __future__ import annotations
 
-from pytest_eagle3.engine.faults import NEEDS_FUSED_ALLREDUCE, NEEDS_INPLACE_NORM, NEEDS_TP
+from pytest_eagle3.worker.faults import NEEDS_FUSED_ALLREDUCE, NEEDS_INPLACE_NORM, NEEDS_TP
 from pytest_eagle3.planning.cases import WIDE_CASE
 
 __all__ = ["NEEDS_TP", "self_test_args", "self_test_plan"]
@@ -49,9 +49,9 @@ def self_test_plan(no_tp: int = 1) -> dict[str, tuple[int, tuple[str, ...]]]:
 def self_test_args(kind: str | None) -> tuple[str, ...]:
     """Child pytest arguments that put a fault's engine on the path where the
     fault lives: ``--eagle3-cpu-norm inplace`` for the kinds in
-    :data:`~pytest_eagle3.engine.faults.NEEDS_INPLACE_NORM`,
+    :data:`~pytest_eagle3.worker.faults.NEEDS_INPLACE_NORM`,
     ``--eagle3-cpu-allreduce-fusion`` for those in
-    :data:`~pytest_eagle3.engine.faults.NEEDS_FUSED_ALLREDUCE` (both act on cpu
+    :data:`~pytest_eagle3.worker.faults.NEEDS_FUSED_ALLREDUCE` (both act on cpu
     only; a GPU runs these paths natively).  ``None``: none."""
     if kind in NEEDS_INPLACE_NORM:
         return ("--eagle3-cpu-norm", "inplace")

@@ -27,7 +27,7 @@ from pytest_eagle3.plugin.options import Settings, check_tp_divides, get_setting
 from pytest_eagle3.target.spec import LocalTarget, TargetFacts, load_prompts, resolve_target
 from pytest_eagle3.target.checkpoint import ensure_checkpoint
 from pytest_eagle3.target.reference import ensure_reference
-from pytest_eagle3.engine import install as sglang_install
+from pytest_eagle3.sglang_source import install as sglang_install
 from pytest_eagle3.engine.lease import GpuLeaser
 from pytest_eagle3.engine.pool import EnginePool
 from pytest_eagle3.plugin.plan import build_plan
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
     from pytest_eagle3.planning.declare import EngineNeed, EngineRequest
     from pytest_eagle3.engine.config import EngineConfig
-    from pytest_eagle3.engine.install import SGLangInstall
+    from pytest_eagle3.sglang_source.install import SGLangInstall
     from pytest_eagle3.target.spec import TargetSpec
 
 logger = logging.getLogger("pytest_eagle3")

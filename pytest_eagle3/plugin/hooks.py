@@ -34,13 +34,13 @@ from pytest_eagle3.libversions import module_version
 from pytest_eagle3.contracts.draft import NO_DIR_MSG
 from pytest_eagle3.draft.validate import read_config
 from pytest_eagle3.target.spec import LocalTarget, resolve_target
-from pytest_eagle3.engine.install import SGLangInstall, sglang_location_and_version
+from pytest_eagle3.sglang_source.install import SGLangInstall, sglang_location_and_version
 from pytest_eagle3.plugin.bisect import BisectPlugin, mark_untestable
 from pytest_eagle3.plugin.report import ReportWriter
 from pytest_eagle3.plugin.figures import Figures
-from pytest_eagle3.engine.faults import describe, read_fault
-from pytest_eagle3.engine.norm_code import norm_code_at, resolve_norm_path
-from pytest_eagle3.engine.fusion_code import fusion_code_at
+from pytest_eagle3.worker.faults import describe, read_fault
+from pytest_eagle3.sglang_source.norm_code import norm_code_at, resolve_norm_path
+from pytest_eagle3.sglang_source.fusion_code import fusion_code_at
 from pytest_eagle3.target.prompts import load_prompts
 
 FIXTURES_MODULE = "pytest_eagle3.plugin.fixtures"

@@ -27,8 +27,9 @@ import pytest
 
 from pytest_eagle3.target.checkpoint.cache import CACHE_ENV, default_cache_dir
 from pytest_eagle3.engine.gpus import GpuProbe, detect_gpus
-from pytest_eagle3.engine.faults import FAULT_ENV, FaultError, read_fault
-from pytest_eagle3.engine.norm_code import AUTO, NORM_PATHS
+from pytest_eagle3.worker.env import FAULT_ENV
+from pytest_eagle3.worker.faults import FaultError, read_fault
+from pytest_eagle3.sglang_source.norm_code import AUTO, NORM_PATHS
 
 #: Tensor-parallel sizes the suite knows how to run.
 TP_CHOICES: tuple[int, ...] = (1, 2, 4, 8)
@@ -161,7 +162,7 @@ class Settings:
         report: ``--eagle3-report FILE``: the JSON report (:mod:`pytest_eagle3.plugin.report`).
         capture_method: ``--eagle3-capture-method``: ``auto``, ``capture-only`` or ``eagle3-draft``.
         fault: ``--eagle3-fault`` (or env ``PYTEST_EAGLE3_FAULT``): a fault to inject into every
-            engine (:mod:`pytest_eagle3.engine.faults`), as the env value; ``None``: none.
+            engine (:mod:`pytest_eagle3.worker.faults`), as the env value; ``None``: none.
         min_accept_length, min_accept_rate: the acceptance gates (``None``: the draft's own).
         prompts: ``--eagle3-prompts FILE``: the prompts every engine is sent instead of the
             packaged ones (token ids or text: :mod:`pytest_eagle3.target.prompts`).
@@ -169,10 +170,10 @@ class Settings:
             and serves (``--eagle3-no-prefetch`` turns it off; :mod:`pytest_eagle3.engine.pool`).
         cpu_norm: ``--eagle3-cpu-norm`` (env ``PYTEST_EAGLE3_CPU_NORM_PATH``): ``auto`` (SGLang's
             in-place AMX norm branch where the installed layernorm.py has one), ``inplace``,
-            ``native`` (:mod:`pytest_eagle3.engine.norm_code`).
+            ``native`` (:mod:`pytest_eagle3.sglang_source.norm_code`).
         cpu_allreduce_fusion: ``--eagle3-cpu-allreduce-fusion``: on cpu, every engine at TP > 1
             runs SGLang's fused all-reduce + residual add + RMSNorm path with a gloo stand-in for
-            the fused op (:mod:`pytest_eagle3.engine.cpu.allreduce_fusion`).
+            the fused op (:mod:`pytest_eagle3.worker.cpu.allreduce_fusion`).
     """
 
     tp: int = 1
@@ -379,7 +380,7 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption(
         "--eagle3-fault", dest="eagle3_fault", metavar="KIND|JSON", default=None,
         help="self-test: inject a wiring fault into SGLang's own computation in every engine of "
-        "this run (pytest_eagle3/engine/faults.py CATALOG); the suite must then fail and name it. "
+        "this run (pytest_eagle3/worker/faults.py CATALOG); the suite must then fail and name it. "
         "Env PYTEST_EAGLE3_FAULT",
     )
     group.addoption(

@@ -4,7 +4,7 @@ After collection (and ``-m``/``-k`` deselection), every selected test is mapped
 to the engine it would use, through the same path the fixtures take:
 :func:`pytest_eagle3.capture.api.capture_server_args` for the test's id list, then
 :func:`pytest_eagle3.engine.config.build_engine_config` with the installed
-SGLang's flags (:func:`pytest_eagle3.engine.install.probe`, cached), the run's
+SGLang's flags (:func:`pytest_eagle3.sglang_source.install.probe`, cached), the run's
 ``--sglang-arg`` values and the model path the default ``eagle3_checkpoint``
 fixture resolves (a preset's cache entry on this machine; a ``conftest.py``
 that overrides the fixture is not seen).  Then pytest exits without running a
@@ -54,11 +54,11 @@ from pytest_eagle3.capture.api import cuda_recipe_for, engine_config
 from pytest_eagle3.planning.declare import EngineNeed, NeedContext, resolve
 from pytest_eagle3.engine.server import SGLangServer
 from pytest_eagle3.engine import lease
-from pytest_eagle3.engine import install as sglang_install
+from pytest_eagle3.sglang_source import install as sglang_install
 
 if TYPE_CHECKING:
     from pytest_eagle3.engine.config import EngineConfig
-    from pytest_eagle3.engine.install import SGLangInstall
+    from pytest_eagle3.sglang_source.install import SGLangInstall
     from pytest_eagle3.target.spec import TargetFacts
 
 #: ``config.option.numprocesses`` as xdist resolved it, before plan mode switched xdist off.

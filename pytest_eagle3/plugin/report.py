@@ -40,7 +40,7 @@ import pytest
 
 from pytest_eagle3.plugin import session as eagle3_session
 from pytest_eagle3.verdicts import compare
-from pytest_eagle3.engine.install import sglang_location_and_version
+from pytest_eagle3.sglang_source.install import sglang_location_and_version
 from pytest_eagle3.plugin.options import get_settings
 
 SCHEMA = 1

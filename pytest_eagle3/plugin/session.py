@@ -23,11 +23,11 @@ import pytest
 from pytest_eagle3.planning import declare
 from pytest_eagle3.plugin.options import TP_CHOICES, check_tp_divides, get_settings
 from pytest_eagle3.errors import Eagle3Error
-from pytest_eagle3.engine import install as sglang_install
+from pytest_eagle3.sglang_source import install as sglang_install
 from pytest_eagle3.target.spec import resolve_target
 
 if TYPE_CHECKING:
-    from pytest_eagle3.engine.install import SGLangInstall
+    from pytest_eagle3.sglang_source.install import SGLangInstall
     from pytest_eagle3.target.spec import TargetFacts
 
 #: Lines of an engine log attached to a failing test.

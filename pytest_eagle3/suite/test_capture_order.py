@@ -2,7 +2,7 @@
 slots of ``hidden`` columns each, for every id list in the contract fixtures.
 
 The rule is read from the installed SGLang's model file for the target's
-architecture (:mod:`pytest_eagle3.engine.model_code`: SGLang's own
+architecture (:mod:`pytest_eagle3.sglang_source.model_code`: SGLang's own
 ``set_eagle3_layers_to_capture`` run on a stand-in); this test measures the
 running engine.  When the two disagree this is the one test that fails for it,
 naming both and the file:line; the other tests of the run follow what was

@@ -1,7 +1,7 @@
 """Every TP rank captures the same, complete, fully reduced hidden states.
 
 SGLang's public API returns rank 0's captures only.  The per-rank recorder
-(``engine/recorder_hook.py``, loaded into each TP worker through SGLang's
+(``worker/recorder_hook.py``, loaded into each TP worker through SGLang's
 ``sglang.srt.plugins`` entry point) records what every rank captured in every
 forward; these tests compare all of them with the reference:
 

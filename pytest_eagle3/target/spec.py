@@ -164,7 +164,7 @@ class TargetFacts:
         kv_lora_rank, qk_rope_head_dim: MLA latent and rope widths (``None``
             without MLA); CUDA attention kernels check them.
         architecture: the config's first ``architectures`` entry: the SGLang
-            model class whose capture rules apply (``engine/model_code.py``).
+            model class whose capture rules apply (``sglang_source/model_code.py``).
     """
 
     num_layers: int

@@ -3,7 +3,7 @@
 :func:`pytest_eagle3.verdicts.compare.compare_slots` says which clean snapshot
 ``hs[i]`` each captured slot holds.  When a slot is wrong, this module tests the
 tensors the known wiring bugs produce instead, and names the bug with a tag
-``[kind]`` from the fault catalog (:data:`pytest_eagle3.engine.faults.CATALOG`):
+``[kind]`` from the fault catalog (:data:`pytest_eagle3.worker.faults.CATALOG`):
 
 * across slots: every slot one layer late / early (``[offset-twice]`` /
   ``[offset-missing]``), SGLang's default layer list whatever was configured

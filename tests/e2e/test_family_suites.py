@@ -77,13 +77,13 @@ def test_family_passes_or_names_its_capture_defect(family: tuple[str, InnerRun])
 def test_gemma3_passes_with_the_upstream_fix_applied(tmp_path_factory: pytest.TempPathFactory) -> None:
     """The Gemma 3 verdict is SGLang's, not the reference's: with the fix SGLang
     PR #39286 describes (each capture holds the residual stream) applied inside
-    SGLang's processes (:mod:`pytest_eagle3.engine.upstream_fixes`), the suite
+    SGLang's processes (:mod:`pytest_eagle3.worker.upstream_fixes`), the suite
     that fails above passes on the same checkpoint, draft and reference, and
     the draft clears its gate."""
     pytest.importorskip("sglang")
     import sglang
 
-    from pytest_eagle3.engine.upstream_fixes import FIX_ENV
+    from pytest_eagle3.worker.upstream_fixes import FIX_ENV
 
     if sglang.__version__ != "0.5.23":
         pytest.skip(f"the Gemma 3 finding is SGLang 0.5.23's; installed {sglang.__version__}")

@@ -2,9 +2,9 @@
 
 Runs ``pytest-eagle3 self-test``'s own code (:mod:`pytest_eagle3.cli.selftest`)
 once over the whole catalog.  For every kind of the fault catalog
-(:data:`pytest_eagle3.engine.faults.CATALOG`) one inner pytest runs the smallest part of the packaged suite that exercises
+(:data:`pytest_eagle3.worker.faults.CATALOG`) one inner pytest runs the smallest part of the packaged suite that exercises
 it, against the real SGLang on CPU, with ``--eagle3-fault KIND``: every SGLang process of that run installs the fault inside its own
-capture path (``engine/faults.py``, through the ``sglang.srt.plugins`` hooks).
+capture path (``worker/faults.py``, through the ``sglang.srt.plugins`` hooks).
 Each run must fail, and the failing test's message must name the fault's kind
 (the diagnosis tag ``[kind]`` of ``verdicts/diagnose.py``).  One run without a
 fault over the union of those selections must pass: the control.
@@ -24,7 +24,7 @@ import os
 import pytest
 
 from pytest_eagle3.cli import selftest
-from pytest_eagle3.engine.faults import CATALOG, NEEDS_TP
+from pytest_eagle3.worker.faults import CATALOG, NEEDS_TP
 from pytest_eagle3.planning.selftest import self_test_plan
 from pytest_eagle3.plugin.options import default_cache_dir
 from tests.inner_run import RUN_MARK

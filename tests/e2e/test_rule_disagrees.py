@@ -20,7 +20,7 @@ pytestmark = pytest.mark.e2e
 
 WRONG_RULE_PLUGIN = '''
 from pytest_eagle3.conventions import rule_for_version
-from pytest_eagle3.engine.install import SGLangInstall
+from pytest_eagle3.sglang_source.install import SGLangInstall
 
 _wrong = rule_for_version("0.5.12")  # always +1, layer 0 not capturable
 

@@ -36,7 +36,7 @@ from pytest_eagle3.capture.draft_path import (
 )
 from pytest_eagle3.capture.spec_metrics import aggregate
 from pytest_eagle3.engine.config import build_engine_config
-from pytest_eagle3.engine.install import probe
+from pytest_eagle3.sglang_source.install import probe
 from pytest_eagle3.engine.server import SGLangServer
 from pytest_eagle3.plugin.options import default_cache_dir
 from pytest_eagle3.target.checkpoint import ensure_checkpoint

@@ -292,7 +292,7 @@ def test_no_sglang_process_left_behind(inner: InnerRun) -> None:
 def test_inspect_verdicts_agree_with_the_engine(inner: InnerRun, tmp_path) -> None:
     """``pytest-eagle3 inspect`` (no engine) predicts, for every fixture contract, the
     outcome the real engine measured: match <-> passed, mismatch <-> xfailed."""
-    from pytest_eagle3.engine.install import locate
+    from pytest_eagle3.sglang_source.install import locate
     from pytest_eagle3.cli.preflight import inspect_draft
     from pytest_eagle3.planning import cases
     from pytest_eagle3.suite.support import write_draft_config

@@ -25,8 +25,8 @@ TEST = "test_draft_receives_its_training_contract[tp1-your-draft]"
 
 def test_top_level_ids_fail_the_suite_with_the_trap_named(tmp_path: Path) -> None:
     from pytest_eagle3.draft import shipped_draft_dir
-    from pytest_eagle3.engine import id_keys
-    from pytest_eagle3.engine.install import sglang_location_and_version
+    from pytest_eagle3.sglang_source import id_keys
+    from pytest_eagle3.sglang_source.install import sglang_location_and_version
 
     location, _ = sglang_location_and_version()
     if location is None or not id_keys.has_draft_model(location, "Eagle3DeepseekV2ForCausalLM"):

@@ -22,7 +22,7 @@ import pytest
 from pytest_eagle3.target.checkpoint.cache import cache_key
 from pytest_eagle3.plugin import hooks as plugin
 from pytest_eagle3.target.checkpoint import builder, cache, ensure_checkpoint, entry_dir
-from pytest_eagle3.engine.install import IMPORT_FAILED, NOT_INSTALLED
+from pytest_eagle3.sglang_source.install import IMPORT_FAILED, NOT_INSTALLED
 from pytest_eagle3.engine.pool import FAILED_BEFORE
 from pytest_eagle3.errors import Eagle3ConfigError
 from pytest_eagle3.plugin.options import ENV_TARGET, MSG_CACHE_NOT_WRITABLE, check_tp_divides
@@ -414,7 +414,7 @@ XDIST_STUB_SGLANG = '''
 @pytest.fixture(scope="session")
 def eagle3_sglang():
     import sys
-    from pytest_eagle3.engine.install import SGLangInstall
+    from pytest_eagle3.sglang_source.install import SGLangInstall
 
     return SGLangInstall("0.5.23", "/nowhere/sglang", frozenset(), sys.executable)
 '''

@@ -507,7 +507,7 @@ def test_specforge_sglang_draft(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         contract_for_draft(d, "specforge-sglang", num_layers=8)
     # Default: the installed SGLang's rule, read from its model file (an always +1 fork here).
     from fake_model_files import ALWAYS, write_deepseek_file
-    from pytest_eagle3.engine.model_code import read_rules
+    from pytest_eagle3.sglang_source.model_code import read_rules
 
     write_deepseek_file(tmp_path / "fork" / "sglang", ALWAYS, layer0=False)
     fork_rule = read_rules(tmp_path / "fork" / "sglang", "DeepseekV3ForCausalLM").rule

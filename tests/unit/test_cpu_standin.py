@@ -288,7 +288,7 @@ def test_metrics_missing_and_aggregate():
 # -- the speculative CPU recipe -------------------------------------------------
 
 def _install(*extra: str):
-    from pytest_eagle3.engine.install import SGLangInstall
+    from pytest_eagle3.sglang_source.install import SGLangInstall
 
     base = {"model-path", "tp-size", "skip-tokenizer-init", "disable-radix-cache", "random-seed", "device",
             "attention-backend", "dtype", "disable-custom-all-reduce", "disable-cuda-graph",
@@ -315,7 +315,7 @@ def test_speculative_server_args_and_missing_flags():
 def test_cpu_recipe_switches_attention_only_for_a_draft():
     from pytest_eagle3.capture.draft_path import draft_path_server_args
     from pytest_eagle3.engine.config import build_engine_config
-    from pytest_eagle3.engine.cpu.patches import AMX_ATTENTION_ENV
+    from pytest_eagle3.worker.cpu.patches import AMX_ATTENTION_ENV
 
     inst = _install(*SPEC_FLAGS)
     plain = build_engine_config(inst, model_path="/m", tp=2, device="cpu")

@@ -252,9 +252,9 @@ def test_the_recorder_hooks_the_forward_that_captures(tmp_path: Path, monkeypatc
     handed to the per-rank recorder through the engine's environment."""
     sglang = pytest.importorskip("sglang")
     from pytest_eagle3.engine.config import build_engine_config
-    from pytest_eagle3.engine.install import SGLangInstall
-    from pytest_eagle3.engine.model_code import read_rules
-    from pytest_eagle3.engine.recorder_hook import RECORD_TARGET_ENV
+    from pytest_eagle3.sglang_source.install import SGLangInstall
+    from pytest_eagle3.sglang_source.model_code import read_rules
+    from pytest_eagle3.worker.recorder_hook import RECORD_TARGET_ENV
     from pytest_eagle3.target.spec import targets_dir
 
     location = str(Path(sglang.__file__).parent)
@@ -338,7 +338,7 @@ def test_last_layer_capture_is_read_from_the_model_file():
     others never reach it.  gpt-oss keeps [5, 6, 8] as given, so 8 is final_prenorm."""
     sglang = pytest.importorskip("sglang")
     from pytest_eagle3.conventions import predict
-    from pytest_eagle3.engine.model_code import read_rules
+    from pytest_eagle3.sglang_source.model_code import read_rules
 
     location = str(Path(sglang.__file__).parent)
     rules = {a: read_rules(location, a).rule for a in ("GptOssForCausalLM", "Gemma3ForCausalLM",

@@ -1,4 +1,4 @@
-"""engine/faults.py without an engine: the switch, the catalog, each hook on small stand-ins.
+"""worker/faults.py without an engine: the switch, the catalog, each hook on small stand-ins.
 
 The real effect inside SGLang's workers is proven end to end by
 ``tests/e2e/test_fault_self_test.py``.
@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_eagle3.engine import faults, sglang_hooks
-from pytest_eagle3.engine.faults import CATALOG, FAULT_ENV, FaultError, describe, read_fault
+from pytest_eagle3.worker import faults, sglang_hooks
+from pytest_eagle3.worker.faults import CATALOG, FAULT_ENV, FaultError, describe, read_fault
 from pytest_eagle3.planning.selftest import self_test_plan
 
 PUBLIC_KINDS = (
@@ -72,7 +72,7 @@ def test_hooks_never_install_a_fault_outside_a_pytest_eagle3_engine(monkeypatch)
 
 
 def test_hooks_install_the_fault_before_the_recorder(monkeypatch) -> None:
-    from pytest_eagle3.engine import recorder_hook
+    from pytest_eagle3.worker import recorder_hook
 
     order = []
     monkeypatch.setattr(faults, "install", lambda: order.append("fault") or {"kind": "partial-sum"})
@@ -134,7 +134,7 @@ def test_id_faults_rewrite_layers_to_capture(monkeypatch, kind, after) -> None:
 def test_packer_writes_in_reverse() -> None:
     torch = pytest.importorskip("torch")
     aux = pytest.importorskip("sglang.srt.layers.aux_hidden_states", exc_type=ImportError)
-    from pytest_eagle3.engine.faults import _around_packer_slot
+    from pytest_eagle3.worker.faults import _around_packer_slot
 
     original = aux.AuxHiddenStatePacker.slot
     packer = aux.AuxHiddenStatePacker(3)
@@ -184,7 +184,7 @@ def test_an_aliased_capture_reads_what_a_later_in_place_write_left() -> None:
     borrowed tensor holds at the end of the forward, not what it held when captured."""
     torch = pytest.importorskip("torch")
     aux = pytest.importorskip("sglang.srt.layers.aux_hidden_states", exc_type=ImportError)
-    from pytest_eagle3.engine.faults import _around_packer_append, _around_packer_finalize
+    from pytest_eagle3.worker.faults import _around_packer_append, _around_packer_finalize
 
     cls = aux.AuxHiddenStatePacker
     residual = torch.zeros(2, 4)

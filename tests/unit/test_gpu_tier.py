@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pytest_eagle3.engine.cuda.recipe import FALLBACK_ATTENTION, cuda_recipe, default_attention, rejects
-from pytest_eagle3.engine.install import SGLangInstall
+from pytest_eagle3.sglang_source.install import SGLangInstall
 from pytest_eagle3.target.spec import TargetSpec
 
 FLAGS = frozenset({"dtype", "mem-fraction-static", "cuda-graph-max-bs", "max-running-requests",

@@ -220,7 +220,7 @@ def test_json_keys_are_stable(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 
 def test_installed_sglang(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from pytest_eagle3.engine.install import locate
+    from pytest_eagle3.sglang_source.install import locate
     from pytest_eagle3.errors import Eagle3SGLangMissing
 
     try:
@@ -483,9 +483,9 @@ def test_mla_draft_top_level_ids_trap_read_from_the_installed_sglang(tmp_path: P
     sides from the installed files (the draft's fc is sized for the ids, the target
     side reads only eagle_config) and the fix, before any engine."""
     from pytest_eagle3.draft import shipped_draft_dir
-    from pytest_eagle3.engine import id_keys
+    from pytest_eagle3.sglang_source import id_keys
     from tests.draft_files import with_top_level_ids
-    from pytest_eagle3.engine.install import sglang_location_and_version
+    from pytest_eagle3.sglang_source.install import sglang_location_and_version
 
     location, _ = sglang_location_and_version()
     if location is None or not id_keys.has_draft_model(location, "Eagle3DeepseekV2ForCausalLM"):

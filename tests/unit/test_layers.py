@@ -17,8 +17,10 @@ ROOT = Path(pytest_eagle3.__file__).parent
 #: lower layer; packages of one layer do not import each other.
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"errors", "libversions", "conventions", "reaper"}),  # shared facts and utilities
+    frozenset({"worker"}),        # code that runs inside SGLang's processes: hooks, fills, faults, recorder
+    frozenset({"sglang_source"}),  # static readers of the installed SGLang's files
     frozenset({"target"}),        # spec -> checkpoint -> reference
-    frozenset({"engine"}),        # SGLang in a subprocess, its install, CPU/CUDA recipes, faults
+    frozenset({"engine"}),        # SGLang in a subprocess: config, recipes, server, pool, leases, variants
     frozenset({"capture"}),       # aux hidden states out of a running engine
     frozenset({"verdicts"}),      # captures against the reference
     frozenset({"contracts"}),     # training contracts and what a draft declares
@@ -104,7 +106,7 @@ def test_the_walker_sees_function_level_imports(tmp_path: Path, monkeypatch: pyt
 #: it is enabled (its modules import torch and SGLang at their top): there, and
 #: only there, a function imports pytest_eagle3 modules.
 LAZY_HOOK_LOADERS = frozenset({
-    "engine/sglang_hooks.py", "engine/site_hook/sitecustomize.py", "engine/cpu/patches.py",
+    "worker/sglang_hooks.py", "worker/site_hook/sitecustomize.py", "worker/cpu/patches.py",
 })
 
 
@@ -141,3 +143,119 @@ def test_the_top_import_check_can_fail(tmp_path: Path) -> None:
     (tmp_path / "engine" / "x.py").write_text("import torch\n\ndef f():\n    import torch\n"
                                                "    from pytest_eagle3.target import spec\n")
     assert function_level_imports(tmp_path) == ["engine/x.py:5: pytest_eagle3.target"]
+
+
+# ------------------------------------------------------------------ inside a package
+
+
+def module_of(path: Path, root: Path) -> str:
+    """``root/engine/cpu/recipe.py`` -> ``pytest_eagle3.engine.cpu.recipe`` (``__init__`` -> its package)."""
+    parts = path.relative_to(root).with_suffix("").parts
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(("pytest_eagle3", *parts))
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the ``pytest_eagle3`` modules it imports (anywhere in the file).
+
+    ``from package import name`` counts as an import of the submodule ``name``
+    when there is one, else of the package."""
+    files = {module_of(p, root): p for p in sorted(root.rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for module, path in files.items():
+        is_package = path.name == "__init__.py"
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = module.split(".")
+                    base = base[: len(base) - node.level + (1 if is_package else 0)]
+                    pkg = ".".join([*base, node.module] if node.module else base)
+                else:
+                    pkg = node.module or ""
+                targets = [f"{pkg}.{a.name}" if f"{pkg}.{a.name}" in files else pkg for a in node.names]
+            else:
+                continue
+            for name in targets:
+                while name and name not in files:
+                    name = name.rpartition(".")[0]
+                if name and name != module and name != "pytest_eagle3":
+                    edges.add(name)
+        graph[module] = edges
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(cycles)
+
+
+def test_no_import_circle_between_modules() -> None:
+    """No module imports itself through others, inside a package or across packages."""
+    cycles = import_cycles(import_graph(ROOT))
+    assert not cycles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_circle_check_can_fail(tmp_path: Path) -> None:
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "engine" / "__init__.py").write_text("")
+    (tmp_path / "engine" / "a.py").write_text("from pytest_eagle3.engine import b\n")
+    (tmp_path / "engine" / "b.py").write_text("def f():\n    from . import c\n")
+    (tmp_path / "engine" / "c.py").write_text("import pytest_eagle3.engine.a\n")
+    (tmp_path / "engine" / "d.py").write_text("from pytest_eagle3.engine.a import x\n")
+    assert import_cycles(import_graph(tmp_path)) == [
+        ["pytest_eagle3.engine.a", "pytest_eagle3.engine.b", "pytest_eagle3.engine.c"]]
+
+
+#: The longest a module of the package may be, in lines.
+MAX_MODULE_LINES = 450
+
+
+def long_modules(root: Path) -> list[str]:
+    return [f"{p.relative_to(root).as_posix()}: {n} lines" for p in sorted(root.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) >= MAX_MODULE_LINES]
+
+
+def test_every_module_is_under_450_lines() -> None:
+    """One job per module; a module that grows past this is doing two."""
+    long = long_modules(ROOT)
+    assert not long, f"modules of {MAX_MODULE_LINES} lines or more:\n" + "\n".join(long)
+
+
+def test_the_length_check_can_fail(tmp_path: Path) -> None:
+    (tmp_path / "big.py").write_text("x = 1\n" * MAX_MODULE_LINES)
+    (tmp_path / "small.py").write_text("x = 1\n" * (MAX_MODULE_LINES - 1))
+    assert long_modules(tmp_path) == [f"big.py: {MAX_MODULE_LINES} lines"]

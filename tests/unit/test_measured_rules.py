@@ -7,7 +7,7 @@ from suite reports; docs/compatibility.md): for a draft's ids on an
 ``"fails-at-first-forward"``.
 
 * an entry of the SGLang installed here is checked against the rule *read from
-  its installed code* (``engine/model_code.py``), and ``inspect`` with it;
+  its installed code* (``sglang_source/model_code.py``), and ``inspect`` with it;
 * an entry of an upstream release that is not installed is checked against the
   version table (the prediction ``inspect --sglang-version`` makes);
 * an entry of a fork (``distribution``) that is not installed cannot be
@@ -38,7 +38,7 @@ def _id(entry: dict) -> str:
 def _installed():
     """``(distribution, version, rule)`` of the SGLang installed here, or ``None``."""
     try:
-        from pytest_eagle3.engine.install import SGLangInstall, locate
+        from pytest_eagle3.sglang_source.install import SGLangInstall, locate
         from pytest_eagle3.errors import Eagle3SGLangMissing
 
         version, location = locate()

@@ -15,7 +15,7 @@ from pytest_eagle3.draft import Eagle3DraftError, shipped_draft_dir, validate_dr
 from pytest_eagle3.draft.build import VARIANTS
 from pytest_eagle3.draft.config import MLA_ARCHITECTURE, DraftConfig
 from pytest_eagle3.draft.validate import tensor_shapes
-from pytest_eagle3.engine import id_keys
+from pytest_eagle3.sglang_source import id_keys
 from pytest_eagle3.planning import declare
 from pytest_eagle3.target.spec import TargetSpec
 from tests.safetensors_files import write_safetensors
@@ -212,7 +212,7 @@ def test_key_reads_from_source() -> None:
 def test_key_reads_of_the_installed_sglang() -> None:
     """sglang 0.5.23: the target side reads only eagle_config's key; the MLA draft
     sizes fc from it, else from the top-level key (the trap)."""
-    from pytest_eagle3.engine.install import sglang_location_and_version
+    from pytest_eagle3.sglang_source.install import sglang_location_and_version
 
     location, _ = sglang_location_and_version()
     if location is None or not id_keys.has_draft_model(location, MLA_ARCHITECTURE):
@@ -225,7 +225,7 @@ def test_key_reads_of_the_installed_sglang() -> None:
 
 def test_planning_leaves_mla_drafts_out_where_sglang_has_no_mla_draft(tmp_path: Path) -> None:
     """One line, read from the installed files, never from a version number."""
-    from pytest_eagle3.engine.install import SGLangInstall
+    from pytest_eagle3.sglang_source.install import SGLangInstall
     from pytest_eagle3.plugin.options import Settings
 
     (tmp_path / "srt" / "models").mkdir(parents=True)
@@ -281,7 +281,7 @@ def test_vllm_runners_read_different_keys() -> None:
 def test_a_flag_the_installed_draft_model_never_reads_is_refused(tmp_path: Path) -> None:
     """``norm_before_fc`` on the MLA draft: 0.5.23's kimi_k25_eagle3.py never reads it,
     so SGLang would serve the draft without the norm it was trained with."""
-    from pytest_eagle3.engine.install import sglang_location_and_version
+    from pytest_eagle3.sglang_source.install import sglang_location_and_version
 
     location, _ = sglang_location_and_version()
     if location is None or not id_keys.has_draft_model(location, MLA_ARCHITECTURE):

@@ -1,4 +1,4 @@
-"""The rule reader (``engine/model_code.py``): SGLang's own ``set_eagle3_layers_to_capture``
+"""The rule reader (``sglang_source/model_code.py``): SGLang's own ``set_eagle3_layers_to_capture``
 and capture loop, read from a model file, never from a version number.
 
 Fakes written by these tests (``tests/fake_model_files.py``) pin each kind of
@@ -25,7 +25,7 @@ from pytest_eagle3.conventions import (
     UNKNOWN,
     predict,
 )
-from pytest_eagle3.engine.model_code import read_rules
+from pytest_eagle3.sglang_source.model_code import read_rules
 
 ARCH = "DeepseekV3ForCausalLM"
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,7 +72,7 @@ def test_the_rule_runs_for_any_layer_count(tmp_path):
 
 def test_a_fork_number_does_not_change_the_rule(tmp_path):
     """The installed code decides: a fork numbered like a new upstream release keeps its own rule."""
-    from pytest_eagle3.engine.install import SGLangInstall
+    from pytest_eagle3.sglang_source.install import SGLangInstall
 
     write_deepseek_file(tmp_path / "sglang", ALWAYS, layer0=False)
     fork = SGLangInstall("0.7.2", str(tmp_path / "sglang"), frozenset(), sys.executable)
@@ -171,8 +171,8 @@ def test_reading_imports_nothing(tmp_path):
     """No sglang, no torch in the process that reads the rule (a fork may crash at import)."""
     pytest.importorskip("sglang")
     code = ("import sys\n"
-            "from pytest_eagle3.engine.install import locate\n"
-            "from pytest_eagle3.engine.model_code import read_rules\n"
+            "from pytest_eagle3.sglang_source.install import locate\n"
+            "from pytest_eagle3.sglang_source.model_code import read_rules\n"
             "v, loc = locate(); r = read_rules(loc, 'DeepseekV3ForCausalLM').rule\n"
             "print(r.known, 'torch' in sys.modules, 'sglang' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
@@ -282,8 +282,8 @@ def installed_check():
 
 
 def test_every_model_file_with_the_method_is_read(installed_check):
-    from pytest_eagle3.engine.install import locate
-    from pytest_eagle3.engine.model_code import method_files
+    from pytest_eagle3.sglang_source.install import locate
+    from pytest_eagle3.sglang_source.model_code import method_files
 
     files = {rel for rel, _ in method_files(locate()[1])}
     checked = {e["file"] for e in installed_check["checked"]}
@@ -311,7 +311,7 @@ def test_an_unreadable_rule_is_measured_not_guessed(tmp_path):
     """Collection keeps the tests that measure the rule or judge a contract, and leaves
     out with one line those that compare with a prediction nobody could read."""
     from pytest_eagle3.planning import declare
-    from pytest_eagle3.engine.install import SGLangInstall
+    from pytest_eagle3.sglang_source.install import SGLangInstall
     from pytest_eagle3.plugin.options import Settings
     from pytest_eagle3.target.spec import TargetSpec
 

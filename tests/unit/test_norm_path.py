@@ -11,8 +11,8 @@ import inspect
 
 import pytest
 
-from pytest_eagle3.engine.fusion_code import fusion_code_at, read_fusion_code
-from pytest_eagle3.engine.norm_code import (
+from pytest_eagle3.sglang_source.fusion_code import fusion_code_at, read_fusion_code
+from pytest_eagle3.sglang_source.norm_code import (
     INPLACE, NATIVE, STANDIN_ARITY, norm_code_at, read_norm_code, resolve_norm_path,
 )
 from pytest_eagle3.engine.standin_proof import PATHS, configured, not_taken, ops_called
@@ -22,7 +22,7 @@ NORM_PROOF, FUSION_PROOF = PATHS
 @pytest.fixture(scope="module")
 def sglang_location():
     """The installed SGLang package directory (skips where none is installed)."""
-    from pytest_eagle3.engine.install import sglang_location_and_version
+    from pytest_eagle3.sglang_source.install import sglang_location_and_version
 
     location, _version = sglang_location_and_version()
     if location is None:
@@ -160,7 +160,7 @@ def test_the_installed_sglang_has_the_fusion_gate(sglang_location):
 @pytest.fixture(scope="module")
 def norm_ops():
     pytest.importorskip("torch")
-    from pytest_eagle3.engine.cpu.shim.sgl_kernel import _norm
+    from pytest_eagle3.worker.cpu.shim.sgl_kernel import _norm
 
     return _norm
 

@@ -17,8 +17,8 @@ import pytest
 
 from pytest_eagle3.planning import declare
 from pytest_eagle3.engine.config import build_engine_config
-from pytest_eagle3.engine.install import SGLangInstall
-from pytest_eagle3.engine.sglang_hooks import IMPORT_HOOK_LOADER, PLUGIN_LOADER, SITE_HOOK_DIR
+from pytest_eagle3.sglang_source.install import SGLangInstall
+from pytest_eagle3.worker.sglang_hooks import IMPORT_HOOK_LOADER, PLUGIN_LOADER, SITE_HOOK_DIR
 from pytest_eagle3.plugin.options import Settings
 from pytest_eagle3.target.spec import TargetSpec
 
@@ -111,8 +111,8 @@ def _run_python(tmp_path: Path, code: str, env_extra: dict[str, str], extra_path
     return out.stdout.strip()
 
 
-CHECK = ("import sys; loaded = 'pytest_eagle3.engine.sglang_hooks' in sys.modules; import sglang.srt.server_args; "
-         "h = sys.modules.get('pytest_eagle3.engine.sglang_hooks'); "
+CHECK = ("import sys; loaded = 'pytest_eagle3.worker.sglang_hooks' in sys.modules; import sglang.srt.server_args; "
+         "h = sys.modules.get('pytest_eagle3.worker.sglang_hooks'); "
          "print(loaded, h is not None and h._loaded, getattr(sys, 'eagle3_chained', False))")
 
 

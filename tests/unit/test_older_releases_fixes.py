@@ -1,4 +1,4 @@
-"""``engine/cpu/older_releases.py``: each fix fires only where its gap is, and its
+"""``worker/cpu/older_releases.py``: each fix fires only where its gap is, and its
 stand-in computes what the kernel it replaces computes.
 
 Fake modules stand for the older releases' files (the real 0.5.9 and 0.5.12
@@ -15,7 +15,7 @@ import types
 import pytest
 torch = pytest.importorskip("torch")
 
-from pytest_eagle3.engine.cpu import older_releases
+from pytest_eagle3.worker.cpu import older_releases
 from pytest_eagle3.engine.cpu.recipe import SHIM_DIR
 
 
@@ -99,7 +99,7 @@ def test_no_fix_fires_where_the_gap_is_absent():
 
 CHECK_INSTALLED = """
 import importlib, sys
-from pytest_eagle3.engine.cpu import older_releases
+from pytest_eagle3.worker.cpu import older_releases
 fired = []
 for name, (module, fix) in older_releases.FIXES.items():
     m = importlib.import_module(module)

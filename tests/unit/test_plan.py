@@ -17,7 +17,7 @@ from pytest_eagle3.plugin import plan
 # Imported here, before any pytester snapshot: pytester drops modules first
 # imported during a test from sys.modules, and a later import would load a copy
 # that a monkeypatch of the first does not reach.
-from pytest_eagle3.engine import install
+from pytest_eagle3.sglang_source import install
 from pytest_eagle3.planning import declare
 from pytest_eagle3.plugin.options import MSG_PLAN_GPUS_ALONE, default_cache_dir
 from pytest_eagle3.target.spec import TargetSpec

@@ -1,4 +1,4 @@
-"""pytest_eagle3.engine.post_import: callbacks run once, right after a module executes."""
+"""pytest_eagle3.worker.post_import: callbacks run once, right after a module executes."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from pytest_eagle3.engine import post_import
+from pytest_eagle3.worker import post_import
 
 
 @pytest.fixture
@@ -60,7 +60,7 @@ def test_a_module_mid_import_that_cannot_be_hooked_is_an_error(module_dir):
     refusing is better than a fix that silently never runs."""
     (module_dir / "eagle3_postimport_e.py").write_text("import eagle3_postimport_f\n")
     (module_dir / "eagle3_postimport_f.py").write_text(
-        "from pytest_eagle3.engine import post_import\n"
+        "from pytest_eagle3.worker import post_import\n"
         "try:\n"
         "    post_import.when_imported('eagle3_postimport_e', lambda m: None)\n"
         "    OUTCOME = 'registered'\n"

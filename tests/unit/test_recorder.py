@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 torch = pytest.importorskip("torch")
 
-from pytest_eagle3.engine import recorder_hook
+from pytest_eagle3.worker import recorder_hook
 from pytest_eagle3.engine.recordings import MISSING_RANKS, UNEVEN, Recorder
 from pytest_eagle3.errors import Eagle3Error
 from pytest_eagle3.verdicts.rankcheck import check_ranks_agree, partial_sum_fraction

@@ -1,4 +1,4 @@
-"""engine/upstream_fixes.py without an engine: the switch and the Gemma 3 fix's arithmetic.
+"""worker/upstream_fixes.py without an engine: the switch and the Gemma 3 fix's arithmetic.
 
 On the real engine: ``tests/e2e/test_family_suites.py::test_gemma3_passes_with_the_upstream_fix_applied``.
 """
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_eagle3.engine import upstream_fixes
-from pytest_eagle3.engine.upstream_fixes import CATALOG, FIX_ENV, UpstreamFixError, read_fix
+from pytest_eagle3.worker import upstream_fixes
+from pytest_eagle3.worker.upstream_fixes import CATALOG, FIX_ENV, UpstreamFixError, read_fix
 
 
 def test_off_unless_named() -> None:

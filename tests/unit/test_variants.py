@@ -9,7 +9,7 @@ import pytest
 
 from pytest_eagle3.target.checkpoint.cache import cache_key
 from pytest_eagle3.engine import variants as V
-from pytest_eagle3.engine.install import SGLangInstall
+from pytest_eagle3.sglang_source.install import SGLangInstall
 from pytest_eagle3.plugin.options import default_cache_dir
 
 #: Every flag the variants use, as SGLang 0.5.23 spells them (a fake install).
@@ -66,14 +66,14 @@ def test_cpu_tp1() -> None:
 
 @pytest.fixture
 def without_cpu_fixes(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_eagle3.engine.cpu import patches
+    from pytest_eagle3.worker.cpu import patches
 
     monkeypatch.setattr(patches, "FIXES", (), raising=False)
 
 
 @pytest.fixture
 def with_dp_padding_fix(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_eagle3.engine.cpu import patches
+    from pytest_eagle3.worker.cpu import patches
 
     fixes = tuple(getattr(patches, "FIXES", ())) + (V.TORCH_NATIVE_DP_PADDING,)
     monkeypatch.setattr(patches, "FIXES", fixes, raising=False)
@@ -187,7 +187,7 @@ needs_sglang = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, re
 
 @needs_sglang
 def test_every_variant_flag_is_accepted_by_the_installed_sglang() -> None:
-    from pytest_eagle3.engine.install import probe
+    from pytest_eagle3.sglang_source.install import probe
 
     install = probe(default_cache_dir()[0])
     for variant in V.VARIANTS:

@@ -3,8 +3,8 @@
 Measured on sglang 0.5.23, torch 2.14.1, 2 x86 cores without AMX: real SGLang
 serves the reduced DeepSeek-V3 at TP 1, 2, 4 and 8 with all-reduce through gloo.
 Nothing here patches SGLang's code under test; the two in-process fixes live in
-:mod:`pytest_eagle3.engine.cpu.patches` and are switched on through
-:data:`pytest_eagle3.engine.sglang_hooks.HOOKS_ENV`.
+:mod:`pytest_eagle3.worker.cpu.patches` and are switched on through
+:data:`pytest_eagle3.worker.sglang_hooks.HOOKS_ENV`.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pytest_eagle3.engine.cpu.allreduce_fusion import FUSION_ENV
-from pytest_eagle3.engine.cpu.norms import NORM_PATH_ENV
-from pytest_eagle3.engine.cpu.patches import AMX_ATTENTION_ENV
-from pytest_eagle3.engine.sglang_hooks import HOOKS_ENV
+from pytest_eagle3.worker.cpu.allreduce_fusion import FUSION_ENV
+from pytest_eagle3.worker.cpu.norms import NORM_PATH_ENV
+from pytest_eagle3.worker.cpu.patches import AMX_ATTENTION_ENV
+from pytest_eagle3.worker.env import HOOKS_ENV
 
 #: Directory holding the stand-in ``sgl_kernel`` package.
-SHIM_DIR = Path(__file__).with_name("shim")
+SHIM_DIR = Path(__file__).parents[2] / "worker" / "cpu" / "shim"
 
 #: A path that does not exist: PyNCCL fails softly and SGLang all-reduces with gloo.
 MISSING_NCCL = "/nonexistent/pytest-eagle3/libnccl.so.2"
@@ -42,11 +42,11 @@ PLAIN_ATTENTION = "torch_native"
 #: Attention backend for EAGLE/EAGLE-3 on CPU: they refuse ``torch_native``
 #: (no multi-step draft backend), ``intel_amx`` has one.  Its kernels come from
 #: the stand-in ``sgl_kernel`` (plain torch) and the platform fact ``has_amx``
-#: is forced on for attention only (:func:`pytest_eagle3.engine.cpu.patches._amx_attention_platform`).
+#: is forced on for attention only (:func:`pytest_eagle3.worker.cpu.patches._amx_attention_platform`).
 SPECULATIVE_ATTENTION = "intel_amx"
 #: SGLang's switch between its speculative workers (``srt/environ.py``); set to
 #: ``False`` on releases whose v2 overlap path has no CPU branch
-#: (:attr:`pytest_eagle3.engine.install.SGLangInstall.spec_v2_cpu_gap`).
+#: (:attr:`pytest_eagle3.sglang_source.install.SGLangInstall.spec_v2_cpu_gap`).
 SPEC_V2_ENV = "SGLANG_ENABLE_SPEC_V2"
 
 
@@ -122,10 +122,10 @@ def cpu_env(tp: int, *, pythonpath: str | None = None, amx_attention: bool = Fal
     ``amx_attention``: the engine runs the ``intel_amx`` attention backend
     (speculative decoding); the CPU hooks then keep SGLang from replacing it
     by ``torch_native``.  ``norm_path="inplace"``: SGLang's norms take their AMX
-    branch with the stand-in in-place kernels (:mod:`pytest_eagle3.engine.cpu.norms`).
+    branch with the stand-in in-place kernels (:mod:`pytest_eagle3.worker.cpu.norms`).
     ``allreduce_fusion``: SGLang defers its all-reduces into the next norm and
     calls the fused op, served by a gloo stand-in
-    (:mod:`pytest_eagle3.engine.cpu.allreduce_fusion`); meaningful at ``tp > 1``.
+    (:mod:`pytest_eagle3.worker.cpu.allreduce_fusion`); meaningful at ``tp > 1``.
     """
     existing = os.environ.get("PYTHONPATH", "") if pythonpath is None else pythonpath
     path = str(SHIM_DIR) + (os.pathsep + existing if existing else "")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pytest_eagle3.engine.install import SGLangInstall
+    from pytest_eagle3.sglang_source.install import SGLangInstall
 
 FALLBACK_ATTENTION = "triton"
 #: (kv_lora_rank, qk_rope_head_dim) pairs trtllm-gen MLA accepts.

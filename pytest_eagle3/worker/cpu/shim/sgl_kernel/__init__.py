@@ -29,7 +29,7 @@ PYTEST_EAGLE3_STANDIN = True
 _NOT_IMPLEMENTED = (
     "pytest-eagle3's CPU stand-in sgl_kernel does not implement {name!r}; "
     "this SGLang calls it on the CPU tier (add it to "
-    "pytest_eagle3/engine/cpu/shim/sgl_kernel or run the GPU tier)"
+    "pytest_eagle3/worker/cpu/shim/sgl_kernel or run the GPU tier)"
 )
 
 
@@ -87,7 +87,7 @@ TORCH_OPS = {
     "decode_attention_cpu": _with_kv_scales(decode_attention_cpu, 3),
     "extend_attention_cpu": _with_kv_scales(extend_attention_cpu, 6),
     # Reached only where the CPU tier runs SGLang's in-place norm branch
-    # (pytest_eagle3/engine/cpu/norms.py): never on the native path.
+    # (pytest_eagle3/worker/cpu/norms.py): never on the native path.
     **NORM_OPS,
 }
 

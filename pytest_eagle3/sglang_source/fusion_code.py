@@ -1,7 +1,7 @@
 """Whether the installed SGLang has the all-reduce fusion gate the CPU tier can open.
 
 Read from the installed files, without importing SGLang
-(:mod:`pytest_eagle3.engine.cpu.allreduce_fusion` says what the engine then
+(:mod:`pytest_eagle3.worker.cpu.allreduce_fusion` says what the engine then
 overrides).  sglang 0.5.23: ``flashinfer_ar_fusion_applies`` in
 ``srt/layers/layer_boundary/residual/add_norm.py`` reads the module globals
 ``_is_sm90_supported``, ``_is_sm100_supported``, ``_is_flashinfer_available``
@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_eagle3.engine.norm_code import read_installed
+from pytest_eagle3.sglang_source.norm_code import read_installed
 
 GATE_FILE = "srt/layers/layer_boundary/residual/add_norm.py"
 OP_FILE = "srt/layers/flashinfer_comm_fusion.py"

@@ -5,7 +5,7 @@ speculative decoding reaches CUDA-only code in a few places.  Each fix below
 is installed only where its *feature test* finds the gap in the installed
 SGLang (a missing name, a Triton kernel where a CPU branch would be, a
 backend map without ``intel_amx``), never from the version number, and acts
-when its module is imported (:func:`pytest_eagle3.engine.post_import.when_imported`).
+when its module is imported (:func:`pytest_eagle3.worker.post_import.when_imported`).
 On sglang 0.5.23 only the MLA draft's ``set_embed`` test fires.
 
 None touches what pytest-eagle3 tests: the aux hidden state capture
@@ -26,7 +26,7 @@ import logging
 import os
 from typing import Any, Callable
 
-from pytest_eagle3.engine.post_import import when_imported
+from pytest_eagle3.worker.post_import import when_imported
 
 logger = logging.getLogger("pytest_eagle3.cpu")
 
@@ -67,7 +67,7 @@ def amx_platform_fact(server_args: Any) -> None:
     in ``srt/server_args.py`` (0.5.9: ``server_args.py:1929-1937``).  This binds
     that one module-level name to ``True``; the per-layer AMX switches read
     ``srt/utils`` and stay False, as in
-    :func:`pytest_eagle3.engine.cpu.patches._amx_attention_platform`.
+    :func:`pytest_eagle3.worker.cpu.patches._amx_attention_platform`.
     """
     if not callable(getattr(server_args, "cpu_has_amx_support", None)):
         return

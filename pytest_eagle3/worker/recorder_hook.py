@@ -1,9 +1,9 @@
 """Per-rank recorder: runs inside every SGLang TP worker (never in the test process).
 
-Installed by :mod:`pytest_eagle3.engine.sglang_hooks` when the hook set
+Installed by :mod:`pytest_eagle3.worker.sglang_hooks` when the hook set
 ``record`` is enabled.  It wraps the inner model's ``forward`` whose loop
 captures (``$PYTEST_EAGLE3_RECORD_TARGET``, read from the installed model file by
-:attr:`pytest_eagle3.engine.model_code.ModelCode.capture_forward`, e.g.
+:attr:`pytest_eagle3.sglang_source.model_code.ModelCode.capture_forward`, e.g.
 ``sglang.srt.models.gemma3_causal.Gemma3TextModel.forward``; default
 ``DeepseekV2Model.forward`` of ``srt/models/deepseek_v2.py``), which returns
 ``(hidden_states, aux)`` when captures are on (``aux`` a list of per-layer

@@ -2,13 +2,13 @@
 
 Only on the ``PYTHONPATH`` of engines pytest-eagle3 starts, and only when the
 installed SGLang has no general-plugin mechanism (``srt/plugins/__init__.py``,
-``load_plugins``; absent before sglang 0.5.11, see ``engine/install.py``).
+``load_plugins``; absent before sglang 0.5.11, see ``sglang_source/install.py``).
 Python imports ``sitecustomize`` at the start of every interpreter, so this
 reaches the server process and every TP worker SGLang spawns.
 
 It does nothing unless ``PYTEST_EAGLE3_SGLANG_HOOKS`` is set, then calls the
 same entry point SGLang's ``load_plugins()`` would
-(:func:`pytest_eagle3.engine.sglang_hooks.load`), right after
+(:func:`pytest_eagle3.worker.sglang_hooks.load`), right after
 ``sglang.srt.server_args`` is imported: before any server argument is resolved
 or model built.  Any other ``sitecustomize`` later on ``sys.path`` (the
 environment's own) still runs.
@@ -36,7 +36,7 @@ def _chain_next_sitecustomize() -> None:
 def _install() -> None:
     if not os.environ.get("PYTEST_EAGLE3_SGLANG_HOOKS", "").strip():
         return
-    from pytest_eagle3.engine import sglang_hooks
+    from pytest_eagle3.worker import sglang_hooks
 
     sglang_hooks.load_on_import()
 

@@ -32,7 +32,7 @@ def install() -> None:
     _installed = True
     # First: the routing below imports SGLang modules, which a fork's gap
     # (a CUDA query at import) would otherwise crash.
-    from pytest_eagle3.engine.cpu import allreduce_fusion, forks, norms, older_releases
+    from pytest_eagle3.worker.cpu import allreduce_fusion, forks, norms, older_releases
 
     forks.install()
     norms.install()
@@ -60,7 +60,7 @@ def _amx_attention_platform() -> None:
 
     The per-layer AMX switches read ``utils.common.cpu_has_amx_support()``
     directly (linear, MoE, top-k, rope, embedding, KV store; the norms' own gate is
-    switched only on the in-place norm path, :mod:`pytest_eagle3.engine.cpu.norms`), not the
+    switched only on the in-place norm path, :mod:`pytest_eagle3.worker.cpu.norms`), not the
     platform fact, and stay False: the stand-in ``sgl_kernel`` registers no
     ``convert_weight_packed`` and this CPU has no AMX tiles.  So only the
     attention backend changes; its kernels are the stand-in's plain-torch

@@ -24,16 +24,16 @@ from typing import TYPE_CHECKING
 from pytest_eagle3.reaper import die_with_parent
 from pytest_eagle3.errors import Eagle3SGLangMissing
 from pytest_eagle3.libversions import owning_distribution
-from pytest_eagle3.engine.model_code import read_rules
-from pytest_eagle3.engine.norm_code import DISPATCH_FILE, LAYERNORM_FILE, read_norm_code
-from pytest_eagle3.engine.fusion_code import GATE_FILE, OP_FILE, read_fusion_code
-from pytest_eagle3.engine.sglang_hooks import IMPORT_HOOK_LOADER, PLUGIN_LOADER
+from pytest_eagle3.sglang_source.model_code import read_rules
+from pytest_eagle3.sglang_source.norm_code import DISPATCH_FILE, LAYERNORM_FILE, read_norm_code
+from pytest_eagle3.sglang_source.fusion_code import GATE_FILE, OP_FILE, read_fusion_code
+from pytest_eagle3.worker.sglang_hooks import IMPORT_HOOK_LOADER, PLUGIN_LOADER
 
 if TYPE_CHECKING:
     from pytest_eagle3.conventions import IdRule
-    from pytest_eagle3.engine.model_code import ModelCode
-    from pytest_eagle3.engine.norm_code import NormCode
-    from pytest_eagle3.engine.fusion_code import FusionCode
+    from pytest_eagle3.sglang_source.model_code import ModelCode
+    from pytest_eagle3.sglang_source.norm_code import NormCode
+    from pytest_eagle3.sglang_source.fusion_code import FusionCode
 
 NOT_INSTALLED = (
     "SGLang is not installed in this environment ({python}); install it "
@@ -92,19 +92,19 @@ class SGLangInstall:
 
     def model_code(self, architecture: str = "DeepseekV3ForCausalLM") -> "ModelCode":
         """The capture rules of ``architecture`` read from this install's model file
-        (:func:`pytest_eagle3.engine.model_code.read_rules`; cached, well under a second)."""
+        (:func:`pytest_eagle3.sglang_source.model_code.read_rules`; cached, well under a second)."""
 
         return read_rules(self.location, architecture)
 
     def norm_code(self) -> "NormCode":
         """Whether this install's ``srt/layers/layernorm.py`` has the AMX in-place norm
-        branch the CPU tier can run (:func:`pytest_eagle3.engine.norm_code.read_norm_code`)."""
+        branch the CPU tier can run (:func:`pytest_eagle3.sglang_source.norm_code.read_norm_code`)."""
 
         return read_norm_code(self.source(LAYERNORM_FILE), dispatch_text=self.source(DISPATCH_FILE))
 
     def fusion_code(self) -> "FusionCode":
         """Whether the CPU tier can open this install's all-reduce fusion gate
-        (:func:`pytest_eagle3.engine.fusion_code.read_fusion_code`)."""
+        (:func:`pytest_eagle3.sglang_source.fusion_code.read_fusion_code`)."""
 
         return read_fusion_code(self.source(GATE_FILE), self.source(OP_FILE))
 
@@ -117,7 +117,7 @@ class SGLangInstall:
         """Whether this SGLang loads general plugins in every process
         (``srt/plugins/__init__.py`` defines ``load_plugins``; sglang 0.5.11 on).
         Without it pytest-eagle3's hooks reach the workers through its
-        ``sitecustomize`` import hook (:mod:`pytest_eagle3.engine.sglang_hooks`)."""
+        ``sitecustomize`` import hook (:mod:`pytest_eagle3.worker.sglang_hooks`)."""
         text = self.source("srt/plugins/__init__.py")
         return text is not None and "def load_plugins" in text
 

@@ -12,8 +12,8 @@ The CPU tier can run SGLang's own AMX norm branch: the branch is gated on one
 module global, ``_is_cpu_amx_available = cpu_has_amx_support()``
 (``layernorm.py:55``), and calls sgl-kernel CPU ops that pytest-eagle3's
 stand-in ``sgl_kernel`` provides with the real ops' in-place contract
-(``engine/cpu/shim/sgl_kernel/_norm.py``).  The engine flips that global alone,
-in layernorm's module only (:mod:`pytest_eagle3.engine.cpu.norms`).
+(``worker/cpu/shim/sgl_kernel/_norm.py``).  The engine flips that global alone,
+in layernorm's module only (:mod:`pytest_eagle3.worker.cpu.norms`).
 
 This module decides, without importing SGLang, whether the installed file
 has that branch and calls only ops the stand-in has, with the argument count
@@ -144,7 +144,7 @@ def _gated_calls(cls: ast.ClassDef) -> list[KernelCall]:
 
 
 def _dispatch_refusal(dispatch_text: str | None) -> str | None:
-    """Why ``fused_op.py`` does not dispatch norms as :mod:`pytest_eagle3.engine.cpu.norms` expects."""
+    """Why ``fused_op.py`` does not dispatch norms as :mod:`pytest_eagle3.worker.cpu.norms` expects."""
     if dispatch_text is None:
         return NO_FILE.format(file=DISPATCH_FILE)
     m = re.search(rf"^def {DISPATCH_FN}\(.*?(?=^\S)", dispatch_text + "\nEND", re.M | re.S)

@@ -2,7 +2,7 @@
 
 When the engine host sets :data:`NORM_PATH_ENV` to ``inplace``
 (:func:`pytest_eagle3.engine.cpu.recipe.cpu_env`, decided by
-:mod:`pytest_eagle3.engine.norm_code` from the installed files), this makes
+:mod:`pytest_eagle3.sglang_source.norm_code` from the installed files), this makes
 the two conditions SGLang (0.5.23) puts between a norm and its AMX kernel true
 for the norm classes of ``srt/layers/layernorm.py`` alone:
 
@@ -18,7 +18,7 @@ for the norm classes of ``srt/layers/layernorm.py`` alone:
 ``RMSNorm.forward_cpu`` and the Gemma norms then take the branch every Xeon
 AMX server takes (``torch.ops.sgl_kernel.fused_add_rmsnorm_cpu`` and friends,
 in place), served by the stand-in kernels of
-``engine/cpu/shim/sgl_kernel/_norm.py``.  Linear, MoE, rope, activations and
+``worker/cpu/shim/sgl_kernel/_norm.py``.  Linear, MoE, rope, activations and
 attention keep their own dispatch and stay native.
 """
 

@@ -12,22 +12,22 @@ pytest-eagle3's ``pyproject.toml`` and does nothing unless the engine host set
   They route around missing CPU kernels and leave the code under test
   (capture, collectives, embedding, logits processor, speculative worker)
   untouched.
-* ``record``: the per-rank recorder (:mod:`pytest_eagle3.engine.recorder_hook`),
+* ``record``: the per-rank recorder (:mod:`pytest_eagle3.worker.recorder_hook`),
   idle until a test enables it.
 * ``fault``: fault injection into SGLang's own capture path
-  (:mod:`pytest_eagle3.engine.faults`), the fault named by
+  (:mod:`pytest_eagle3.worker.faults`), the fault named by
   ``PYTEST_EAGLE3_FAULT``.  Also switched on when that variable is set and any
   other hook set is active (an engine pytest-eagle3 started, e.g. inside a
   self-test run); never without it.  Installed before the recorder, so the
   recorder and the HTTP API see the faulted captures.
 
 With :data:`FIX_ENV` set (and any hook set active), the upstream fix it names
-(:mod:`pytest_eagle3.engine.upstream_fixes`) is installed after the fault and
+(:mod:`pytest_eagle3.worker.upstream_fixes`) is installed after the fault and
 before the recorder.
 
 Where the installed SGLang has no ``sglang.srt.plugins`` (releases before
 0.5.11), nothing calls :func:`load`; the engine host then puts
-``engine/site_hook`` on the workers' ``PYTHONPATH`` and its ``sitecustomize``
+``worker/site_hook`` on the workers' ``PYTHONPATH`` and its ``sitecustomize``
 calls :func:`load_on_import` (:data:`PLUGIN_LOADER` and :data:`IMPORT_HOOK_LOADER`
 name both ways; the report header says which one a run used).
 """
@@ -38,11 +38,7 @@ import logging
 import os
 from pathlib import Path
 
-from pytest_eagle3.engine.upstream_fixes import FIX_ENV
-
-HOOKS_ENV = "PYTEST_EAGLE3_SGLANG_HOOKS"
-#: The engine env var carrying the fault to inject (:mod:`pytest_eagle3.engine.faults`).
-FAULT_ENV = "PYTEST_EAGLE3_FAULT"
+from pytest_eagle3.worker.env import FAULT_ENV, FIX_ENV, HOOKS_ENV
 
 logger = logging.getLogger("pytest_eagle3.sglang_hooks")
 
@@ -66,7 +62,7 @@ def enabled_hook_sets() -> set[str]:
 def load_on_import() -> None:
     """Call :func:`load` right after :data:`TRIGGER_MODULE` is imported (the
     ``sitecustomize`` hook loader's way in)."""
-    from pytest_eagle3.engine.post_import import when_imported
+    from pytest_eagle3.worker.post_import import when_imported
 
     when_imported(TRIGGER_MODULE, lambda _module: load())
 
@@ -82,23 +78,23 @@ def load() -> None:
         return
     _loaded = True
     if "cpu" in sets:
-        from pytest_eagle3.engine.cpu import patches
+        from pytest_eagle3.worker.cpu import patches
 
         patches.install()
         logger.info("pytest-eagle3: CPU-tier hooks installed (pid %d)", os.getpid())
     if "fault" in sets or os.environ.get(FAULT_ENV, "").strip():
-        from pytest_eagle3.engine import faults
+        from pytest_eagle3.worker import faults
 
         fault = faults.install()
         if fault is not None:
             logger.info("pytest-eagle3: fault %s installed (pid %d)", fault["kind"], os.getpid())
     if os.environ.get(FIX_ENV, "").strip():
-        from pytest_eagle3.engine import upstream_fixes
+        from pytest_eagle3.worker import upstream_fixes
 
         fix = upstream_fixes.install()
         logger.warning("pytest-eagle3: upstream fix %s installed (pid %d)", fix, os.getpid())
     if "record" in sets:
-        from pytest_eagle3.engine import recorder_hook
+        from pytest_eagle3.worker import recorder_hook
 
         recorder_hook.install()
         logger.info("pytest-eagle3: per-rank recorder installed (pid %d)", os.getpid())

@@ -1,7 +1,7 @@
 """Fault injection into SGLang's own capture path (worker side).
 
 Runs inside every SGLang process, never in the test process.  Installed by
-:mod:`pytest_eagle3.engine.sglang_hooks` when :data:`FAULT_ENV` names a fault
+:mod:`pytest_eagle3.worker.sglang_hooks` when :data:`FAULT_ENV` names a fault
 (``PYTEST_EAGLE3_FAULT='{"kind": "partial-sum"}'``) and the engine was started
 by pytest-eagle3 (its hook sets are on).  Without that variable nothing here is
 imported: a normal run, and a production server, never see a fault.
@@ -41,7 +41,7 @@ import os
 import threading
 from typing import Any, Callable
 
-from pytest_eagle3.engine.sglang_hooks import FAULT_ENV
+from pytest_eagle3.worker.env import FAULT_ENV
 
 #: Environment variable naming the fault, JSON ``{"kind": ..., ...}`` (a bare kind works too).
 

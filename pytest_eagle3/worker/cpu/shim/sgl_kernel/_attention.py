@@ -41,7 +41,7 @@ import torch
 
 _UNSUPPORTED = (
     "pytest-eagle3's CPU stand-in {op} does not implement {what}; "
-    "extend pytest_eagle3/engine/cpu/shim/sgl_kernel/_attention.py or run the GPU tier"
+    "extend pytest_eagle3/worker/cpu/shim/sgl_kernel/_attention.py or run the GPU tier"
 )
 
 

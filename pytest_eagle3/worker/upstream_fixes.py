@@ -5,7 +5,7 @@ When the suite blames SGLang for a capture, the proof that the blame is right
 describes and watch the same tests pass.  This module holds such fixes; an
 engine gets one when :data:`FIX_ENV` names it, through the same
 ``sglang.srt.plugins`` hooks and ``HookRegistry`` as the fault catalog
-(:mod:`pytest_eagle3.engine.sglang_hooks`).  Never set, nothing here is
+(:mod:`pytest_eagle3.worker.sglang_hooks`).  Never set, nothing here is
 imported, and production servers never see it.
 
 :data:`CATALOG` lists each fix with the pull request it follows.
@@ -30,8 +30,7 @@ import logging
 import os
 from typing import Any, Callable
 
-#: Engine env var naming the fix (one of :data:`CATALOG`).
-FIX_ENV = "PYTEST_EAGLE3_UPSTREAM_FIX"
+from pytest_eagle3.worker.env import FIX_ENV
 
 #: fix -> (what it changes, the upstream pull request it follows).
 CATALOG: dict[str, tuple[str, str]] = {
