@@ -43,8 +43,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from pytest_eagle3.target.checkpoint.cache import cache_key
-from pytest_eagle3.plugin.options import DEFAULT_TARGETS, TP_CHOICES, check_tp_divides
-from pytest_eagle3.target.spec import TargetSpec, load_prompts
+from pytest_eagle3.plugin.validate import check_tp_divides
+from pytest_eagle3.settings import DEFAULT_TARGETS, TP_CHOICES
+from pytest_eagle3.target.spec import TargetSpec, load_packaged_prompts
 
 REPO = Path(__file__).resolve().parent.parent
 MAIN_JOB_TP = 2
@@ -174,7 +175,7 @@ def bench_acceptance(install: Any, ckpt: Path, spec: TargetSpec, preset: str, tp
     from pytest_eagle3.draft.power import load_examples
     from pytest_eagle3.engine.server import SGLangServer
     from pytest_eagle3.errors import Eagle3Error
-    from pytest_eagle3.plugin.options import Settings
+    from pytest_eagle3.settings import Settings
 
     row: dict[str, Any] = dict.fromkeys(("draft_load_s", "start_s", "run_s", "tokens", "verifies",
                                          "accept_length", "log", "error"))
@@ -226,6 +227,8 @@ MAIN_JOB_PATHS = {
     "inplace": ("--eagle3-cpu-norm", "inplace"),
     "native": ("--eagle3-cpu-norm", "native"),
     "fused": ("--eagle3-cpu-allreduce-fusion",),
+    # The default run without starting the next engine in the background.
+    "no-prefetch": ("--eagle3-no-prefetch",),
 }
 
 
@@ -330,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from pytest_eagle3.target.reference import ensure_reference, reference_path
 
-        prompts = load_prompts(vocab_size=spec.facts.vocab_size)
+        prompts = load_packaged_prompts(vocab_size=spec.facts.vocab_size)
         cold = not reference_path(ckpt, prompts).is_file()
         log(f"reference: {len(prompts)} prompts ({'cold' if cold else 'warm'})")
         with heartbeat("reference"):

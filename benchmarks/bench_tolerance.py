@@ -27,8 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_eagle3.plugin.options import default_cache_dir  # noqa: E402
-from pytest_eagle3.target.spec import TargetSpec, load_prompts  # noqa: E402
+from pytest_eagle3.settings import default_cache_dir  # noqa: E402
+from pytest_eagle3.target.spec import TargetSpec, load_packaged_prompts  # noqa: E402
 
 
 def rel(a, b) -> float:
@@ -42,7 +42,7 @@ def measure(target: str, cache: Path) -> dict:
     spec = TargetSpec.preset(target)
     t0 = time.monotonic()
     ckpt = ensure_checkpoint(spec, cache)
-    prompts = load_prompts(vocab_size=spec.facts.vocab_size)
+    prompts = load_packaged_prompts(vocab_size=spec.facts.vocab_size)
     fp32 = ensure_reference(ckpt, prompts, dtype="float32")
     bf16 = ensure_reference(ckpt, prompts, dtype="bfloat16")
     L = spec.facts.num_layers

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_eagle3.plugin.options import default_cache_dir  # noqa: E402
+from pytest_eagle3.settings import default_cache_dir  # noqa: E402
 from tests import interrupts  # noqa: E402
 
 MAIN_JOB = ["--pyargs", "pytest_eagle3.suite", "--tp", "2", "-q"]

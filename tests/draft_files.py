@@ -79,7 +79,7 @@ def memorised_draft(cache_root: Path, progress=None) -> Path | None:
     from filelock import FileLock
 
     from pytest_eagle3.target.checkpoint.cache import cache_key
-    from pytest_eagle3.target.spec import TargetSpec, load_prompts
+    from pytest_eagle3.target.spec import TargetSpec, load_packaged_prompts
 
     spec = TargetSpec.preset("tiny-dsv3")
     key = hashlib.sha256(json.dumps(
@@ -93,7 +93,7 @@ def memorised_draft(cache_root: Path, progress=None) -> Path | None:
         if (final / "continuations.json").is_file():
             return final
         sd, dims = target_weights(spec)
-        prompts = load_prompts()[:MEMORISED_PROMPTS]
+        prompts = load_packaged_prompts()[:MEMORISED_PROMPTS]
         examples = make_examples(sd, dims, prompts, max_new_tokens=MEMORISED_NEW_TOKENS)
         stacks = [snapshots(sd, dims, e.tokens) for e in examples]
         # The trainer's own defaults (negatives included), fewer steps: 3 prompts memorise fast.

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from pytest_eagle3.cli.selftest import parse_junit
-from pytest_eagle3.plugin.options import default_cache_dir
+from pytest_eagle3.settings import default_cache_dir
 
 INNER_TIMEOUT_S = 40 * 60
 RUN_MARK = "PYTEST_EAGLE3_E2E_RUN"

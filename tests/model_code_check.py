@@ -16,7 +16,8 @@ import types
 from pathlib import Path
 
 from pytest_eagle3.conventions import SetupFailed
-from pytest_eagle3.sglang_source.model_code import METHOD, _Reader, method_files, read_rules
+from pytest_eagle3.sglang_source.model_code import method_files, read_rules
+from pytest_eagle3.sglang_source.model_files import METHOD, ModelFileReader
 
 L = 8
 ID_LISTS = ([0, 3, 5], [1, 3, 4], [2, 4, 5], [2, 4, 8], [6, 0, 4], None)
@@ -40,7 +41,7 @@ class _Plain:
         self.config = _Config()
 
 
-def _instance(reader: _Reader, mod, cls_node, real_cls):
+def _instance(reader: ModelFileReader, mod, cls_node, real_cls):
     obj = object.__new__(real_cls)
     object.__setattr__(obj, "config", _Config())
     object.__setattr__(obj, "pp_group", types.SimpleNamespace(is_last_rank=True))
@@ -71,13 +72,15 @@ def _captured(obj, depth: int = 0):
 
 def main() -> None:
     # The CPU tier's fills for forks (a CUDA query at import), as in every engine process.
-    from pytest_eagle3.worker.cpu import forks
+    from pytest_eagle3.worker.cpu import fills, forks
 
-    forks.install()
+    for fill in fills.FILLS:
+        if fill.apply.__module__ == forks.__name__:
+            fills.apply(fill)
     import sglang
 
     location = Path(list(sglang.__path__)[0])
-    reader = _Reader(location)
+    reader = ModelFileReader(location)
     out: dict = {"checked": [], "not_imported": [], "disagree": []}
     for rel, names in method_files(location):
         try:

@@ -25,19 +25,16 @@ returns only its uncached rows (:func:`pytest_eagle3.engine.config.base_server_a
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from pytest_eagle3.sglang_source.install import SGLangInstall
 from pytest_eagle3.errors import Eagle3Error
-from pytest_eagle3.sglang_source.norm_code import AUTO
 from pytest_eagle3.engine.config import build_engine_config
 from pytest_eagle3.engine.cuda.recipe import cuda_recipe
 from pytest_eagle3.engine.gpus import PLAN_GPU_ARCH, detect_gpu_arch
 from pytest_eagle3.capture.draft_path import draft_path_server_args
-from pytest_eagle3.capture.response import (  # noqa: F401  (the capture API's own names)
-    DECODE_ROWS_NOT_PER_TOKEN, DECODE_ROWS_UNEXPLAINED, NO_HIDDEN_STATES, Captures, Eagle3DecodeRowsNotPerToken,
-    parse_response,
-)
+from pytest_eagle3.capture.response import Captures, parse_response
+from pytest_eagle3.settings import Settings
 from pytest_eagle3.worker.env import FAULT_ENV
 
 if TYPE_CHECKING:
@@ -45,31 +42,6 @@ if TYPE_CHECKING:
     from pytest_eagle3.engine.cuda.recipe import CudaRecipe
     from pytest_eagle3.engine.server import SGLangServer
     from pytest_eagle3.target.spec import TargetFacts
-
-
-
-class CaptureOptions(Protocol):
-    """The run facts engine configs are built from (the plugin's ``Settings`` has them).
-
-    Attributes:
-        device: ``"cpu"`` or ``"cuda"``.
-        fault: a fault to inject into every engine, as the env value
-            (:mod:`pytest_eagle3.worker.faults`), or ``None``.
-        plan: only planning (``--eagle3-plan``): nothing starts.
-        sglang_args: the user's extra server arguments, ``(key, value)`` in order.
-    """
-
-    @property
-    def device(self) -> str: ...
-
-    @property
-    def fault(self) -> str | None: ...
-
-    @property
-    def plan(self) -> bool: ...
-
-    @property
-    def sglang_args(self) -> tuple[tuple[str, Any], ...]: ...
 
 
 CAPTURE_ONLY = "capture-only"
@@ -94,7 +66,7 @@ def select_method(install: SGLangInstall, *, draft_path: str | None = None, pref
 
     ``prefer`` (``--eagle3-capture-method``): ``auto`` takes capture-only where
     the installed SGLang has it and no draft is given, else the draft path;
-    ``capture-only`` / ``draft-path`` force one.  Decided from the installed
+    ``capture-only`` / ``eagle3-draft`` force one.  Decided from the installed
     SGLang's flags, never its version.
 
     Raises:
@@ -134,7 +106,7 @@ def capture_server_args(
     return args
 
 
-def engine_config(install: SGLangInstall, settings: "CaptureOptions", *, model_path: str, tp: int,
+def engine_config(install: SGLangInstall, settings: Settings, *, model_path: str, tp: int,
                   ids: Sequence[int] | None, extra_args: Mapping[str, Any] | None = None,
                   facts: "TargetFacts | None" = None, draft: str | None = None) -> "EngineConfig":
     """The engine that captures ``ids`` with ``extra_args``: the one the
@@ -150,15 +122,14 @@ def engine_config(install: SGLangInstall, settings: "CaptureOptions", *, model_p
     args.update(extra_args or {})
     cuda = cuda_recipe_for(install, settings, facts) if settings.device == "cuda" else None
     extra_env = {}
-    if getattr(settings, "fault", None):
+    if settings.fault:
         extra_env[FAULT_ENV] = str(settings.fault)
     return build_engine_config(install, model_path=model_path, tp=tp, device=settings.device,
                                test_args=args, user_args=settings.sglang_args, cuda=cuda, extra_env=extra_env,
-                               norm_path=getattr(settings, "cpu_norm", AUTO),
-                               allreduce_fusion=bool(getattr(settings, "cpu_allreduce_fusion", False)))
+                               norm_path=settings.cpu_norm, allreduce_fusion=bool(settings.cpu_allreduce_fusion))
 
 
-def cuda_recipe_for(install: SGLangInstall, settings: "CaptureOptions", facts: "TargetFacts | None") -> "CudaRecipe":
+def cuda_recipe_for(install: SGLangInstall, settings: Settings, facts: "TargetFacts | None") -> "CudaRecipe":
     """The CUDA recipe for the run's GPU (``nvidia-smi``; ``--eagle3-plan`` on a
     machine without one assumes :data:`~pytest_eagle3.engine.gpus.PLAN_GPU_ARCH`)."""
 

@@ -39,7 +39,6 @@ the request's speculative metrics beside them.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
@@ -55,11 +54,6 @@ if TYPE_CHECKING:
 
     from pytest_eagle3.engine.server import SGLangServer
 
-#: What each row of the draft path is (for reports).
-PREFILL_ROWS = "prefill: target EXTEND forward, one row per prompt position"
-DECODE_ROWS = ("target-verify: accepted path of each TARGET_VERIFY forward "
-               "(root + accepted drafts), one row per generated token but the last")
-
 NO_RETURN_HIDDEN = (
     "{sglang} has no --enable-return-hidden-states: captures through the draft "
     "path cannot be read from this version"
@@ -68,7 +62,6 @@ NOT_SPECULATIVE = (
     "the draft-path response for prompt {index} has no speculative metrics: the "
     "engine did not run speculative decoding (is --speculative-draft-model-path set?)"
 )
-BAD_DRAFT_CONFIG = "draft {path}: cannot read config.json ({error})"
 
 
 @dataclass
@@ -89,22 +82,6 @@ class DraftPathCaptures:
     @property
     def output_ids(self) -> list[int]:
         return self.captures.output_ids
-
-
-def draft_layer_ids(draft_path: str | Path) -> list[int] | None:
-    """``eagle_config.eagle_aux_hidden_state_layer_ids`` of a draft (``None``: not set,
-    SGLang uses its default list).
-
-    Raises:
-        Eagle3Error: no readable ``config.json``.
-    """
-    path = Path(draft_path) / "config.json"
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise Eagle3Error(BAD_DRAFT_CONFIG.format(path=draft_path, error=exc)) from None
-    ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    return None if ids is None else [int(i) for i in ids]
 
 
 def draft_path_server_args(

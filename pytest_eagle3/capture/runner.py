@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
-from pytest_eagle3.capture.api import CaptureOptions, capture, engine_config
+from pytest_eagle3.capture.api import capture, engine_config
+from pytest_eagle3.settings import Settings
 from pytest_eagle3.capture.draft_path import capture_draft_path
 from pytest_eagle3.worker.cpu.allreduce_fusion import FUSION_ENV
 from pytest_eagle3.engine.standin_proof import NOT_TAKEN, configured, not_taken
@@ -70,7 +71,7 @@ class CaptureRunner:
     """
 
     def __init__(self, *, pool: "EnginePool", install: "SGLangInstall", checkpoint: Path,
-                 options: CaptureOptions, tp: int, prompts: list[list[int]],
+                 options: Settings, tp: int, prompts: list[list[int]],
                  facts: "TargetFacts | None" = None, who: str = "",
                  on_engine: "Callable[[EngineConfig, Path], None] | None" = None) -> None:
         self.who = who

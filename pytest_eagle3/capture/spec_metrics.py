@@ -74,13 +74,6 @@ class SpecMetrics:
     histogram: tuple[int, ...] | None = None
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
-    @property
-    def accepted_drafts_per_verify(self) -> float:
-        """Accepted draft tokens per verify forward (``accept_length - 1`` without the bonus)."""
-        if self.correct_drafts is not None and self.verify_count:
-            return self.correct_drafts / self.verify_count
-        return self.accept_length - 1.0
-
     def describe(self) -> str:
         rate = "?" if self.accept_rate is None else f"{self.accept_rate:.3f}"
         return (f"accept length {self.accept_length:.3f}, accept rate {rate}, "

@@ -20,10 +20,9 @@ from pytest_eagle3.contracts.stacks import STACKS
 from pytest_eagle3.target.spec import DEFAULT_ARCHITECTURE, resolve_target
 from pytest_eagle3.sglang_source.install import locate
 from pytest_eagle3.sglang_source.model_code import read_rules
-from pytest_eagle3.sglang_source.id_keys import draft_reads, target_reads
-from pytest_eagle3.contracts.draft import read_draft_config
 from pytest_eagle3.errors import Eagle3SGLangMissing
-from pytest_eagle3.cli.preflight import inspect_draft, unreadable_dict
+from pytest_eagle3.cli.inspection import unreadable_dict
+from pytest_eagle3.cli.preflight import inspect_draft
 
 DESCRIPTION = """\
 Print a draft's training contract (what its fc was trained on), what an SGLang
@@ -154,17 +153,6 @@ def _sglang(args: argparse.Namespace, architecture: str) -> tuple[str, str, Any,
     return version, f"installed at {location}", read_rules(location, architecture).rule, location
 
 
-def _key_reads(location: str | None, draft: str) -> tuple[Any, Any] | None:
-    """How the installed SGLang reads the draft's ids: target side, draft model side."""
-    if location is None:
-        return None
-    try:
-        arch = (read_draft_config(draft).get("architectures") or [""])[0]
-    except Eagle3ContractError:
-        return None
-    return target_reads(location), draft_reads(location, arch)
-
-
 def cmd_inspect(args: argparse.Namespace) -> int:
     L, target, hidden, architecture = _layers(args)
     version, source, rule, location = _sglang(args, architecture)
@@ -172,7 +160,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         result = inspect_draft(
             args.draft, num_layers=L, sglang_version=version, sglang_source=source, target=target,
             target_hidden_size=hidden, stack=args.stack, contract_text=args.contract, options=dict(args.option),
-            rule=rule, key_reads=_key_reads(location, args.draft),
+            rule=rule, sglang_location=location,
         )
     except Eagle3ContractError as exc:
         # load_draft rejected a readable config (bad or conflicting ids, unreadable weights).

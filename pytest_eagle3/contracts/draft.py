@@ -1,8 +1,8 @@
 """Read an EAGLE-3 draft checkpoint directory: its layer ids, hidden size and ``fc`` shape.
 
-No weights are loaded: the ``fc`` shape comes from the safetensors header (an
-8-byte little-endian length, then that many bytes of JSON naming every tensor's
-dtype, shape and offsets), parsed here without torch or the safetensors package.
+No weights are loaded: the ``fc`` shape comes from the safetensors header.
+:func:`read_draft_config` is the one reader of a draft's ``config.json``; :func:`load_draft`
+takes what it read to the rest.
 
 Config formats understood:
 
@@ -16,33 +16,24 @@ Config formats understood:
   (``src/speculators/models/eagle3/config.py::Eagle3SpeculatorConfig``).  vLLM reads the
   top-level key (``eagle3_utils.get_eagle3_aux_layers_from_config``).
 
-The ``fc`` tensor is ``fc.weight`` in SpecForge (``LlamaForCausalLMEagle3.fc``),
-speculators (``Eagle3DraftModel.fc``) and EAGLE (``cnets.Model.fc``); ``model.fc.weight``
-and a single ``*.fc.weight`` are accepted too.  Its shape is ``[hidden, K * target_hidden]``.
+The ``fc`` weight and its shape: :mod:`pytest_eagle3.contracts.fc_weight`; a SpecForge
+0.2 run's provenance record: :mod:`pytest_eagle3.contracts.specforge_run`.
 """
 
 from __future__ import annotations
 
 import json
-import struct
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
-from pytest_eagle3.contracts.contract import Contract
-from pytest_eagle3.contracts.stacks import translate
+from pytest_eagle3.contracts.fc_weight import find_fc
+from pytest_eagle3.contracts.specforge_run import specforge_capture_layers, specforge_state_file
 from pytest_eagle3.errors import Eagle3ConfigError, Eagle3ContractError
-from pytest_eagle3.sglang_source.install import sglang_location_and_version
-from pytest_eagle3.sglang_source.model_code import read_rules
-from pytest_eagle3.sglang_source.id_keys import KeyReads, draft_reads, target_reads
 
 #: Where the ids can be; the first is what SGLang reads.
 EAGLE_CONFIG_KEY = "eagle_config.eagle_aux_hidden_state_layer_ids"
 TOP_LEVEL_KEY = "eagle_aux_hidden_state_layer_ids"
-#: Tensor names tried first for the fc projection.
-FC_NAMES = ("fc.weight", "model.fc.weight")
-#: A header larger than this is not a safetensors file we should read.
-MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 # Message templates (tests import these).
 NO_DIR_MSG = "draft path {path} is not a directory; pass the draft checkpoint directory"
@@ -57,57 +48,11 @@ CONFLICT_MSG = (
     "draft config {path} declares two different id lists: {a_key} = {a} and {b_key} = {b}; "
     "SGLang reads the first, vLLM the second: keep one"
 )
-NO_HIDDEN_MSG = (
-    "draft config {path} names no target_hidden_size or hidden_size; pass target_hidden_size"
-)
-HIDDEN_DIFFERS_MSG = (
-    "draft config {path} says target hidden size {draft}, but the target has hidden size {target}"
-)
-NO_AUX_MSG = (
-    "draft {path} sets eagle_config.use_aux_hidden_state = false: its fc takes no aux hidden "
-    "states, so there is no aux-layer contract to check"
-)
-BAD_SAFETENSORS_MSG = "{file} is not a readable safetensors file: {error}"
-NO_FC_MSG = (
-    "no fc weight in {files}: looked for {names} or one '*.fc.weight'; "
-    "is this an EAGLE-3 draft?"
-)
-MANY_FC_MSG = "several fc weights in {files}: {names}; cannot tell which is the aux projection"
-FC_WIDTH_MSG = (
-    "draft {path}: {fc} has input width {width}, but the contract {contract} has {k} slots "
-    "x target hidden {hidden} = {expected}"
-)
-FC_WIDTH_HINT = " (the fc takes {n} slots of {hidden})"
-NO_WEIGHTS_NOTE = "fc width not checked: {why}"
-TOP_LEVEL_ONLY_NOTE = (
-    "ids are only in the top-level '" + TOP_LEVEL_KEY + "' (speculators format): SGLang reads '"
-    + EAGLE_CONFIG_KEY + "' and will use its default layers instead"
-)
-#: Where a SpecForge 0.2 run keeps its provenance record (``training/checkpoint.py``).
-SPECFORGE_STATE = "training_state.pt"
-PROVENANCE_KEY = "specforge_model_provenance"
 PROVENANCE_IDS_KEY = "SpecForge provenance capture_layers"
 PROVENANCE_DIFFERS_MSG = (
     "draft {path}: config.json declares {key} = {config_ids}, but the SpecForge provenance record {record} says "
     "it was trained on capture_layers {provenance_ids}: the config was written for another run; declare the "
     "record's ids under " + EAGLE_CONFIG_KEY
-)
-BAD_PROVENANCE_MSG = "SpecForge provenance record {record} is unreadable: {error}"
-SPECFORGE_UNDECLARED = (
-    "the draft was trained on capture_layers {ids} (its SpecForge provenance record), but config.json declares "
-    "no ids, so SGLang and vLLM capture their default layers; fix: write them under " + EAGLE_CONFIG_KEY
-)
-#: Ids only at the top level, diagnosed from the installed files that read them
-#: (:mod:`pytest_eagle3.sglang_source.id_keys`).
-TOP_LEVEL_TRAP = (
-    "the ids {ids} are only at the top level ({top_key}): {draft_side}, but the target side reads {target_side} "
-    "and captures its default layers instead; fix: move the ids under " + EAGLE_CONFIG_KEY
-)
-DRAFT_SIZED = "the draft's fc is sized for them ({cls} reads the top-level key when eagle_config has none, {where})"
-DRAFT_NOT_SIZED = "the draft's fc ignores them too ({cls} reads {how})"
-NO_SGLANG_MSG = (
-    "stack specforge-sglang needs the SGLang version used at data generation; "
-    "pass sglang_version (no SGLang is installed here to default to)"
 )
 
 
@@ -118,7 +63,8 @@ class DraftInfo:
     Attributes:
         path: the directory.
         config_format: ``"hf"``, ``"speculators"``, or ``"specforge"`` (a SpecForge 0.2
-            run's ``training_state.pt`` beside the config: :func:`specforge_state_file`).
+            run's ``training_state.pt`` beside the config:
+            :func:`~pytest_eagle3.contracts.specforge_run.specforge_state_file`).
         ids: the declared ids (the ``eagle_config`` list when present, else the
             top-level one, else a SpecForge provenance record's ``capture_layers``),
             None when none is present.
@@ -163,66 +109,6 @@ class DraftInfo:
         return self.ids_key == EAGLE_CONFIG_KEY
 
 
-def read_safetensors_header(file: Path) -> dict[str, Any]:
-    """The JSON header of a safetensors file: ``{name: {"dtype", "shape", "data_offsets"}, ...}``.
-
-    Raises:
-        Eagle3ContractError: truncated file, absurd length, header not a JSON object.
-    """
-    try:
-        with open(file, "rb") as f:
-            head = f.read(8)
-            if len(head) != 8:
-                raise ValueError("shorter than the 8-byte header length")
-            (n,) = struct.unpack("<Q", head)
-            if n > MAX_HEADER_BYTES:
-                raise ValueError(f"header length {n} bytes is not plausible")
-            raw = f.read(n)
-            if len(raw) != n:
-                raise ValueError(f"header says {n} bytes, file has {len(raw)}")
-        header = json.loads(raw.decode("utf-8"))
-        if not isinstance(header, dict):
-            raise ValueError("header is not a JSON object")
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise Eagle3ContractError(BAD_SAFETENSORS_MSG.format(file=file, error=exc)) from None
-    return header
-
-
-def _find_fc(path: Path) -> tuple[str, tuple[int, ...], str, str] | str:
-    """(name, shape, dtype, file) of the fc weight, or a note saying why there is none."""
-    index = path / "model.safetensors.index.json"
-    files = sorted(path.glob("*.safetensors"))
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise Eagle3ContractError(BAD_SAFETENSORS_MSG.format(file=index, error=exc)) from None
-        listed = sorted({path / f for f in weight_map.values()})
-        files = listed or files
-    if not files:
-        bins = sorted(p.name for p in path.glob("*.bin"))
-        if bins:
-            return f"the draft has only {', '.join(bins)} (pickle; not read without torch)"
-        return "the draft directory has no weight files"
-    found: dict[str, tuple[tuple[int, ...], str, str]] = {}
-    for file in files:
-        header = read_safetensors_header(file)
-        for name, info in header.items():
-            if name == "__metadata__" or not isinstance(info, dict):
-                continue
-            if name in FC_NAMES or name.endswith(".fc.weight"):
-                found[name] = (tuple(info.get("shape", ())), str(info.get("dtype")), file.name)
-    names = [n for n in FC_NAMES if n in found] or sorted(found)
-    shown = ", ".join(f.name for f in files)
-    if not names:
-        raise Eagle3ContractError(NO_FC_MSG.format(files=shown, names=" or ".join(FC_NAMES)))
-    if len(names) > 1 and not any(n in FC_NAMES for n in names):
-        raise Eagle3ContractError(MANY_FC_MSG.format(files=shown, names=", ".join(names)))
-    name = names[0]
-    shape, dtype, file_name = found[name]
-    return name, shape, dtype, file_name
-
-
 def _as_ids(value: Any, path: Path, key: str) -> tuple[int, ...]:
     if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in value):
         raise Eagle3ContractError(BAD_IDS_MSG.format(path=path, key=key, ids=value))
@@ -233,7 +119,8 @@ def _as_ids(value: Any, path: Path, key: str) -> tuple[int, ...]:
 
 def read_draft_config(path: str | Path, error: type[Eagle3ConfigError] = Eagle3ContractError) -> dict[str, Any]:
     """The parsed ``config.json`` of a draft checkpoint directory: the one reader of
-    a draft config (:func:`load_draft`, ``pytest-eagle3 inspect``, the draft checks).
+    a draft config (:func:`load_draft`, ``pytest-eagle3 inspect``, the draft checks,
+    the planner's ids of a served draft, the offline power check).
 
     Args:
         path: the draft directory.
@@ -259,44 +146,12 @@ def read_draft_config(path: str | Path, error: type[Eagle3ConfigError] = Eagle3C
     return config
 
 
-def specforge_state_file(path: Path) -> Path | None:
-    """The SpecForge 0.2 ``training_state.pt`` of a draft directory: its own, else the
-    ``<run_id>-latest`` checkpoint's, else the highest ``<run_id>-step<N>``'s (None: none)."""
-    own = path / SPECFORGE_STATE
-    if own.is_file():
-        return own
-    latest = sorted(path.glob(f"*-latest/{SPECFORGE_STATE}"))
-    if latest:
-        return latest[0]
-
-    def step(p: Path) -> int:
-        tail = p.parent.name.rsplit("-step", 1)[-1]
-        return int(tail) if tail.isdigit() else -1
-
-    steps = sorted(path.glob(f"*-step*/{SPECFORGE_STATE}"), key=step)
-    return steps[-1] if steps else None
-
-
-def specforge_capture_layers(record: Path) -> tuple[int, ...] | None:
-    """``capture_layers`` of a SpecForge 0.2 provenance record: ``torch.load`` of
-    ``training_state.pt`` (weights only), key ``specforge_model_provenance``, a tuple
-    of ``(key, value)`` pairs (SpecForge 0.2.0 ``algorithms/common/providers.py:37``,
-    ``training/provenance.py:285-289``, sorted pairs at lines 341-344).  None when the
-    run had no explicit ids (SpecForge's default was used).
-
-    Raises:
-        Eagle3ContractError: unreadable file, or no provenance record in it.
-    """
-    import torch  # only for a SpecForge run directory: its records are torch pickles
-
-    try:
-        state = torch.load(str(record), map_location="cpu", weights_only=True)
-        pairs = dict(state[PROVENANCE_KEY])
-    except Exception as exc:  # a pickle can fail in many ways; one line names it
-        raise Eagle3ContractError(BAD_PROVENANCE_MSG.format(record=record, error=f"{type(exc).__name__}: "
-                                                            f"{' '.join(str(exc).split())[:200]}")) from None
-    layers = pairs.get("capture_layers")
-    return None if layers is None else tuple(int(v) for v in layers)
+def eagle_config_ids(config: Mapping[str, Any]) -> list[int] | None:
+    """``eagle_config.eagle_aux_hidden_state_layer_ids`` of a parsed draft config
+    (:func:`read_draft_config`): the ids SGLang reads (``None``: not set, SGLang uses
+    its default list)."""
+    ids = (config.get("eagle_config") or {}).get(TOP_LEVEL_KEY)
+    return None if ids is None else [int(i) for i in ids]
 
 
 def speculators_reading(path: Path) -> dict[str, Any] | None:
@@ -326,16 +181,22 @@ def speculators_reading(path: Path) -> dict[str, Any] | None:
     return out
 
 
-def load_draft(path: str | Path) -> DraftInfo:
-    """Read ``config.json`` and the ``fc`` shape of a draft checkpoint directory.
+def load_draft(path: str | Path, error: type[Eagle3ConfigError] = Eagle3ContractError) -> DraftInfo:
+    """Read ``config.json`` (once: :func:`read_draft_config`; :attr:`DraftInfo.config`
+    carries it on) and the ``fc`` shape of a draft checkpoint directory.
+
+    Args:
+        path: the draft directory.
+        error: the error class for a path that holds no readable config
+            (:func:`read_draft_config`'s ``error``).
 
     Raises:
-        Eagle3ContractError: not a directory, no or bad config.json, malformed or
+        Eagle3ContractError: not a directory, no or bad config.json (``error``), malformed or
             conflicting id lists, an unreadable safetensors file, safetensors
             files without an fc weight.
     """
     p = Path(path)
-    config = read_draft_config(p)
+    config = read_draft_config(p, error)
     cfg_file = p / "config.json"
 
     fmt = "speculators" if ("speculators_model_type" in config or "speculators_config" in config) else "hf"
@@ -383,7 +244,7 @@ def load_draft(path: str | Path) -> DraftInfo:
             hidden, hidden_key = value, key
             break
 
-    found = _find_fc(p)
+    found = find_fc(p)
     fc: dict[str, Any] = {}
     if isinstance(found, str):
         fc["weights_note"] = found
@@ -396,112 +257,3 @@ def load_draft(path: str | Path) -> DraftInfo:
         dtype=dtype if isinstance(dtype, str) else None, config=config, **fc,
     )
 
-
-def top_level_trap(info: DraftInfo, target: KeyReads | None, draft: KeyReads | None) -> str:
-    """What happens to ids only at the top level of ``info``'s config: which side
-    reads them (``target``: :func:`~pytest_eagle3.sglang_source.id_keys.target_reads`;
-    ``draft``: :func:`~pytest_eagle3.sglang_source.id_keys.draft_reads` of its architecture),
-    with the files and lines, and the fix."""
-    arch = (info.config.get("architectures") or ["the draft model"])[0]
-    if draft is not None and draft.reads_top_level:
-        draft_side = DRAFT_SIZED.format(cls=arch, where=draft.where(nested=False))
-    elif draft is not None:
-        draft_side = DRAFT_NOT_SIZED.format(cls=arch, how=draft.describe())
-    else:
-        draft_side = f"{arch} reads no id key in this SGLang"
-    target_side = target.describe() if target is not None else EAGLE_CONFIG_KEY
-    return TOP_LEVEL_TRAP.format(ids=list(info.ids or ()), top_key=TOP_LEVEL_KEY, draft_side=draft_side,
-                                 target_side=target_side)
-
-
-def installed_top_level_trap(info: DraftInfo, location: str | Path | None) -> str | None:
-    """Why SGLang will not read the draft's ids: :func:`top_level_trap` read from the
-    SGLang at ``location``, or ids only in a SpecForge provenance record; ``None``
-    when the ids are where SGLang reads them (or there are none)."""
-    if info.ids is None or info.sglang_reads_ids:
-        return None
-    if info.ids_key == PROVENANCE_IDS_KEY:
-        return SPECFORGE_UNDECLARED.format(ids=list(info.ids))
-    if location is None:
-        return top_level_trap(info, None, None)
-    arch = (info.config.get("architectures") or [""])[0]
-    return top_level_trap(info, target_reads(location), draft_reads(location, arch))
-
-
-def installed_sglang_rule() -> Any:
-    """The id rule of the importable SGLang's DeepSeek model, read from its model
-    file (:mod:`pytest_eagle3.sglang_source.model_code`; no import of sglang), or None
-    when there is none."""
-
-    location, _ = sglang_location_and_version()
-    return read_rules(location, "DeepseekV3ForCausalLM").rule if location is not None else None
-
-
-def contract_for_draft(
-    path: str | Path,
-    stack: str,
-    *,
-    num_layers: int,
-    sglang_version: Any = None,
-    target_hidden_size: int | None = None,
-    **options: Any,
-) -> Contract:
-    """The training contract of the draft at ``path``, trained with ``stack`` on an ``L``-layer target.
-
-    A config without ids is not an error: the contract is the stack's default,
-    with ``declared_ids`` None and a note (:attr:`Contract.declares_ids` False), so
-    the verdict can say that a server will use *its* default.
-
-    Args:
-        path: the draft checkpoint directory.
-        stack: a :data:`~pytest_eagle3.contracts.stacks.STACKS` name.
-        num_layers: the target's number of layers.
-        sglang_version: for ``specforge-sglang``: the SGLang used at data generation,
-            a version string (the upstream version table) or an
-            :class:`~pytest_eagle3.conventions.IdRule` (default: the installed
-            SGLang's rule, read from its code).
-        target_hidden_size: the target's hidden size, checked against the draft config
-            and used when the config names none.
-        options: stack options (``datagen=`` for speculators, ``capture=`` for specforge-hf, ...).
-
-    Raises:
-        Eagle3ContractError: unknown stack, ids out of range or duplicated, no hidden
-            size, the fc input width != ``len(entries) * target_hidden_size``, and
-            everything :func:`load_draft` raises.
-    """
-    info = load_draft(path)
-    if not info.use_aux_hidden_state:
-        raise Eagle3ContractError(NO_AUX_MSG.format(path=info.path))
-    hidden = info.target_hidden_size
-    if hidden is not None and target_hidden_size is not None and hidden != target_hidden_size:
-        raise Eagle3ContractError(
-            HIDDEN_DIFFERS_MSG.format(path=info.path, draft=hidden, target=target_hidden_size)
-        )
-    hidden = hidden if hidden is not None else target_hidden_size
-    if hidden is None:
-        raise Eagle3ContractError(NO_HIDDEN_MSG.format(path=info.path / "config.json"))
-    if stack == "specforge-sglang":
-        version = sglang_version or installed_sglang_rule()
-        if version is None:
-            raise Eagle3ContractError(NO_SGLANG_MSG)
-        options["sglang_version"] = version
-    ids_text = f"{info.ids_key} {list(info.ids)}" if info.ids is not None else "no ids"
-    contract = translate(
-        stack, info.ids, num_layers=num_layers, hidden_size=hidden,
-        dtype=info.dtype, source=f"{info.path} ({ids_text})", **options,
-    )
-    width = info.fc_input_width
-    if width is not None and width != contract.fc_input_width:
-        hint = FC_WIDTH_HINT.format(n=width // hidden, hidden=hidden) if width % hidden == 0 else ""
-        raise Eagle3ContractError(
-            FC_WIDTH_MSG.format(
-                path=info.path, fc=f"{info.fc_name} {list(info.fc_shape or ())}", width=width,
-                contract=contract.human(), k=contract.k, hidden=hidden, expected=contract.fc_input_width,
-            ) + hint
-        )
-    notes = list(contract.notes)
-    if info.weights_note:
-        notes.append(NO_WEIGHTS_NOTE.format(why=info.weights_note))
-    if info.ids is not None and not info.sglang_reads_ids:
-        notes.append(TOP_LEVEL_ONLY_NOTE)
-    return replace(contract, notes=tuple(notes))

@@ -32,12 +32,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 from pytest_eagle3.target.checkpoint import cache
+from pytest_eagle3.settings import default_cache_dir
 from pytest_eagle3.target.checkpoint.families import is_deepseek
 from pytest_eagle3.contracts.catalog import contracts_dir, load_contract_fixture
 from pytest_eagle3.errors import Eagle3ContractError
 from pytest_eagle3.draft import data, offline, wiring
 from pytest_eagle3.draft.train import TrainSettings, train_draft
-from pytest_eagle3.target.spec import TargetSpec, fixtures_dir, load_prompts, prompts_path
+from pytest_eagle3.target.spec import TargetSpec, fixtures_dir, load_packaged_prompts, prompts_path
 
 #: Draft variants besides the Llama-style default: name -> TrainSettings overrides.
 #: ``--variant NAME`` writes ``fixtures/drafts/<preset>-<NAME>``.
@@ -161,14 +162,14 @@ def build_draft(
         if is_deepseek(spec.config):
             sd, dims = data.target_weights(spec)
             examples = data.make_examples(
-                sd, dims, load_prompts(vocab_size=V), data.prompt_names(),
+                sd, dims, load_packaged_prompts(vocab_size=V), data.prompt_names(),
                 max_new_tokens=settings.max_new_tokens, min_margin=settings.min_margin,
             )
             stacks = [data.snapshots(sd, dims, ex.tokens) for ex in examples]
             embed, norms, eps = sd["model.embed_tokens.weight"], wiring.input_layernorm_weights(sd, L), dims.eps
         else:  # the other families run on transformers (draft/data.py TransformersTarget)
-            target = data.TransformersTarget(spec, cache_root or cache.default_cache_dir()[0])
-            examples = target.examples(load_prompts(vocab_size=V), data.prompt_names(),
+            target = data.TransformersTarget(spec, cache_root or default_cache_dir()[0])
+            examples = target.examples(load_packaged_prompts(vocab_size=V), data.prompt_names(),
                                        max_new_tokens=settings.max_new_tokens, min_margin=settings.min_margin)
             stacks = [target.snapshots(ex.tokens) for ex in examples]
             embed, norms, eps = target.embed, target.norms, target.eps

@@ -12,7 +12,7 @@ every fp32 engine must agree on are kept (:attr:`DraftExample.continuation`);
 the full greedy run and its margins are kept too.
 
 For DeepSeek-V3 presets everything is computed with the project's own fp32
-forward of the target (:func:`pytest_eagle3.target.checkpoint.init.forward_hidden_states`,
+forward of the target (:func:`pytest_eagle3.target.checkpoint.dsv3_forward.forward_hidden_states`,
 the same math as transformers' ``DeepseekV3ForCausalLM``), single-threaded,
 from the checkpoint's weights (:func:`pytest_eagle3.target.checkpoint.init.make_weights`):
 no transformers, no SGLang.  The other model families
@@ -27,7 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from pytest_eagle3.target.spec import prompts_path
-from pytest_eagle3.target.checkpoint.init import Dims, forward_hidden_states, make_weights
+from pytest_eagle3.target.checkpoint.dsv3_config import Dims
+from pytest_eagle3.target.checkpoint.dsv3_forward import forward_hidden_states
+from pytest_eagle3.target.checkpoint.init import make_weights
 from pytest_eagle3.target.checkpoint.cache import ensure_checkpoint
 from pytest_eagle3.target.checkpoint.families import family_of
 

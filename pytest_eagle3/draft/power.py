@@ -8,7 +8,8 @@ feeds the draft the aux states SGLang really captured (the contract's slots
 replaced by the engine's rows) and the same states rearranged the way each
 wiring fault would (:data:`pytest_eagle3.draft.wiring.MISWIRINGS`), and returns
 the draft's offline quality under each: the correct wiring must clear the gate,
-every miswiring must fall below it.
+every miswiring must fall below it (the check:
+:func:`pytest_eagle3.verdicts.acceptance.check_power`).
 
 Also the offline gate of issue 8: the draft's accuracy on SGLang's captures vs
 on the reference's; their gap measures wiring damage without speculative
@@ -21,6 +22,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
+from pytest_eagle3.contracts.draft import read_draft_config
 from pytest_eagle3.draft.config import DraftConfig
 from pytest_eagle3.draft.data import DraftExample
 from pytest_eagle3.draft.offline import evaluate_wirings
@@ -30,12 +32,6 @@ if TYPE_CHECKING:
     import torch
 
     from pytest_eagle3.draft.offline import Quality
-
-LOST_POWER = (
-    "the acceptance gate has lost its power: miswiring {names} still reaches accept length {got} "
-    ">= gate {gate} on SGLang's captures; a passing acceptance test would prove nothing"
-)
-WEAK_CORRECT = "the draft on SGLang's captures reaches accept length {got} < gate {gate} (reference: {ref})"
 
 
 @dataclass(frozen=True)
@@ -69,11 +65,11 @@ def read_gates(draft_dir: Path, *, min_accept_length: float | None = None,
     return DraftGates(float(length), float(rate), source)
 
 
-def load_draft(draft_dir: Path) -> tuple[dict, Any]:
+def load_draft_weights(draft_dir: Path) -> tuple[dict, Any]:
     """``(params, DraftConfig)`` of a draft directory (``model.safetensors``)."""
     from safetensors.torch import load_file
 
-    cfg = DraftConfig.from_hf_config(json.loads((Path(draft_dir) / "config.json").read_text()))
+    cfg = DraftConfig.from_hf_config(read_draft_config(draft_dir))
     return load_file(str(Path(draft_dir) / "model.safetensors")), cfg
 
 
@@ -120,7 +116,7 @@ def offline_power(draft_dir: Path, checkpoint_dir: Path, examples: "Sequence[Dra
     :func:`with_captures` stacks to measure SGLang's captures)."""
     import torch
 
-    params, cfg = load_draft(draft_dir)
+    params, cfg = load_draft_weights(draft_dir)
     weights = _target_weights(checkpoint_dir)
     L = stacks[0].shape[0] - 2
     with torch.no_grad():
@@ -137,19 +133,3 @@ def _target_weights(checkpoint_dir: Path) -> "dict[str, torch.Tensor]":
     for f in files:
         out.update(load_file(str(f)))
     return out
-
-
-def power_problems(qualities: "dict[str, Quality]", gates: DraftGates, reference: "Quality | None" = None) -> list[str]:
-    """One line per way the gate lacks teeth (empty: it has them)."""
-
-    lines = []
-    correct = qualities[CORRECT]
-    if correct.accept_length < gates.min_accept_length:
-        lines.append(WEAK_CORRECT.format(got=f"{correct.accept_length:.2f}", gate=gates.min_accept_length,
-                                         ref=f"{reference.accept_length:.2f}" if reference else "n/a"))
-    strong = {n: q.accept_length for n, q in qualities.items() if n in MISWIRINGS
-              and q.accept_length >= gates.min_accept_length}
-    if strong:
-        lines.append(LOST_POWER.format(names=", ".join(sorted(strong)),
-                                       got=f"{max(strong.values()):.2f}", gate=gates.min_accept_length))
-    return lines

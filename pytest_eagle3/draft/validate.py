@@ -36,7 +36,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from pytest_eagle3.contracts.draft import BAD_CONFIG_MSG, NO_DIR_MSG, read_draft_config, read_safetensors_header
+from pytest_eagle3.contracts.draft import BAD_CONFIG_MSG, NO_DIR_MSG, read_draft_config
+from pytest_eagle3.contracts.fc_weight import read_safetensors_header
 from pytest_eagle3.draft.config import ARCHITECTURE, ARCHITECTURES, FC, LM_HEAD, MLA_ARCHITECTURE, DraftConfig
 from pytest_eagle3.sglang_source.id_keys import DRAFT_FILES, EAGLE_FLAGS, flags_read
 from pytest_eagle3.errors import Eagle3ContractError

@@ -172,7 +172,7 @@ def speculative_server_args(
 
 def _architecture(model_path: Any) -> str:
     """The first ``architectures`` entry of the checkpoint's ``config.json``
-    (DeepSeek-V3's when it cannot be read)."""
+    (DeepSeek-V3's when it cannot be read); read once per engine."""
     try:
         archs = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8")).get("architectures")
         if isinstance(archs, list) and archs and isinstance(archs[0], str):
@@ -232,11 +232,11 @@ def build_engine_config(
             chosen.append(name)
     args: dict[str, Any] = base_server_args(model_path, tp)
     env: dict[str, str] = {}
+    architecture = _architecture(model_path)
     if device == "cpu":
         speculative = has_draft(layers)
         if speculative and int(layers.get("speculative_eagle_topk") or 1) > 1:
             raise Eagle3ConfigError(CPU_TOPK.format(topk=layers["speculative_eagle_topk"]))
-        architecture = _architecture(model_path)
         amx = speculative or recipe.refuses_plain_attention(install.location, architecture) is not None
         args.update(recipe.cpu_server_args(speculative=speculative, amx_attention=amx))
         env.update(recipe.cpu_env(tp, amx_attention=amx
@@ -256,7 +256,7 @@ def build_engine_config(
     # The per-rank recorder, idle until a test enables it (worker/recorder_hook.py),
     # on the forward whose loop captures for this architecture (read from its model file).
     env[HOOKS_ENV] = ",".join(x for x in (env.get(HOOKS_ENV), "record") if x)
-    forward = install.model_code(_architecture(model_path)).capture_forward if install.location else None
+    forward = install.model_code(architecture).capture_forward if install.location else None
     if forward is not None and forward != RECORD_TARGET:
         env[RECORD_TARGET_ENV] = forward
     if not install.general_plugins:

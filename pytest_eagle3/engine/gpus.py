@@ -14,21 +14,9 @@ import os
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-
-@dataclass(frozen=True)
-class GpuProbe:
-    """What the torch-free GPU probe saw.
-
-    Attributes:
-        count: visible GPUs; ``0`` when none.
-        how: a short human description of the evidence, e.g. ``"nvidia-smi -L: 2 GPUs"``.
-    """
-
-    count: int
-    how: str
+from pytest_eagle3.settings import GpuProbe
 
 
 def detect_gpus(env: Mapping[str, str] | None = None) -> GpuProbe:

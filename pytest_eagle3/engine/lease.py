@@ -1,14 +1,8 @@
 """GPU leases: each pytest process (an xdist worker, or the one process without
-xdist) runs its engines on a block of ``--tp`` GPUs no other process uses.
-
-Blocks.  The visible GPUs are the entries of ``CUDA_VISIBLE_DEVICES`` when it
-lists any (physical ids, UUIDs or MIG ids, as written), else ``0 .. count-1``
-with ``count`` from :func:`pytest_eagle3.engine.gpus.detect_gpus`.  They are cut
-into consecutive blocks of ``tp``: 8 GPUs at ``--tp 2`` give ``0,1 | 2,3 | 4,5
-| 6,7``; ``--tp 8`` gives one block; GPUs left over (6 GPUs at ``--tp 4``) are
-not used.  ``--tp`` above the visible count is refused earlier, as a usage error
-(:func:`pytest_eagle3.plugin.options.validate_settings`); :func:`gpu_blocks` refuses it
-too (:class:`~pytest_eagle3.errors.Eagle3ConfigError`) for callers outside pytest.
+xdist) runs its engines on a block of ``--tp`` GPUs no other process uses (the
+blocks and their NCCL port windows: :mod:`pytest_eagle3.engine.gpu_blocks`; which
+block a pytest process tries first and who it says it is:
+:mod:`pytest_eagle3.plugin.gpu_workers`).
 
 Locks.  One exclusive :class:`filelock.FileLock` per GPU, ``gpu-<id>.lock`` in
 :func:`default_lock_dir`; a lease holds the locks of every GPU of its block.
@@ -39,16 +33,10 @@ cache: that is often a home directory on NFS, shared by several machines whose
 them with ``CUDA_VISIBLE_DEVICES``, or point ``$PYTEST_EAGLE3_GPU_LOCKS`` of
 everyone at one directory they can all write).
 
-Ports.  Engines bind their HTTP port from the kernel (a free port, see
-:func:`pytest_eagle3.engine.server.free_port`); SGLang's NCCL/TCPStore port
-(``--nccl-port``, otherwise random in 22000-29999) comes from the lease's own
-window of :data:`PORT_STRIDE` ports at ``PORT_BASE + PORT_STRIDE * k`` (``k`` the
-block's first GPU id, or its position when ids are not numbers), the first port
-there that is free, so engines on different blocks never race for one.
-
 CPU.  No lease: ``--device cpu`` engines use no GPU, and one worker runs at most
 one engine at a time (:class:`~pytest_eagle3.engine.pool.EnginePool`);
-``pytest -n auto`` runs one worker on CPU (:func:`auto_num_workers`).
+``pytest -n auto`` runs one worker on CPU
+(:func:`pytest_eagle3.plugin.gpu_workers.auto_num_workers`).
 
 Nothing here imports torch or sglang.
 """
@@ -62,14 +50,10 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
+from pytest_eagle3.engine.gpu_blocks import MSG_TOO_FEW, GpuBlock, describe_blocks
 from pytest_eagle3.errors import Eagle3ConfigError, Eagle3EngineError
-
-if TYPE_CHECKING:
-    import pytest
-
-    from pytest_eagle3.engine.options import EngineOptions
 
 ENV_LOCK_DIR = "PYTEST_EAGLE3_GPU_LOCKS"
 
@@ -79,16 +63,7 @@ POLL_INTERVAL_S = 0.5
 #: Seconds between "waiting for a block" progress lines.
 NOTE_INTERVAL_S = 30.0
 
-#: NCCL port windows: ``PORT_BASE + PORT_STRIDE * k`` .. ``+ PORT_STRIDE - 1``
-#: (below SGLang's own random range 22000-29999 and the kernel's ephemeral range).
-PORT_BASE = 15000
-PORT_STRIDE = 100
-
 # Messages (tests import these).
-MSG_TOO_FEW = (
-    "--tp {tp} needs {tp} GPUs on --device cuda but {count} are visible ({gpus}); "
-    "lower --tp or make more GPUs visible"
-)
 MSG_WAITING = "waiting {waited:.0f} s for a free block of {tp} GPU(s) (blocks {blocks}): {holders}"
 MSG_TIMEOUT = (
     "no block of {tp} GPU(s) became free in {timeout:.0f} s (blocks {blocks}; locks in {lock_dir}): "
@@ -98,92 +73,13 @@ MSG_TIMEOUT = (
 MSG_HOLDER = "GPU {gpu} held by {owner}"
 MSG_HOLDER_UNKNOWN = "GPU {gpu} held (no owner record)"
 MSG_LEASED = "leased GPUs {gpus} (block {index}) for {owner}"
-MSG_OVERSUBSCRIBED = (
-    "pytest-eagle3: -n {n} workers but {blocks} block(s) of --tp {tp} GPUs ({gpus}): "
-    "{waiting} worker(s) will wait for a block; -n auto runs {blocks}"
-)
 
 
 class Eagle3LeaseTimeout(Eagle3EngineError):
     """No GPU block became free in time (the message names the holders)."""
 
 
-# --- blocks ---
-
-
-@dataclass(frozen=True)
-class GpuBlock:
-    """``tp`` consecutive visible GPUs.
-
-    Attributes:
-        index: position of the block among the blocks of the visible GPUs (0-based).
-        gpus: the GPU ids as ``CUDA_VISIBLE_DEVICES`` writes them (``("2", "3")``).
-        port_key: ``k`` of the block's NCCL port window (see the module docstring).
-    """
-
-    index: int
-    gpus: tuple[str, ...]
-    port_key: int
-
-    @property
-    def label(self) -> str:
-        """``"2,3"``."""
-        return ",".join(self.gpus)
-
-    @property
-    def ports(self) -> range:
-        """The block's NCCL port window."""
-        start = PORT_BASE + PORT_STRIDE * self.port_key
-        return range(start, start + PORT_STRIDE)
-
-    def env(self) -> dict[str, str]:
-        """``{"CUDA_VISIBLE_DEVICES": "2,3"}``: the engine sees exactly this block."""
-        return {"CUDA_VISIBLE_DEVICES": self.label}
-
-
-def visible_gpu_ids(count: int, env: Mapping[str, str] | None = None) -> tuple[str, ...]:
-    """Ids of the ``count`` visible GPUs: ``CUDA_VISIBLE_DEVICES`` entries when it
-    lists at least ``count`` (the first ``count``), else ``"0" .. str(count - 1)``.
-
-    ``count`` is what the GPU probe saw (:attr:`pytest_eagle3.engine.gpus.GpuProbe.count`),
-    which is already capped by ``CUDA_VISIBLE_DEVICES``.
-    """
-    env = os.environ if env is None else env
-    entries = [e.strip() for e in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if e.strip()]
-    if entries and entries[0] != "-1" and len(entries) >= count:
-        return tuple(entries[:count])
-    # No list, or a shorter one than the count (``--eagle3-plan-gpus`` pretending more).
-    return tuple(str(i) for i in range(count))
-
-
-def gpu_blocks(gpu_ids: Sequence[str], tp: int) -> list[GpuBlock]:
-    """Cut ``gpu_ids`` into consecutive blocks of ``tp`` (leftover GPUs unused).
-
-    >>> [b.gpus for b in gpu_blocks(["0", "1", "2", "3"], 2)]
-    [('0', '1'), ('2', '3')]
-
-    Raises:
-        Eagle3ConfigError: ``tp`` is larger than the number of GPUs.
-    """
-    ids = [str(g) for g in gpu_ids]
-    if tp < 1 or tp > len(ids):
-        raise Eagle3ConfigError(MSG_TOO_FEW.format(tp=tp, count=len(ids), gpus=",".join(ids) or "none"))
-    numeric = all(g.isdigit() for g in ids)
-    blocks = []
-    for index in range(len(ids) // tp):
-        gpus = tuple(ids[index * tp:(index + 1) * tp])
-        blocks.append(GpuBlock(index, gpus, int(gpus[0]) if numeric else index * tp))
-    return blocks
-
-
-def describe_blocks(blocks: Sequence[GpuBlock]) -> str:
-    """``"0,1 | 2,3"``."""
-    return " | ".join(b.label for b in blocks)
-
-
-def settings_blocks(settings: "EngineOptions", env: Mapping[str, str] | None = None) -> list[GpuBlock]:
-    """The blocks of a ``--device cuda`` run (``settings.gpu.count`` GPUs, ``settings.tp`` each)."""
-    return gpu_blocks(visible_gpu_ids(settings.gpu.count, env), settings.tp)
+# --- lock directory, owners ---
 
 
 def default_lock_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -195,57 +91,12 @@ def default_lock_dir(env: Mapping[str, str] | None = None) -> Path:
     return Path(tempfile.gettempdir()) / f"pytest-eagle3-{uid}" / "gpu-leases"
 
 
-# --- xdist ---
-
-
-def worker_id(config: "pytest.Config") -> str | None:
-    """The xdist worker id (``"gw0"``), ``None`` without xdist (or in its controller)."""
-    workerinput = getattr(config, "workerinput", None)
-    return None if workerinput is None else str(workerinput.get("workerid"))
-
-
-def worker_index(config: "pytest.Config") -> int:
-    """``3`` for ``gw3``; ``0`` without xdist."""
-    wid = worker_id(config) or ""
-    digits = wid.lstrip("gw")
-    return int(digits) if digits.isdigit() else 0
-
-
-def owner_label(config: "pytest.Config | None" = None) -> str:
-    """Who holds a lease, for messages: ``"xdist worker gw1 (pid 123 on host, run 1a2b3c4d)"``."""
-    workerinput = getattr(config, "workerinput", None) if config is not None else None
-    who = f"xdist worker {workerinput.get('workerid')}" if workerinput else "pytest"
-    run = f", run {str(workerinput.get('testrunuid', ''))[:8]}" if workerinput else ""
-    return f"{who} (pid {os.getpid()} on {socket.gethostname()}{run})"
-
-
-def auto_num_workers(settings: "EngineOptions") -> int:
-    """``-n auto`` for an eagle3 run.
-
-    ``--device cuda``: one worker per block, ``visible GPUs // tp`` (at least 1):
-    every worker then leases a block at once and none waits.  ``--device cpu``: 1.
-    A CPU engine at TP ``n`` binds ``n`` OpenMP threads and its scheduler keeps
-    polling; two engines on a small machine (the CPU tier is measured on 2 cores)
-    only slow each other down, and each rank needs about 1.3 GB (docs/design.md,
-    "SGLang on a plain x86 CPU").
-    """
-    if settings.device == "cuda":
-        return max(1, settings.gpu.count // max(1, settings.tp))
-    return 1
-
-
-def oversubscription(settings: "EngineOptions", numprocesses: Any) -> str | None:
-    """The warning for ``-n N`` above the number of blocks on cuda, else ``None``."""
-    if settings.device != "cuda" or not isinstance(numprocesses, int) or numprocesses < 2:
-        return None
-    try:
-        blocks = settings_blocks(settings)
-    except Eagle3ConfigError:
-        return None
-    if numprocesses <= len(blocks):
-        return None
-    return MSG_OVERSUBSCRIBED.format(n=numprocesses, blocks=len(blocks), tp=settings.tp,
-                                     gpus=describe_blocks(blocks), waiting=numprocesses - len(blocks))
+def holder_label(who: str = "pytest", run: str | None = None) -> str:
+    """Who holds a lease, for messages: ``"pytest (pid 123 on host)"``, or
+    ``"<who> (pid 123 on host, run <run>)"`` (the names of a pytest process:
+    :func:`pytest_eagle3.plugin.gpu_workers.owner_label`)."""
+    suffix = f", run {run}" if run is not None else ""
+    return f"{who} (pid {os.getpid()} on {socket.gethostname()}{suffix})"
 
 
 # --- leases ---
@@ -417,7 +268,7 @@ def acquire(
 
     Args:
         lock_dir: where the locks live (default :func:`default_lock_dir`; created).
-        owner: who asks, for other processes' messages (default :func:`owner_label`).
+        owner: who asks, for other processes' messages (default :func:`holder_label`).
         prefer: index of the block to try first (the xdist worker index), so workers
             of one run usually get distinct blocks without contention.
         timeout: seconds to wait for a free block.
@@ -432,7 +283,7 @@ def acquire(
         raise Eagle3ConfigError(MSG_TOO_FEW.format(tp="?", count=0, gpus="none"))
     lock_dir = Path(lock_dir) if lock_dir is not None else default_lock_dir()
     lock_dir.mkdir(parents=True, exist_ok=True)
-    owner = owner or owner_label()
+    owner = owner or holder_label()
     start = prefer % len(blocks)
     order = list(blocks[start:]) + list(blocks[:start])
     t0 = last_note = time.monotonic()
@@ -461,7 +312,8 @@ class GpuLeaser:
     the first call leases a block (waiting if none is free), later calls reuse it.
 
     Args:
-        blocks: the blocks of this run (:func:`settings_blocks`).
+        blocks: the blocks of this run (:func:`pytest_eagle3.engine.gpu_blocks.settings_blocks`;
+            :func:`pytest_eagle3.plugin.gpu_workers.leaser_for_run` makes the leaser of a pytest process).
         lock_dir, owner, prefer, timeout, progress: as in :func:`acquire`.
         nccl_port: pass ``--nccl-port`` from the block's window (when the installed
             SGLang has the flag).
@@ -480,32 +332,12 @@ class GpuLeaser:
     ) -> None:
         self.blocks = list(blocks)
         self.lock_dir = Path(lock_dir) if lock_dir is not None else default_lock_dir()
-        self.owner = owner or owner_label()
+        self.owner = owner or holder_label()
         self.prefer = prefer
         self.timeout = timeout
         self.progress = progress
         self.use_nccl_port = nccl_port
         self.lease: Lease | None = None
-
-    @classmethod
-    def for_run(
-        cls,
-        settings: "EngineOptions",
-        config: "pytest.Config | None" = None,
-        *,
-        progress: Callable[[str], None] | None = None,
-        nccl_port: bool = True,
-    ) -> "GpuLeaser | None":
-        """The leaser of a pytest process; ``None`` on ``--device cpu`` (no lease there).
-
-        Raises:
-            Eagle3ConfigError: ``--tp`` above the visible GPUs.
-        """
-        if settings.device != "cuda":
-            return None
-        return cls(settings_blocks(settings), owner=owner_label(config),
-                   prefer=worker_index(config) if config is not None else 0,
-                   progress=progress, nccl_port=nccl_port)
 
     def acquire(self) -> Lease:
         """The held lease (leased now if not yet)."""

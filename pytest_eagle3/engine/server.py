@@ -10,17 +10,15 @@ Lifecycle: :meth:`SGLangServer.start` spawns the server in a new session with
 its log in a file, then polls ``/health_generate`` while checking on every poll
 that the child is still alive; it fails with the exit code and the log tail.
 :meth:`SGLangServer.stop` terminates the whole process tree (psutil), waits,
-then kills what is left.  The class is a context manager.
+then kills what is left (:mod:`pytest_eagle3.engine.process_tree`).  The class
+is a context manager; its errors quote the log (:mod:`pytest_eagle3.engine.server_log`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,19 +28,16 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from pytest_eagle3.engine.ports import free_port
+from pytest_eagle3.engine.process_tree import die_with_parent, kill_group, kill_tree
+from pytest_eagle3.engine.server_log import LOG_TAIL_LINES, log_tail, startup_cause
 from pytest_eagle3.errors import Eagle3EngineError
 from pytest_eagle3.reaper import spawn
-
-#: Lines of SGLang's log quoted in startup and request errors.
-LOG_TAIL_LINES = 60
 
 STARTUP_FAILED = (
     "SGLang server {name} exited with code {code} during startup{cause} "
     "(log: {log})\n--- last {n} lines of the SGLang log ---\n{tail}"
 )
-#: The first real error of a failed start, on the message's first line.
-STARTUP_CAUSE = ": {error} ({where})"
-STARTUP_CAUSE_NO_FRAME = ": {error}"
 STARTUP_TIMEOUT = (
     "SGLang server {name} was not ready after {timeout:.0f} s "
     "(raise --eagle3-startup-timeout; log: {log})\n"
@@ -56,146 +51,6 @@ REQUEST_FAILED = (
 
 #: Restarts on a new port when the chosen one was taken during startup.
 PORT_RETRIES = 2
-
-#: Ports this process handed out: a server binds its port only after seconds of
-#: imports, and a prefetched one starts meanwhile, so none is handed out twice.
-_HANDED_OUT: set[int] = set()
-
-
-#: Highest port handed out: sglang 0.5.12 derives its gRPC port as ``port + 10000``
-#: and refuses to start when that exceeds 65535 (``srt/server_args.py``).
-MAX_PORT = 65535 - 10000
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago on ``host``, at most :data:`MAX_PORT`,
-    and that this process has not handed out before."""
-    for _ in range(200):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((host, 0))
-            port = int(sock.getsockname()[1])
-        if port > MAX_PORT:
-            port = _free_low_port(host)
-        if port and port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
-    raise OSError("no free TCP port this process has not used before")
-
-
-def _free_low_port(host: str) -> int:
-    """A free port in ``[20000, MAX_PORT]`` (0 when a random pick is taken)."""
-    import random
-
-    port = random.randint(20000, MAX_PORT)
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return 0
-    return port
-
-
-_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)')
-_EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?::\s?(?P<msg>.*))?$")
-_TRACEBACK = "Traceback (most recent call last):"
-
-
-def _package_frame(path: str, line: str, package: str) -> str | None:
-    """``sglang/srt/x.py:12`` when ``path`` is a file of the installed ``package``."""
-    path = path.replace("\\", "/")
-    marker = f"/{package}/"
-    if marker not in path:
-        return None
-    inside = path.rsplit(marker, 1)[1]
-    if "site-packages/" in inside or "/." in "/" + inside:
-        return None  # e.g. a virtualenv inside a folder named sglang
-    return f"{package}/{inside}:{line}"
-
-
-def first_error(text: str, *, package: str = "sglang") -> tuple[str, str | None] | None:
-    """The first Python exception in a log: ``("RuntimeError: message", "sglang/srt/x.py:100")``.
-
-    The location is the deepest frame of that traceback inside ``package`` (where
-    SGLang's own code called what failed), ``None`` when no frame is.  A
-    traceback may follow a log prefix on its line (SGLang's scheduler logs
-    ``"... Scheduler hit an exception: Traceback (most recent call last):"``).
-    A log without a complete traceback gives ``None``.
-    """
-    lines = text.splitlines()
-    for start, line in enumerate(lines):
-        if _TRACEBACK not in line:
-            continue
-        where = None
-        for follow in lines[start + 1:]:
-            frame = _FRAME.match(follow)
-            if frame:
-                where = _package_frame(frame.group("file"), frame.group("line"), package) or where
-                continue
-            if follow.startswith((" ", "\t")) or not follow.strip():
-                continue  # a source line or a caret line of the frame above
-            if _TRACEBACK in follow:
-                break  # a new traceback began before this one ended
-            found = _EXCEPTION.match(follow.strip())
-            if not found:
-                break  # a log line: this traceback was cut off
-            msg = (found.group("msg") or "").strip()
-            error = found.group("type").rsplit(".", 1)[-1] + (f": {msg}" if msg else "")
-            return (error if len(error) <= 300 else error[:297] + "..."), where
-    return None
-
-
-def startup_cause(path: Path, offset: int = 0) -> str:
-    """``": RuntimeError: ... (sglang/srt/x.py:100)"`` for :data:`STARTUP_FAILED`, or ``""``;
-    reads the log from ``offset`` (where this start's output begins)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            text = f.read().decode(errors="replace")
-    except OSError:
-        return ""
-    found = first_error(text)
-    if found is None:
-        return ""
-    error, where = found
-    return (STARTUP_CAUSE.format(error=error, where=where) if where
-            else STARTUP_CAUSE_NO_FRAME.format(error=error))
-
-
-def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    """The last ``lines`` lines of a log file ('' when it does not exist)."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - 256 * 1024))
-            data = fh.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    return "\n".join(data.splitlines()[-lines:])
-
-
-def kill_tree(pid: int, *, timeout: float = 10.0, graceful: bool = True) -> None:
-    """Terminate ``pid`` and all its descendants: SIGTERM, wait, then SIGKILL
-    (``graceful=False``: SIGKILL at once)."""
-    import psutil
-
-    try:
-        parent = psutil.Process(pid)
-    except psutil.NoSuchProcess:
-        return
-    procs = parent.children(recursive=True) + [parent]
-    for proc in procs:
-        try:
-            proc.send_signal(signal.SIGTERM if graceful else signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=timeout)
 
 
 class SGLangServer:
@@ -305,7 +160,7 @@ class SGLangServer:
                 stdin=subprocess.DEVNULL,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
 
         self._reaper = spawn(self.proc.pid)
@@ -476,29 +331,3 @@ class SGLangServer:
             return self.request("/server_info", timeout=30)
         except Eagle3EngineError:
             return self.request("/get_server_info", timeout=30)
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: ask Linux for SIGTERM when the test process dies.
-
-    Covers the server's first process when the test process is killed with
-    SIGKILL (no teardown runs); the rest of its process group is taken down by
-    the watchdog (:mod:`pytest_eagle3.reaper`).  Also used for the
-    reference worker and the ``--help`` probe.  No-op where prctl is missing.
-    """
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
-def kill_group(pgid: int) -> None:
-    """SIGKILL every process left in process group ``pgid`` (no error if none)."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -1,4 +1,5 @@
-"""The path matrix: server-arg and request variants the capture tests run under.
+"""The path variants: the server-arg and request variants the capture tests run
+under, one row each of the path matrix.
 
 Each :class:`Variant` names one SGLang code path that can change what the aux
 hidden states capture (issue 4, "Path matrix"): how the engine is started
@@ -10,9 +11,12 @@ positions.
 :meth:`Variant.requirements` says, before anything starts, whether a variant
 can run here: the installed SGLang must accept its flags (read from its
 ``--help``, never from its version number) and the device, TP size and GPU
-architecture must allow the path.  The answer is a precise skip reason or
-``None``.  :func:`matrix` applies it to every variant; ``pytest
---eagle3-list-variants`` prints the result (:func:`format_matrix`).
+architecture must allow the path (:mod:`pytest_eagle3.engine.variant_checks`).
+The answer is a precise skip reason or ``None``.
+:func:`pytest_eagle3.engine.variant_matrix.matrix` applies it to every variant;
+``pytest --eagle3-list-variants`` prints the result
+(:func:`pytest_eagle3.engine.variant_matrix.format_matrix`).  Whether a running
+engine really took a variant's path: :mod:`pytest_eagle3.engine.variant_proof`.
 
 Request fields (``Variant.request``), read by the variant tests:
 
@@ -28,30 +32,24 @@ Request fields (``Variant.request``), read by the variant tests:
   follow as usual.
 * ``batch`` (bool): all prompts in one batched ``/generate`` request.
 
-Chunked prefill returns only the last chunk (measured on CPU, sglang 0.5.23):
-middle chunks' rows are not stored (``batch_result_processor`` commits output
-only when ``req.inflight_middle_chunks <= 0``), so a ``T``-token prompt with
-chunk size ``C`` returns ``T - C * ((T - 1) // C)`` rows, positions
-``C * ((T - 1) // C) .. T - 1``.
+Chunked prefill returns only the last chunk's rows
+(:mod:`pytest_eagle3.engine.variant_proof`).
 
 Nothing here imports torch or sglang.
 """
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from pytest_eagle3.engine.gpus import detect_gpu_arch, normalize_arch
-from pytest_eagle3.worker.cpu import patches
-from pytest_eagle3.sglang_source import install as sglang_install
-from pytest_eagle3.errors import Eagle3Error
+from pytest_eagle3.engine.variant_checks import (
+    MSG_NO_FLAG, NO_NEEDS, SM10X, SM90, Needs, missing_flags, unmet_needs,
+)
 
 if TYPE_CHECKING:
     from pytest_eagle3.sglang_source.install import SGLangInstall
-    from pytest_eagle3.engine.options import EngineOptions
 
 
 class _TpSize:
@@ -75,49 +73,6 @@ CHUNK_SIZE = 8
 #: 0.5.23 serves DP attention at TP 2 on CPU and the captures match the reference).
 TORCH_NATIVE_DP_PADDING = "torch_native_dp_padding"
 
-#: GPU architectures, as ``sm<major><minor>`` (``sm10x``: any compute capability 10.x).
-SM90 = "sm90"
-SM10X = "sm10x"
-
-# Reason templates (tests import these).  {summary}: the variant's Needs.summary.
-MSG_NO_FLAG = "{summary}; the installed {sglang} has {flags}"
-MSG_DEVICE = "{summary}; this run is {device}"
-MSG_TP = "{summary}; this run is tp {tp}"
-MSG_ARCH = "{summary}; this GPU is {arch}"
-MSG_ARCH_UNKNOWN = "{summary}; the GPU architecture of this run is unknown"
-MSG_CPU_FIX = "{summary}; on cpu it also needs the CPU-tier fix {fix!r}, which this pytest-eagle3 lacks ({why})"
-
-LIST_HEADER = "eagle3 variants for {sglang}, device {device}, tp {tp}{arch}:"
-LIST_RUNS = "runs"
-LIST_SKIPPED = "skipped: {reason}"
-
-
-@dataclass(frozen=True)
-class Needs:
-    """What a variant needs to run.
-
-    Attributes:
-        summary: one clause naming the needs, the start of every skip reason
-            (``"all-reduce fusion needs CUDA SM90/SM100 and TP>1"``).
-        devices: devices the path exists on (``"cpu"``, ``"cuda"``).
-        min_tp: smallest TP size that enters the path.
-        gpu_archs: on CUDA, the architectures that enter it (:data:`SM90`,
-            :data:`SM10X`); empty: any.
-        cpu_fix: on CPU, the name of a CPU-tier fix the path needs, looked up
-            in ``pytest_eagle3.worker.cpu.patches.FIXES`` (``""``: none).
-        cpu_fix_why: what goes wrong on CPU without it.
-    """
-
-    summary: str = ""
-    devices: tuple[str, ...] = ("cpu", "cuda")
-    min_tp: int = 1
-    gpu_archs: tuple[str, ...] = ()
-    cpu_fix: str = ""
-    cpu_fix_why: str = ""
-
-
-NO_NEEDS = Needs()
-
 
 @dataclass(frozen=True)
 class Variant:
@@ -129,7 +84,8 @@ class Variant:
         server_args: extra server arguments in the preferred spelling (names with
             underscores; :data:`TP` stands for the run's TP size).  ``{}``: the
             plain engine.
-        needs: device, TP and architecture needs (:class:`Needs`).
+        needs: device, TP and architecture needs
+            (:class:`pytest_eagle3.engine.variant_checks.Needs`).
         source: where the path lives or was fixed (SGLang PR / file).
         request: request-level fields (see the module docstring).
         alternatives: older spellings of ``server_args`` tried in order when the
@@ -172,7 +128,8 @@ class Variant:
         args = self.spelling_for(install)
         if args is None:
             raise ValueError(MSG_NO_FLAG.format(summary=self.needs.summary or self.name,
-                                                sglang=install.describe(), flags=_missing_flags(self, install)))
+                                                sglang=install.describe(),
+                                                flags=missing_flags(self.spellings(), install)))
         return {k: (tp if v is TP else v) for k, v in args.items()}
 
     def requirements(self, install: "SGLangInstall", device: str, tp: int,
@@ -182,51 +139,11 @@ class Variant:
         Checks, in order: the installed SGLang's flags, the device, the TP size,
         the GPU architecture (``"sm90"``, ``"9.0"``, ``(9, 0)``; ``None``: unknown).
         """
-        needs = self.needs
-        summary = needs.summary or f"{self.name} needs no more than the plain engine"
+        summary = self.needs.summary or f"{self.name} needs no more than the plain engine"
         if self.spelling_for(install) is None:
             return MSG_NO_FLAG.format(summary=summary, sglang=install.describe(),
-                                      flags=_missing_flags(self, install))
-        if device not in needs.devices:
-            return MSG_DEVICE.format(summary=summary, device=device)
-        if tp < needs.min_tp:
-            return MSG_TP.format(summary=summary, tp=tp)
-        if device == "cpu" and needs.cpu_fix and needs.cpu_fix not in cpu_tier_fixes():
-            return MSG_CPU_FIX.format(summary=summary, fix=needs.cpu_fix, why=needs.cpu_fix_why)
-        if device == "cuda" and needs.gpu_archs:
-            arch = normalize_arch(gpu_arch)
-            if arch is None:
-                return MSG_ARCH_UNKNOWN.format(summary=summary)
-            if not _arch_matches(arch, needs.gpu_archs):
-                return MSG_ARCH.format(summary=summary, arch=arch)
-        return None
-
-
-def _missing_flags(variant: Variant, install: "SGLangInstall") -> str:
-    """``no --a server argument`` / ``no --a, --b server arguments``, plus
-    ``(nor the older --c)`` for what the alternative spellings lack."""
-
-    def missing(args: Mapping[str, Any]) -> list[str]:
-        return ["--" + name.replace("_", "-") for name in args if not install.has_arg(name)]
-
-    first = missing(variant.server_args)
-    older: list[str] = []
-    for args in variant.alternatives:
-        older += [flag for flag in missing(args) if flag not in first and flag not in older]
-    text = f"no {', '.join(first)} server argument{'s' if len(first) > 1 else ''}"
-    return text + (f" (nor the older {', '.join(older)})" if older else "")
-
-
-def cpu_tier_fixes() -> frozenset[str]:
-    """Names of the fixes the CPU tier installs in SGLang's processes
-    (``pytest_eagle3.worker.cpu.patches.FIXES``; empty when it names none)."""
-
-    return frozenset(getattr(patches, "FIXES", ()))
-
-
-def _arch_matches(arch: str, wanted: tuple[str, ...]) -> bool:
-    # sm10x: compute capability 10.x (SGLang's is_sm100 covers SM100/SM103).
-    return any(arch == w or (w == SM10X and arch.startswith("sm10") and len(arch) == 5) for w in wanted)
+                                      flags=missing_flags(self.spellings(), install))
+        return unmet_needs(self.needs, summary, device, tp, gpu_arch)
 
 
 # --- the variants ---------------------------------------------------------
@@ -406,81 +323,6 @@ VARIANTS: tuple[Variant, ...] = (
 )
 
 
-def prefill_rows(prompt_len: int, server_info: Mapping[str, Any], *, repeat: int = 1) -> int:
-    """Prefill rows SGLang returns for the last of ``repeat`` sends of a
-    ``prompt_len``-token prompt, from the engine's own resolved settings
-    (``/server_info``: ``chunked_prefill_size``, ``disable_radix_cache``,
-    ``page_size``), as measured on sglang 0.5.23 (module docstring):
-
-    * a radix-cache hit (cache on, ``repeat > 1``) returns the uncached tail:
-      the matched prefix is ``page_size * ((T - 1) // page_size)`` tokens
-      (``Req._compute_max_prefix_len``);
-    * chunked prefill returns the last chunk: ``T - C * ((T - 1) // C)`` rows;
-    * otherwise all ``T`` rows.
-    """
-    T = int(prompt_len)
-    page = max(1, int(server_info.get("page_size") or 1))
-    if repeat > 1 and not server_info.get("disable_radix_cache", True):
-        return T - page * ((T - 1) // page)
-    chunk = server_info.get("chunked_prefill_size")
-    if chunk is not None and int(chunk) > 0:
-        return T - int(chunk) * ((T - 1) // int(chunk))
-    return T
-
-
-MSG_PATH_OFF = ("{variant}: path not taken: the engine was started with {asked}, but SGLang's "
-                "/server_info reports {got} (it resolved the flag away; nothing was verified)")
-
-
-MSG_NOT_ENGAGED = ("{variant}: path not taken: SGLang's /server_info reports {key}={got!r}, "
-                   "the path needs {op} {value!r} (nothing was verified)")
-
-
-def path_not_taken(variant: str, server_args: Mapping[str, Any], server_info: Mapping[str, Any],
-                   engaged: Sequence[tuple[str, str, Any]] = ()) -> str | None:
-    """Why the engine did not enter the variant's path, from ``/server_info``
-    (SGLang's resolved server args, ``build_server_info`` in
-    ``srt/utils/common.py``), or ``None`` when every server arg the variant set
-    is in effect and every ``engaged`` rule holds (:attr:`Variant.engaged`).
-    An arg or key ``/server_info`` does not report is not judged."""
-    for name, asked in server_args.items():
-        if name not in server_info:
-            continue
-        got = server_info[name]
-        if got != asked and not (isinstance(asked, bool) and bool(got) == asked):
-            return MSG_PATH_OFF.format(variant=variant, asked=f"{name}={asked!r}", got=f"{name}={got!r}")
-    for key, op, value in engaged:
-        node: Any = server_info
-        for part in key.split("."):
-            node = node.get(part, _ABSENT) if isinstance(node, Mapping) else _ABSENT
-        if node is _ABSENT:
-            continue
-        if (node == value) != (op == "=="):
-            return MSG_NOT_ENGAGED.format(variant=variant, key=key, got=node, op=op, value=value)
-    return None
-
-
-_ABSENT = object()
-
-
-MSG_NOT_EXERCISED = ("{variant}: path not exercised: with SGLang's resolved {settings}, every prompt "
-                     "({lengths} tokens) returns all its rows, as without the path (nothing was verified)")
-
-
-def path_not_exercised(variant: str, server_args: Mapping[str, Any], repeat: int, prompt_lens: Sequence[int],
-                       server_info: Mapping[str, Any]) -> str | None:
-    """Why a row-shaping path (chunked prefill, a radix-cache hit) changed no
-    prompt's rows, or ``None``: e.g. every prompt fits in one chunk, or the KV
-    page (``page_size``, 64 with trtllm_mla) is longer than every prompt."""
-    if repeat <= 1 and "chunked_prefill_size" not in server_args:
-        return None
-    if any(prefill_rows(T, server_info, repeat=repeat) < T for T in prompt_lens):
-        return None
-    settings = ", ".join(f"{k}={server_info.get(k)!r}" for k in ("chunked_prefill_size", "page_size"))
-    return MSG_NOT_EXERCISED.format(variant=variant, settings=settings,
-                                    lengths=f"{min(prompt_lens)}..{max(prompt_lens)}")
-
-
 def variant_names() -> list[str]:
     return [v.name for v in VARIANTS]
 
@@ -495,55 +337,3 @@ def get_variant(name: str) -> Variant:
         if variant.name == name:
             return variant
     raise KeyError(f"unknown variant {name!r}; known: {', '.join(variant_names())}")
-
-
-def matrix(install: "SGLangInstall", device: str, tp: int,
-           gpu_arch: str | Sequence[int] | None = None) -> list[tuple[Variant, str | None]]:
-    """Every variant with its skip reason here (``None``: it runs), in :data:`VARIANTS` order."""
-    return [(v, v.requirements(install, device, tp, gpu_arch)) for v in VARIANTS]
-
-
-def _format_args(variant: Variant, install: "SGLangInstall", tp: int) -> str:
-    args = variant.spelling_for(install) or variant.server_args
-    parts = [f"{k}={tp if v is TP else v!r}" for k, v in args.items()]
-    parts += [f"request.{k}={v!r}" for k, v in variant.request.items()]
-    if variant.ids is not None:
-        parts.append(f"ids={variant.ids.__name__}(L, first_k_dense_replace)")
-    return " ".join(parts) or "-"
-
-
-def format_matrix(install: "SGLangInstall", device: str, tp: int,
-                  gpu_arch: str | Sequence[int] | None = None) -> str:
-    """The matrix as text: a header, then ``name  args  runs|skipped: reason`` per variant."""
-    rows = matrix(install, device, tp, gpu_arch)
-    arch = normalize_arch(gpu_arch)
-    lines = [LIST_HEADER.format(sglang=install.describe(), device=device, tp=tp,
-                                arch=f", {arch}" if device == "cuda" and arch else "")]
-    width = max(len(v.name) for v, _ in rows)
-    for variant, reason in rows:
-        verdict = LIST_RUNS if reason is None else LIST_SKIPPED.format(reason=reason)
-        lines.append(f"  {variant.name:<{width}}  {_format_args(variant, install, tp)}")
-        lines.append(f"  {'':<{width}}  -> {verdict}")
-    runs = sum(1 for _, reason in rows if reason is None)
-    lines.append(f"{runs} of {len(rows)} variants run here")
-    return "\n".join(lines) + "\n"
-
-
-def list_variants(settings: "EngineOptions", *, out: TextIO | None = None) -> int:
-    """``--eagle3-list-variants``: write :func:`format_matrix` for the run's
-    device and TP to ``out`` (stdout) and return exit code 0.
-
-    Needs the SGLang flag probe (cached per install in the eagle3 cache).
-
-    Raises:
-        pytest.UsageError: SGLang is missing or its ``--help`` fails (one line).
-    """
-    import pytest
-
-    try:
-        install = sglang_install.probe(settings.cache_dir)
-    except Eagle3Error as exc:
-        raise pytest.UsageError(f"--eagle3-list-variants: {exc}") from None
-    arch = detect_gpu_arch() if settings.device == "cuda" else None
-    (out or sys.stdout).write(format_matrix(install, settings.device, settings.tp, arch))
-    return 0

@@ -10,7 +10,7 @@ Engine starts dominate the suite's wall time, so only :data:`WIDE_CASE` (the
 embedding-first layout, which also exercises the embedding all-reduce) runs at
 every TP size up to ``--tp``; the other lists run at TP 1, because which layers
 an id list selects does not depend on TP (the policy is in
-:mod:`pytest_eagle3.planning.declare`).
+:mod:`pytest_eagle3.planning.collect`).
 """
 
 from __future__ import annotations

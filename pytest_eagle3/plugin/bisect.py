@@ -28,7 +28,7 @@ import pytest
 
 from pytest_eagle3.plugin import session as eagle3_session
 from pytest_eagle3.planning import cases
-from pytest_eagle3.plugin.options import get_settings
+from pytest_eagle3.plugin.run import get_run, get_settings
 
 GOOD, BAD, UNTESTABLE = 0, 1, 125
 #: Class names of errors that mean "this commit cannot be tested".
@@ -100,7 +100,7 @@ class BisectPlugin:
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         code, verdict, detail = self.decide()
-        self.config._eagle3_bisect_result = {"verdict": verdict, "exit": code, "first": detail}  # type: ignore[attr-defined]
+        get_run(self.config).bisect_result = {"verdict": verdict, "exit": code, "first": detail}
         session.exitstatus = code
 
     def decide(self) -> tuple[int, str, str]:

@@ -2,9 +2,8 @@
 
 Every other target is one model for the whole session (its checkpoint,
 reference and engines are session-wide); ``families`` runs the same pytest
-command once per family preset (the packaged presets that are not DeepSeek-V3:
-``tiny-llama``, ``tiny-qwen3``, ``tiny-qwen3-moe``, ``tiny-gpt-oss``,
-``tiny-gemma3``, ``tiny-glm4-moe-lite``), each in its own pytest process with
+command once per family preset (the packaged presets that are not DeepSeek-V3,
+:func:`family_presets`, read from ``fixtures/targets``), each in its own pytest process with
 ``--eagle3-target <preset>`` (and, with ``--eagle3-report FILE``, its own
 ``FILE-<preset>.json``; likewise ``--junitxml`` and pytest-html's ``--html``
 get ``-<preset>`` before their suffix, so no family overwrites another's

@@ -13,7 +13,7 @@ Shown without ``-v`` whenever a packaged test measured something:
 Figures travel as ``record_property`` entries named ``eagle3_*`` (they reach
 the pytest-xdist controller and JUnit XML); the worst error per test is added
 here from the ``pytest_eagle3_verdict`` hook.  Engine start times are the
-``eagle3 engines`` section (:mod:`pytest_eagle3.plugin.session`).
+``eagle3 engines`` section (:mod:`pytest_eagle3.plugin.run`).
 
 Nothing here imports torch or sglang.
 """

@@ -23,15 +23,19 @@ import pytest
 
 from pytest_eagle3.plugin import session as eagle3_session
 from pytest_eagle3.errors import Eagle3ConfigError
-from pytest_eagle3.plugin.options import Settings, check_tp_divides, get_settings
-from pytest_eagle3.target.spec import LocalTarget, TargetFacts, load_prompts, resolve_target
+from pytest_eagle3.plugin.run import get_run, get_settings
+from pytest_eagle3.plugin.validate import check_tp_divides
+from pytest_eagle3.settings import Settings
+from pytest_eagle3.target.spec import LocalTarget, TargetFacts, load_packaged_prompts, resolve_target
 from pytest_eagle3.target.checkpoint import ensure_checkpoint
 from pytest_eagle3.target.reference import ensure_reference
 from pytest_eagle3.sglang_source import install as sglang_install
 from pytest_eagle3.engine.lease import GpuLeaser
+from pytest_eagle3.plugin.gpu_workers import leaser_for_run
 from pytest_eagle3.engine.pool import EnginePool
 from pytest_eagle3.plugin.plan import build_plan
-from pytest_eagle3.planning.declare import NeedContext, resolve, target_config
+from pytest_eagle3.planning.declare import NeedContext
+from pytest_eagle3.planning.request import resolve, target_config
 from pytest_eagle3.target.prompts import load_prompts as load_user_prompts
 from pytest_eagle3.capture.runner import CaptureRunner
 from pytest_eagle3.draft.validate import validate_draft
@@ -69,7 +73,7 @@ def progress_writer(config: pytest.Config):
 
 @pytest.fixture(scope="session")
 def eagle3_settings(pytestconfig: pytest.Config) -> Settings:
-    """The run's resolved :class:`~pytest_eagle3.plugin.options.Settings`."""
+    """The run's resolved :class:`~pytest_eagle3.settings.Settings`."""
     return get_settings(pytestconfig)
 
 
@@ -127,7 +131,7 @@ def eagle3_prompts(eagle3_model_config: "TargetFacts", eagle3_settings: Settings
         return load_user_prompts(eagle3_settings.prompts, vocab_size=eagle3_model_config.vocab_size,
                                  tokenizer_dir=eagle3_checkpoint)
 
-    return load_prompts(vocab_size=eagle3_model_config.vocab_size)
+    return load_packaged_prompts(vocab_size=eagle3_model_config.vocab_size)
 
 
 @pytest.fixture(scope="session")
@@ -161,8 +165,8 @@ def eagle3_gpu_lease(eagle3_settings: Settings, pytestconfig: pytest.Config,
         yield None
         return
     install = request.getfixturevalue("eagle3_sglang")
-    leaser = GpuLeaser.for_run(eagle3_settings, pytestconfig, progress=progress_writer(pytestconfig),
-                               nccl_port=install.has_arg("nccl_port"))
+    leaser = leaser_for_run(eagle3_settings, pytestconfig, progress=progress_writer(pytestconfig),
+                            nccl_port=install.has_arg("nccl_port"))
     yield leaser
     if leaser is not None:
         leaser.release()
@@ -174,7 +178,7 @@ def eagle3_engine_pool(request: pytest.FixtureRequest, eagle3_settings: Settings
                        eagle3_sglang: "SGLangInstall") -> Iterator["EnginePool"]:
     """Running SGLang servers, one per engine config, reused across tests."""
 
-    run = eagle3_session.get_session(pytestconfig)
+    run = get_run(pytestconfig)
 
     def on_start(config: "EngineConfig", server: Any) -> None:
         run.record_engine(f"{config.name} ({config.describe()})", server.startup_seconds or 0.0, server.log_path)
@@ -249,7 +253,7 @@ def eagle3_engine_request(eagle3_need: "EngineNeed", eagle3_tp: int, eagle3_sett
                           eagle3_sglang: "SGLangInstall", eagle3_model_config: "TargetFacts",
                           record_property: Any) -> "EngineRequest":
     """The declared need resolved for this target and SGLang
-    (:func:`pytest_eagle3.planning.declare.resolve`, as ``--eagle3-plan`` does)."""
+    (:func:`pytest_eagle3.planning.request.resolve`, as ``--eagle3-plan`` does)."""
 
     request = resolve(eagle3_need, NeedContext(eagle3_settings, eagle3_tp, eagle3_sglang, eagle3_model_config))
     if eagle3_need.acceptance and request.draft is not None:

@@ -19,7 +19,7 @@ def pytest_eagle3_verdict(config: pytest.Config, report: Any) -> None:
     Args:
         config: the run's config.
         report: a :class:`~pytest_eagle3.verdicts.compare.SlotReport`,
-            :class:`~pytest_eagle3.verdicts.compare.EmbeddingReport` or
+            :class:`~pytest_eagle3.verdicts.embedding.EmbeddingReport` or
             :class:`~pytest_eagle3.verdicts.rankcheck.RankReport` (``ok``,
             ``message()``; slot reports also ``slots``, ``tol``).
 

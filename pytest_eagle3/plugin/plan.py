@@ -13,7 +13,7 @@ test, like ``--collect-only``; xdist is switched off (``-n`` is reported, not us
 How a test maps to an engine: a packaged test declares its engines once
 (``@pytest.mark.eagle3_engines(...)``, :mod:`pytest_eagle3.planning.declare`)
 and is generated with an ``eagle3_need`` parameter; the plan resolves that need
-with :func:`~pytest_eagle3.planning.declare.resolve` and builds its engine with
+with :func:`~pytest_eagle3.planning.request.resolve` and builds its engine with
 :func:`~pytest_eagle3.capture.api.engine_config`, exactly what the
 ``eagle3_engine_request`` and ``eagle3_capture`` fixtures do at run time.  A
 test with an ``eagle3_case`` parameter instead (a hand-written test, like the
@@ -29,7 +29,7 @@ for its session (:mod:`pytest_eagle3.engine.lease`); an engine gets
 port from the block's window.  Which block a test gets depends on the xdist
 worker that runs it, so the plan names the blocks and the window of each.
 On a machine without GPUs, ``--device cuda --eagle3-plan`` pretends
-``--eagle3-plan-gpus`` GPUs (default 8, see :mod:`pytest_eagle3.plugin.options`).
+``--eagle3-plan-gpus`` GPUs (default 8, see :mod:`pytest_eagle3.plugin.resolve`).
 
 Nothing here imports torch or sglang.
 """
@@ -46,23 +46,23 @@ import pytest
 
 from pytest_eagle3.plugin import session as eagle3_session
 from pytest_eagle3.errors import Eagle3Error
-from pytest_eagle3.plugin.options import Settings
+from pytest_eagle3.plugin.run import get_run
+from pytest_eagle3.settings import Settings
 from pytest_eagle3.target.spec import LocalTarget, resolve_target
 from pytest_eagle3.target.checkpoint.cache import entry_dir
 from pytest_eagle3.planning import cases
 from pytest_eagle3.capture.api import cuda_recipe_for, engine_config
-from pytest_eagle3.planning.declare import EngineNeed, NeedContext, resolve
+from pytest_eagle3.planning.declare import EngineNeed, NeedContext
+from pytest_eagle3.planning.request import resolve
 from pytest_eagle3.engine.server import SGLangServer
-from pytest_eagle3.engine import lease
+from pytest_eagle3.engine import gpu_blocks, lease
+from pytest_eagle3.plugin import gpu_workers
 from pytest_eagle3.sglang_source import install as sglang_install
 
 if TYPE_CHECKING:
     from pytest_eagle3.engine.config import EngineConfig
     from pytest_eagle3.sglang_source.install import SGLangInstall
     from pytest_eagle3.target.spec import TargetFacts
-
-#: ``config.option.numprocesses`` as xdist resolved it, before plan mode switched xdist off.
-XDIST_WORKERS_KEY = pytest.StashKey["int | None"]()
 
 #: Fixtures whose use means a test starts an engine.
 ENGINE_FIXTURES = ("eagle3_capture", "eagle3_engine_pool")
@@ -261,26 +261,26 @@ def render(plan: Plan) -> list[str]:
         lines.append(MSG_MODEL.format(path=plan.model_path))
     if s.device == "cuda" and plan.install is not None:
         lines.append(MSG_CUDA_RECIPE.format(recipe=cuda_recipe_for(plan.install, s, plan.facts).describe()))
-    blocks: list[lease.GpuBlock] = []
+    blocks: list[gpu_blocks.GpuBlock] = []
     if s.device == "cuda":
         try:
-            blocks = lease.settings_blocks(s)
+            blocks = gpu_blocks.settings_blocks(s)
         except Eagle3Error as exc:
             lines.append(f"GPUs: {exc}")
         else:
             lines.append(MSG_GPUS.format(count=s.gpu.count, how=s.gpu.how, tp=s.tp,
-                                         blocks=lease.describe_blocks(blocks), lock_dir=lease.default_lock_dir()))
+                                         blocks=gpu_blocks.describe_blocks(blocks), lock_dir=lease.default_lock_dir()))
     else:
         lines.append(MSG_CPU)
     if plan.workers:
-        lines.append(MSG_WORKERS.format(n=f"-n {plan.workers}", auto=lease.auto_num_workers(s)))
+        lines.append(MSG_WORKERS.format(n=f"-n {plan.workers}", auto=gpu_workers.auto_num_workers(s)))
     nccl = bool(blocks) and plan.install is not None and plan.install.has_arg("nccl_port")
     for n, planned in enumerate(plan.engines, 1):
         config = planned.config
         lines.append(MSG_ENGINE.format(n=n, name=config.name, tp=config.tp, count=len(planned.tests)))
         lines.append(f"  chosen: {config.describe()}")
         if blocks:
-            lines.append(MSG_ENGINE_GPUS.format(blocks=lease.describe_blocks(blocks), tp=config.tp))
+            lines.append(MSG_ENGINE_GPUS.format(blocks=gpu_blocks.describe_blocks(blocks), tp=config.tp))
             if nccl:
                 windows = ", ".join(f"{b.ports.start}-{b.ports.stop - 1}" for b in blocks)
                 lines.append(MSG_ENGINE_NCCL.format(windows=windows))
@@ -315,7 +315,7 @@ def switch_off_xdist(config: pytest.Config) -> None:
     """Plan mode runs in one process: remember ``-n`` for the report, then keep
     xdist from starting workers (its ``pytest_configure`` runs after ours)."""
     workers = getattr(config.option, "numprocesses", None)
-    config.stash[XDIST_WORKERS_KEY] = workers if isinstance(workers, int) else None
+    get_run(config).xdist_workers = workers if isinstance(workers, int) else None
     if getattr(config.option, "dist", "no") != "no":
         config.option.dist = "no"
     if getattr(config.option, "tx", None):
@@ -324,7 +324,7 @@ def switch_off_xdist(config: pytest.Config) -> None:
 
 def write_plan(session: pytest.Session, settings: Settings) -> None:
     """Build the plan for ``session.items`` and write it to the terminal."""
-    plan = build_plan(session.items, settings, workers=session.config.stash.get(XDIST_WORKERS_KEY, None))
+    plan = build_plan(session.items, settings, workers=get_run(session.config).xdist_workers)
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is None:
         return

@@ -3,7 +3,7 @@
 Registered in ``pytest_configure`` when the option is given.  Tests and
 fixtures leave their facts as ``record_property`` entries named ``eagle3_*``
 (so they survive pytest-xdist and reach JUnit XML too), and every verdict that
-goes through :func:`pytest_eagle3.verdicts.compare.fail_if_bad` is added as an
+goes through :func:`pytest_eagle3.suite.outcome.fail_if_bad` is added as an
 ``eagle3_verdict`` entry.  At the end of the run the file is written at once
 (temporary name, then rename).
 
@@ -38,10 +38,9 @@ from typing import Any
 
 import pytest
 
-from pytest_eagle3.plugin import session as eagle3_session
-from pytest_eagle3.verdicts import compare
+from pytest_eagle3.verdicts import summary
 from pytest_eagle3.sglang_source.install import sglang_location_and_version
-from pytest_eagle3.plugin.options import get_settings
+from pytest_eagle3.plugin.run import get_run, get_settings
 
 SCHEMA = 1
 VERDICT_PROPERTY = "eagle3_verdict"
@@ -64,7 +63,7 @@ class ReportWriter:
 
     def pytest_eagle3_verdict(self, config: pytest.Config, report: Any) -> None:
         if self._item is not None:
-            self._item.user_properties.append((VERDICT_PROPERTY, compare.report_record(report)))
+            self._item.user_properties.append((VERDICT_PROPERTY, summary.report_record(report)))
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Any:
@@ -99,8 +98,8 @@ class ReportWriter:
             return
 
         settings = get_settings(self.config)
-        run = eagle3_session.get_session(self.config)
-        bisect = getattr(self.config, "_eagle3_bisect_result", None)
+        run = get_run(self.config)
+        bisect = run.bisect_result
         data = {
             "schema": SCHEMA,
             "pytest_eagle3": _version("pytest-eagle3"),

@@ -1,8 +1,7 @@
-"""Run-level state and per-test diagnostics shared by the hooks and the fixtures.
+"""Per-test diagnostics and the ``tp`` marker, shared by the hooks and the fixtures.
 
-* :class:`Eagle3Session`: one per pytest run, registered in ``pytest_configure``
-  and stored under :data:`SESSION_KEY`; fixtures record the engines they start
-  with :meth:`Eagle3Session.record_engine` and the terminal summary lists them.
+The run-level state is the run object (:mod:`pytest_eagle3.plugin.run`).
+
 * :data:`ENGINE_LOGS_KEY`: per-item list of ``(title, log path)``; fixtures call
   :func:`attach_log` and a failing test gets the last :data:`LOG_TAIL_LINES`
   lines of each log as a report section ``sglang log <title>``.
@@ -13,22 +12,14 @@ Nothing here imports torch or sglang.
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Iterable
 
 import pytest
 
 from pytest_eagle3.planning import declare
-from pytest_eagle3.plugin.options import TP_CHOICES, check_tp_divides, get_settings
-from pytest_eagle3.errors import Eagle3Error
-from pytest_eagle3.sglang_source import install as sglang_install
-from pytest_eagle3.target.spec import resolve_target
-
-if TYPE_CHECKING:
-    from pytest_eagle3.sglang_source.install import SGLangInstall
-    from pytest_eagle3.target.spec import TargetFacts
+from pytest_eagle3.plugin.run import get_run, get_settings
+from pytest_eagle3.settings import TP_CHOICES
 
 #: Lines of an engine log attached to a failing test.
 LOG_TAIL_LINES = 200
@@ -48,114 +39,8 @@ LOG_SECTION = "sglang log {title}"
 LOG_MISSING = "(log {path} is missing: {reason})"
 #: Section body for a log that has not changed since it was shown for an earlier failure.
 LOG_SHOWN_BEFORE = "(unchanged since its tail was shown for {nodeid})"
-SUMMARY_TITLE = "eagle3 engines"
-LEFT_OUT_TITLE = "eagle3 left out (not generated: this run cannot execute them; -v lists them)"
-LEFT_OUT_LINE = "{count} left out: {reason}"
-SUMMARY_LINE = "{description}: ready in {seconds:.1f} s"
 
 ENGINE_LOGS_KEY = pytest.StashKey[list[tuple[str, Path]]]()
-
-
-@dataclass
-class EngineRecord:
-    """One engine start, for the run summary."""
-
-    description: str
-    start_seconds: float
-    log_path: Path | None = None
-    nodeid: str | None = None
-
-
-@dataclass(eq=False)  # identity hash: pytest keeps registered plugins in sets and dicts
-class Eagle3Session:
-    """Run-level registry; registered as a plugin named ``eagle3-session``."""
-
-    config: pytest.Config
-    engines: list[EngineRecord] = field(default_factory=list)
-    started_at: float = field(default_factory=time.monotonic)
-    #: log path -> ((size, mtime_ns), nodeid) of the last failure its tail was shown for.
-    shown_logs: dict[Path, tuple[tuple[int, int], str]] = field(default_factory=dict)
-    #: reason -> test ids left out at collection (this run cannot execute them).
-    left_out: dict[str, list[str]] = field(default_factory=dict)
-    _context: "tuple[Any, Any] | None" = field(default=None, repr=False)
-
-    def leave_out(self, test_id: str, reason: str) -> None:
-        """Record a test not generated in this run, and why (terminal summary)."""
-        self.left_out.setdefault(reason, []).append(test_id)
-
-    def collect_context(self) -> "tuple[SGLangInstall | None, TargetFacts | None]":
-        """The installed SGLang (cached ``--help`` probe) and the target's facts
-        (its ``config.json``), read once per run for collection; ``None`` for
-        what cannot be read (the tests then report that error themselves)."""
-        if self._context is None:
-            settings = get_settings(self.config)
-            install = facts = None
-            try:
-                facts = resolve_target(settings.target).facts
-            except Eagle3Error:
-                pass
-
-            # A bad target or --tp is reported once, after collection, before
-            # anything (the probe's flag cache included) is written.
-            if facts is not None and not check_tp_divides(settings.tp, facts.num_attention_heads):
-                try:
-                    install = sglang_install.probe(settings.cache_dir)
-                except Eagle3Error:
-                    pass
-            self._context = (install, facts)
-        return self._context
-
-    def record_engine(
-        self,
-        description: str,
-        start_seconds: float,
-        log_path: Path | None = None,
-        nodeid: str | None = None,
-    ) -> EngineRecord:
-        """Note an engine that became ready after ``start_seconds`` (wall seconds)."""
-        record = EngineRecord(description, float(start_seconds), log_path, nodeid)
-        self.engines.append(record)
-        return record
-
-    def summary_lines(self) -> list[str]:
-        return [SUMMARY_LINE.format(description=e.description, seconds=e.start_seconds) for e in self.engines]
-
-    def left_out_lines(self, verbose: bool = False) -> list[str]:
-        """One line per reason (``N left out: reason``), each test id under it when ``verbose``."""
-        lines = []
-        for reason, ids in self.left_out.items():
-            lines.append(LEFT_OUT_LINE.format(count=len(ids), reason=reason))
-            if verbose:
-                lines += [f"    {test_id}" for test_id in ids]
-        return lines
-
-    @pytest.hookimpl(trylast=True)
-    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        lines = self.summary_lines()
-        if lines:
-            terminalreporter.section(SUMMARY_TITLE, sep="-")
-            for line in lines:
-                terminalreporter.line(line)
-        left = self.left_out_lines(verbose=self.config.get_verbosity() > 0)
-        if left:
-            terminalreporter.section(LEFT_OUT_TITLE, sep="-")
-            for line in left:
-                terminalreporter.line(line)
-
-
-SESSION_KEY = pytest.StashKey[Eagle3Session]()
-
-
-def get_session(config: pytest.Config) -> Eagle3Session:
-    """The run's :class:`Eagle3Session` (created and registered on first use)."""
-    try:
-        return config.stash[SESSION_KEY]
-    except KeyError:
-        session = Eagle3Session(config)
-        config.stash[SESSION_KEY] = session
-        if not config.pluginmanager.is_registered(session):
-            config.pluginmanager.register(session, "eagle3-session")
-        return session
 
 
 def attach_log(item: pytest.Item, title: str, path: Path | str) -> None:
@@ -195,7 +80,7 @@ def log_sections(item: pytest.Item, lines: int = LOG_TAIL_LINES) -> list[tuple[s
     (an engine that failed to start, reused by the next tests) gets the one-line
     :data:`LOG_SHOWN_BEFORE` instead of the same tail again.
     """
-    shown = get_session(item.config).shown_logs
+    shown = get_run(item.config).shown_logs
     sections = []
     for title, path in item.stash.get(ENGINE_LOGS_KEY, []):
         stamp = _stamp(path)

@@ -1,7 +1,7 @@
 """pytest-xdist: whether a run is pytest-eagle3's, for ``-n auto``.
 
 How many workers an eagle3 run gets is the GPU leases' business
-(:func:`pytest_eagle3.engine.lease.auto_num_workers`); this module only decides
+(:func:`pytest_eagle3.plugin.gpu_workers.auto_num_workers`); this module only decides
 whether a run is about pytest-eagle3 at all, so that unrelated projects keep
 xdist's own ``-n auto``.
 """

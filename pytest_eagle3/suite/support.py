@@ -7,8 +7,8 @@ from typing import Sequence
 
 from typing import TYPE_CHECKING
 
-from pytest_eagle3.plugin.options import Settings
-from pytest_eagle3.verdicts.diagnose import checkpoint_evidence
+from pytest_eagle3.settings import Settings
+from pytest_eagle3.verdicts.evidence import checkpoint_evidence
 
 if TYPE_CHECKING:
     from pytest_eagle3.target.spec import TargetFacts
@@ -29,29 +29,6 @@ CPU_TOL = 1e-4
 CUDA_TOL = 0.3
 
 
-#: test_capture_order's failure when SGLang's captures disagree with the rule read from its code.
-RULE_DISAGREES = (
-    "aux hidden states: {wrong} of {k} slots differ from the id rule read from {source} ({kind}): "
-    "for ids {ids} SGLang captured {measured}, the rule says {predicted}. Something besides that method "
-    "chose the captured layers (a server argument, code patched at run time), or pytest-eagle3's rule "
-    "reader misread the file. The other tests of this run follow the measurement"
-)
-#: What another test says when it follows the measurement instead of the rule.
-FOLLOWS_MEASURED = (
-    "SGLang captured {measured} for ids {ids}, not {predicted} as the id rule read from {source} says: "
-    "test_capture_order reports that once; this test follows the measurement"
-)
-
-
-def measured_snapshots(report) -> "tuple[int, ...] | None":
-    """The snapshot each slot holds when every slot cleanly matches one (what SGLang's
-    rule really did for these ids), else ``None`` (a slot matches nothing: a
-    broken capture, not a different rule)."""
-    if report.problem is not None or not report.slots or not all(v.matched for v in report.slots):
-        return None
-    return tuple(v.best for v in report.slots)
-
-
 def tolerance(settings: Settings) -> float:
     return CPU_TOL if settings.device == "cpu" else CUDA_TOL
 
@@ -59,7 +36,7 @@ def tolerance(settings: Settings) -> float:
 def evidence(checkpoint: Path, prompts: Sequence[Sequence[int]], facts: "TargetFacts", tp: int, *,
              attn_tp: int | None = None, fused_allreduce: bool = False) -> list:
     """Per prompt, the lazy candidates that let a failing comparison name its bug
-    (:func:`pytest_eagle3.verdicts.diagnose.checkpoint_evidence`): nothing is
+    (:func:`pytest_eagle3.verdicts.evidence.checkpoint_evidence`): nothing is
     read or computed unless a slot matches no snapshot.  ``fused_allreduce``:
     the engine fuses its MLP all-reduces into the next norm (``eagle3_capture.fused_allreduce``)."""
 

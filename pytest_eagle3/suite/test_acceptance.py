@@ -20,11 +20,13 @@ rule), whose gate must hold there.
   replayed for exactly their trusted continuation lengths; speculative output
   must equal the greedy continuation token for token, and the accept length and
   rate (SGLang's per-request ``meta_info``) must clear the gate; at TP > 1 the
-  accept length must also be at least :data:`RELATIVE_GATE` x the TP 1 run's.
+  accept length must also be at least
+  :data:`~pytest_eagle3.verdicts.acceptance.RELATIVE_GATE` x the TP 1 run's.
 * ``test_acceptance_gate_has_power``: the same draft offline, on the aux
   states this SGLang really captured (draft path), under the correct wiring and
   rearranged the way each wiring fault would: correct must clear the gate and
   every miswiring fall below it, else the acceptance test has lost its power.
+  (The checks: :mod:`pytest_eagle3.verdicts.acceptance`.)
 * ``test_draft_path_agrees_with_capture_only``: where the installed SGLang has
   both capture methods, the draft path's prefill captures equal the capture-only
   API's (one engine each).
@@ -35,43 +37,20 @@ from __future__ import annotations
 import pytest
 
 from pytest_eagle3.planning.declare import MLA_VARIANTS, acceptance_need
-from pytest_eagle3.draft.power import load_examples, offline_power, power_problems, read_gates, with_captures
+from pytest_eagle3.plugin.run import get_run
+from pytest_eagle3.draft.power import load_examples, offline_power, read_gates, with_captures
 from pytest_eagle3.capture.spec_metrics import aggregate
-from pytest_eagle3.draft.wiring import CORRECT
+from pytest_eagle3.draft.wiring import CORRECT, MISWIRINGS
 from pytest_eagle3.target.reference import ensure_reference
 from pytest_eagle3.capture.api import CAPTURE_ONLY, Eagle3CaptureUnsupported, select_method
 from pytest_eagle3.capture.draft_path import compare_captures
+from pytest_eagle3.suite.outcome import conclude, recorded_causes
 from pytest_eagle3.suite.support import tolerance
-from pytest_eagle3.verdicts.compare import recorded_causes
+from pytest_eagle3.verdicts.acceptance import check_gate, check_output, check_power, check_relative
+from pytest_eagle3.verdicts.paths import check_methods_agree
 
-#: A parallel run's accept length must be at least this fraction of TP 1's (vLLM's pattern).
-RELATIVE_GATE = 0.95
-GATE_FAILED = (
-    "accept length {length:.3f} (rate {rate:.3f}) with {draft} at TP {tp} is below the gate "
-    "{gate_length} (rate {gate_rate}, from {source}); per prompt: {per}"
-)
-RELATIVE_FAILED = "accept length {length:.3f} at TP {tp} is below {ratio} x the TP 1 run's {base:.3f}"
-OUTPUT_DIVERGES = (
-    "{name}: speculative output leaves the greedy continuation at token {j} ({got} != {want}); "
-    "speculative decoding must equal greedy decoding at temperature 0"
-)
-COLLAPSED = ("{reason}; measured at TP {tp}: accept length {length:.3f} (rate {rate:.3f}), below the gate "
-             "{gate}: the draft's acceptance collapses as the rule predicts")
-PREDICTED_COLLAPSE_HELD = (
-    "accept length {length:.3f} clears the gate {gate} although the installed SGLang's id rule predicts a "
-    "miswired draft ({reason}): the rule read from the installed code does not describe what this SGLang "
-    "feeds the draft (test_capture_order measures it)"
-)
-OFFLINE_COLLAPSE = ("{reason}; offline, the draft reaches accept length {got:.2f} on what SGLang captures and "
-                    "{ref:.2f} on its training contract's layers of the reference (gate {gate})")
-#: Leads an acceptance failure when this run already found the captures wrong.
-CAPTURES_WRONG = ("the aux hidden states this SGLang captures are wrong ({tests} reports it): a draft fed them "
-                  "cannot meet its gate")
 NO_CONTINUATIONS = "{draft} ships no continuations.json: replaying the suite prompts for {n} tokens each"
 USER_TOKENS = 32
-
-#: Accept length of each acceptance need's TP 1 run (need name -> accept length).
-_TP1_ACCEPT = pytest.StashKey[dict]()
 
 
 def _workload(draft_dir, prompts):
@@ -105,43 +84,23 @@ def test_draft_acceptance_meets_the_gate(eagle3_engine_request, eagle3_capture, 
         record_property("eagle3_note", NO_CONTINUATIONS.format(draft=draft, n=USER_TOKENS))
     runs = eagle3_capture.speculate(req, prompts, lengths)
     if expected is not None:
-        for name, run, want in zip(names, runs, expected):
-            got = list(run.output_ids)[: len(want)]
-            j = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
-            if j is not None:
-                pytest.fail(OUTPUT_DIVERGES.format(name=name, j=j, got=got[j], want=want[j]), pytrace=False)
+        conclude(check_output(names, [r.output_ids for r in runs], expected))
     total = aggregate([r.metrics for r in runs])
     per = {n: round(r.metrics.accept_length, 2) for n, r in zip(names, runs)}
-    rate = total.accept_rate if total.accept_rate is not None else float("nan")
     record_property("eagle3_accept_length", round(total.accept_length, 4))
     record_property("eagle3_accept_rate", None if total.accept_rate is None else round(total.accept_rate, 4))
     record_property("eagle3_verify_count", total.verify_count)
     record_property("eagle3_gates", {"min_accept_length": gates.min_accept_length,
                                      "min_accept_rate": gates.min_accept_rate, "source": gates.source})
-    low_rate = total.accept_rate is not None and total.accept_rate < gates.min_accept_rate
-    below = total.accept_length < gates.min_accept_length or low_rate
-    if req.xfail_reason is not None:
-        # The installed SGLang's rule feeds this draft other layers than it was
-        # trained on: acceptance must collapse; holding means the rule is wrong.
-        if not below:
-            pytest.fail(PREDICTED_COLLAPSE_HELD.format(length=total.accept_length, gate=gates.min_accept_length,
-                                                       reason=req.xfail_reason), pytrace=False)
-        pytest.xfail(COLLAPSED.format(reason=req.xfail_reason, length=total.accept_length, rate=rate,
-                                      gate=gates.min_accept_length, tp=eagle3_tp))
-    if below:
-        causes = recorded_causes(request.config)
-        lead = CAPTURES_WRONG.format(tests=", ".join(causes)) + "\n" if causes else ""
-        pytest.fail(lead + GATE_FAILED.format(length=total.accept_length, rate=rate, draft=draft.name,
-                                       tp=eagle3_tp, gate_length=gates.min_accept_length,
-                                       gate_rate=gates.min_accept_rate, source=gates.source, per=per),
-                    pytrace=False)
-    tp1 = request.config.stash.setdefault(_TP1_ACCEPT, {})
+    # A collapse the installed SGLang's rule predicts is an XFAIL; holding then means the rule is wrong.
+    conclude(check_gate(length=total.accept_length, rate=total.accept_rate, gates=gates, draft=draft.name,
+                        tp=eagle3_tp, per=per, xfail_reason=req.xfail_reason,
+                        causes=recorded_causes(request.config)))
+    tp1 = get_run(request.config).tp1_accept_length
     name = str(request.node.callspec.params.get("eagle3_need", "acceptance"))
     if eagle3_tp == 1:
         tp1[name] = total.accept_length
-    elif name in tp1 and total.accept_length < RELATIVE_GATE * tp1[name]:
-        pytest.fail(RELATIVE_FAILED.format(length=total.accept_length, tp=eagle3_tp, ratio=RELATIVE_GATE,
-                                           base=tp1[name]), pytrace=False)
+    conclude(check_relative(length=total.accept_length, tp=eagle3_tp, base=tp1.get(name)))
 
 
 @pytest.mark.gpu
@@ -178,24 +137,10 @@ def test_acceptance_gate_has_power(eagle3_engine_request, eagle3_capture, eagle3
                                            "accept_length": round(q.accept_length, 4),
                                            "reference_accept_length": round(on_reference[n].accept_length, 4)}
                                        for n, q in on_sglang.items()})
-    problems = power_problems(on_sglang, gates, on_reference[CORRECT])
-    if req.xfail_reason is not None:
-        # SGLang feeds the draft other layers than its contract (hs_ids): in the
-        # contract's slots the draft must collapse offline too, while the
-        # reference's own layers clear the gate.
-        collapsed = on_sglang[CORRECT].accept_length < gates.min_accept_length
-        if collapsed and not power_problems(on_reference, gates):
-            pytest.xfail(OFFLINE_COLLAPSE.format(reason=req.xfail_reason, got=on_sglang[CORRECT].accept_length,
-                                                 ref=on_reference[CORRECT].accept_length,
-                                                 gate=gates.min_accept_length))
-        problems = problems or [PREDICTED_COLLAPSE_HELD.format(length=on_sglang[CORRECT].accept_length,
-                                                               gate=gates.min_accept_length,
-                                                               reason=req.xfail_reason)]
-    if problems:
-        causes = recorded_causes(request.config)
-        if causes:
-            problems.insert(0, CAPTURES_WRONG.format(tests=", ".join(causes)))
-        pytest.fail("\n".join(problems), pytrace=False)
+    # Where SGLang feeds the draft other layers than its contract (hs_ids), the
+    # draft must collapse offline too, while the reference's own layers clear the gate.
+    conclude(check_power(on_sglang, on_reference, gates, correct=CORRECT, miswirings=MISWIRINGS,
+                         xfail_reason=req.xfail_reason, causes=recorded_causes(request.config)))
 
 
 @pytest.mark.gpu
@@ -215,7 +160,5 @@ def test_draft_path_agrees_with_capture_only(eagle3_engine_request, eagle3_captu
     # One token each: the prefill rows only, from the acceptance engine (same config as speculate()).
     via_draft = eagle3_capture(ids, draft=req.draft)
     only = eagle3_capture(ids)
-    for i, (a, b) in enumerate(zip(via_draft, only)):
-        agreement = compare_captures(a, b)
-        if not agreement.ok(rel_tol=tolerance(eagle3_settings)):
-            pytest.fail(f"prompt {i}: the two capture methods disagree: {agreement.describe()}", pytrace=False)
+    conclude(check_methods_agree((compare_captures(a, b) for a, b in zip(via_draft, only)),
+                                 rel_tol=tolerance(eagle3_settings)))

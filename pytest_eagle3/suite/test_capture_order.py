@@ -6,34 +6,32 @@ architecture (:mod:`pytest_eagle3.sglang_source.model_code`: SGLang's own
 ``set_eagle3_layers_to_capture`` run on a stand-in); this test measures the
 running engine.  When the two disagree this is the one test that fails for it,
 naming both and the file:line; the other tests of the run follow what was
-measured (:func:`pytest_eagle3.suite.support.measured_snapshots`).  Where the
+measured (:func:`pytest_eagle3.verdicts.order.measured_snapshots`; the check:
+:func:`pytest_eagle3.verdicts.order.check_capture_order`).  Where the
 rule could not be read it is measured and recorded, never guessed.  Id lists
 the rule says fail at setup or at the first forward are left out at
-collection (:func:`pytest_eagle3.planning.declare.collect_reason`).
+collection (:func:`pytest_eagle3.planning.collect.collect_reason`).
 """
 
 from __future__ import annotations
 
 import pytest
 
+from pytest_eagle3.planning import cases
 from pytest_eagle3.planning.declare import case_needs
-from pytest_eagle3.suite.support import RULE_DISAGREES, evidence, measured_snapshots, tolerance
-from pytest_eagle3.verdicts.compare import compare_slots, fail_if_bad
-from pytest_eagle3.verdicts.snapshots import label
-
-WRONG_COUNT = (
-    "ids {ids}: {sglang} returned {width} columns = {slots:g} slots of hidden {H}; "
-    "its rule gives {n} slots ({want} columns)"
-)
-UNKNOWN_UNMATCHED = (
-    "ids {ids}: the id rule could not be read ({source}), and slot(s) {slots} match no snapshot: "
-    "what SGLang captures cannot be named"
-)
+from pytest_eagle3.suite.outcome import conclude
+from pytest_eagle3.suite.support import evidence, tolerance
+from pytest_eagle3.verdicts.compare import compare_slots
+from pytest_eagle3.verdicts.order import check_capture_order, check_width
 
 
 @pytest.mark.gpu
 @pytest.mark.tp(1, 2, 4, 8)
 @pytest.mark.eagle3_engines(*case_needs(measures_rule=True))
+@pytest.mark.eagle3_catches("offset-twice", "ids-ignored", "reversed-order", "normalized-input", "no-residual",
+                            "unreduced-embedding", "partial-sum", "dp-gather-scaled", "aliased-capture",
+                            "before-fused-allreduce", need=cases.WIDE_CASE)
+@pytest.mark.eagle3_catches("offset-missing", need="specforge-default-ids", tp=1)
 def test_capture_order(eagle3_engine_request, eagle3_capture, eagle3_reference, eagle3_model_config,
                        eagle3_sglang, eagle3_settings, eagle3_checkpoint, eagle3_tp, record_property, pytestconfig):
     req = eagle3_engine_request
@@ -47,33 +45,16 @@ def test_capture_order(eagle3_engine_request, eagle3_capture, eagle3_reference, 
                           fused_allreduce=eagle3_capture.fused_allreduce)
     for cap, ref, ev in zip(captures, eagle3_reference, candidates):
         n = len(req.predicted) if rule.known else cap.width // H
-        if cap.width != n * H:
-            pytest.fail(WRONG_COUNT.format(ids=ids, sglang=eagle3_sglang.describe(), width=cap.width,
-                                           slots=cap.width / H, H=H, n=n, want=n * H), pytrace=False)
+        conclude(check_width(cap.width, slots=n, hidden_size=H, ids=ids, sglang=eagle3_sglang.describe()))
         expected = list(req.predicted) if rule.known else [0] * n
         report = compare_slots(cap.prefill, ref, expected=expected, num_layers=L, hidden_size=H,
                                tol=tolerance(eagle3_settings), side_names=("SGLang", "id rule"), evidence=ev,
                                diagnose=rule.known)
-        measured = measured_snapshots(report)
         # The measured id rule (tests/data/measured_id_rules.json pins the rule
         # reader and `inspect` against these): the snapshot each slot holds.
         record_property("eagle3_measured_rule", {
             "sglang": eagle3_sglang.version, "distribution": eagle3_sglang.distribution, "num_layers": L, "ids": ids,
             "measured": [v.best if v.matched else None for v in report.slots],
             "predicted": list(req.predicted), "rule_source": rule.source})
-        if not rule.known:
-            if measured is None:
-                pytest.fail(UNKNOWN_UNMATCHED.format(ids=ids, source=rule.source,
-                                                     slots=[v.slot for v in report.slots if not v.matched]),
-                            pytrace=False)
-            continue
-        if not report.ok and measured is not None:
-            pytest.fail(RULE_DISAGREES.format(
-                wrong=len(report.wrong), k=len(report.slots),
-                ids=ids, measured=_labels(measured, L), source=rule.source, kind=rule.kind,
-                predicted=_labels(req.predicted, L)) + "\n" + report.message(), pytrace=False)
-        fail_if_bad(report, config=pytestconfig)
-
-
-def _labels(indices, num_layers: int) -> str:
-    return "[" + ", ".join(label(i, num_layers) for i in indices) + "]"
+        conclude(check_capture_order(report, rule=rule, ids=ids, predicted=req.predicted, num_layers=L),
+                 config=pytestconfig)

@@ -2,7 +2,7 @@
 
 For every contract fixture (and ``--eagle3-draft PATH --eagle3-stack NAME``)
 the declared need resolves to the ids SGLang reads from the draft config and
-the contract the stack trained on (:func:`pytest_eagle3.planning.declare.resolve`);
+the contract the stack trained on (:func:`pytest_eagle3.planning.request.resolve`);
 each captured slot is compared with the contract.
 
 Outcomes for the fixtures: PASS when SGLang captures the contract; XFAIL with
@@ -18,11 +18,11 @@ from __future__ import annotations
 import pytest
 
 from pytest_eagle3.planning.declare import case_needs, user_draft_need
-from pytest_eagle3.suite.support import FOLLOWS_MEASURED, evidence, measured_snapshots, tolerance
-from pytest_eagle3.verdicts.compare import compare_slots, fail_if_bad
-
-KNOWN_MISMATCH = "{reason}; {diagnosis}"
-NO_EMBEDDING_SLOT = "no slot holds the embedding hs[0] the contract starts with"
+from pytest_eagle3.suite.outcome import conclude
+from pytest_eagle3.suite.support import evidence, tolerance
+from pytest_eagle3.verdicts.compare import compare_slots
+from pytest_eagle3.verdicts.contract import check_contract
+from pytest_eagle3.verdicts.order import follows_measured, measured_snapshots
 
 
 @pytest.mark.gpu
@@ -48,33 +48,14 @@ def test_draft_receives_its_training_contract(eagle3_engine_request, eagle3_capt
         elif req.predicted:
             as_predicted = report
         measured = measured_snapshots(report)
-        rule_wrong = (as_predicted is not None and not as_predicted.ok and measured is not None
-                      and list(measured) != list(req.predicted))
-        if rule_wrong:
+        follows = None
+        if (as_predicted is not None and not as_predicted.ok and measured is not None
+                and list(measured) != list(req.predicted)):
             # One root cause, one failure: test_capture_order fails for the rule;
             # this test judges the contract against what SGLang really captured.
-            follows = FOLLOWS_MEASURED.format(
-                measured=list(measured), ids=list(req.ids) if req.ids is not None else None,
-                predicted=list(req.predicted),
-                source=eagle3_sglang.id_rule(eagle3_model_config.architecture).source)
+            follows = follows_measured(measured, ids=req.ids, predicted=req.predicted,
+                                       rule_source=eagle3_sglang.id_rule(eagle3_model_config.architecture).source)
             record_property("eagle3_follows_measurement", follows)
-            if report.ok:
-                continue
-            if not req.user_draft:
-                pytest.xfail(KNOWN_MISMATCH.format(reason=follows, diagnosis=_diagnosis(report)))
-        elif req.xfail_reason is not None:
-            if as_predicted is not None and as_predicted.ok:
-                pytest.xfail(KNOWN_MISMATCH.format(reason=req.xfail_reason, diagnosis=_diagnosis(report)))
         # A user draft's note says why SGLang fed it these layers (ids where SGLang does not read them).
-        fail_if_bad(report, config=pytestconfig, cause=req.note if req.user_draft else None)
-
-
-def _diagnosis(report) -> str:
-    """The verdict, the first wrong slot, the named cause across slots, and
-    whether the embedding the contract wants is missing from every slot."""
-    lines = [report.verdict(), *report.message().splitlines()[1:2]]
-    if report.diagnosis is not None:
-        lines += list(report.diagnosis.pattern_lines)
-    if 0 in report.expected and all(v.best != 0 or not v.matched for v in report.slots):
-        lines.append(NO_EMBEDDING_SLOT)
-    return "; ".join(lines)
+        conclude(check_contract(report, as_predicted, follows=follows, xfail_reason=req.xfail_reason,
+                                user_draft=req.user_draft, note=req.note), config=pytestconfig)

@@ -15,44 +15,35 @@ import pytest
 
 from pytest_eagle3.planning import cases
 from pytest_eagle3.planning.declare import case_needs
-from pytest_eagle3.suite.support import FOLLOWS_MEASURED, measured_snapshots, tolerance
-from pytest_eagle3.verdicts.compare import check_embedding_complete, compare_slots, fail_if_bad, vocab_shard
-
-SHARDS_UNCOVERED = (
-    "the suite prompts miss vocab shard(s) {missing} at TP {tp}: an incomplete "
-    "all-reduce on those ranks would go unseen (fix fixtures/prompts.json)"
-)
+from pytest_eagle3.suite.outcome import conclude, fail_if_bad
+from pytest_eagle3.suite.support import tolerance
+from pytest_eagle3.verdicts.compare import compare_slots
+from pytest_eagle3.verdicts.embedding import check_embedding_complete, check_embedding_slot, check_shards_covered
 
 
 @pytest.mark.gpu
 @pytest.mark.tp(1, 2, 4, 8)
 @pytest.mark.eagle3_engines(*case_needs([cases.WIDE_CASE], needs_embedding=True))
+@pytest.mark.eagle3_catches("unreduced-embedding", need=cases.WIDE_CASE)
 def test_embedding_rows_complete_on_every_shard(eagle3_engine_request, eagle3_capture, eagle3_reference,
                                                  eagle3_model_config, eagle3_tp, eagle3_settings, eagle3_sglang,
                                                  record_property, pytestconfig):
     req = eagle3_engine_request
     facts = eagle3_model_config
     slot = req.predicted.index(0)
-    covered = {vocab_shard(t, facts.vocab_size, eagle3_tp) for p in eagle3_capture.prompts for t in p}
-    missing = sorted(set(range(eagle3_tp)) - covered)
-    if missing:
-        pytest.fail(SHARDS_UNCOVERED.format(missing=missing, tp=eagle3_tp), pytrace=False)
+    conclude(check_shards_covered(eagle3_capture.prompts, vocab_size=facts.vocab_size, tp=eagle3_tp))
 
     captures = eagle3_capture.run(req)
     H = facts.hidden_size
+    source = eagle3_sglang.id_rule(facts.architecture).source
     worst = 0.0
     for cap, ref in zip(captures, eagle3_reference):
         slots = compare_slots(cap.prefill, ref, expected=list(req.predicted), num_layers=facts.num_layers,
                               hidden_size=H, tol=tolerance(eagle3_settings), diagnose=False)
-        measured = measured_snapshots(slots)
-        if measured is not None and 0 not in measured:
-            # The rule said slot {slot} is the embedding; SGLang captured other
-            # layers: test_capture_order fails for that, and here no slot holds
-            # the embedding to check.
-            pytest.skip(FOLLOWS_MEASURED.format(
-                measured=list(measured), ids=list(req.ids) if req.ids is not None else None,
-                predicted=list(req.predicted), source=eagle3_sglang.id_rule(facts.architecture).source)
-                + "; no slot holds the embedding")
+        # The rule said slot {slot} is the embedding; where SGLang captured other
+        # layers test_capture_order fails for that, and here it is skipped.
+        conclude(check_embedding_slot(slots, ids=req.ids, predicted=req.predicted,
+                                      rule_source=source))
         report = check_embedding_complete(
             cap.prefill[:, slot * H:(slot + 1) * H], ref[0], cap.prompt,
             vocab_size=facts.vocab_size, tp=eagle3_tp, tol=tolerance(eagle3_settings),

@@ -6,7 +6,7 @@ list (or the variant's own ids) with the variant's server arguments and request
 shape.  Every returned row is compared with the reference row at its position:
 
 * prefill: exactly the rows the engine's resolved settings make SGLang return
-  (:func:`~pytest_eagle3.engine.variants.prefill_rows` of ``/server_info``: all
+  (:func:`~pytest_eagle3.engine.variant_proof.prefill_rows` of ``/server_info``: all
   ``T`` normally, the last chunk under chunked prefill, the uncached tail on a
   radix-cache hit), positions ``T-n .. T-1``;
 * decode: row ``j`` is position ``T+j`` of the prompt extended by the generated
@@ -28,20 +28,20 @@ from __future__ import annotations
 import pytest
 
 from pytest_eagle3.planning.declare import variant_needs
-from pytest_eagle3.engine.variants import VARIANTS, path_not_exercised, path_not_taken, prefill_rows
+from pytest_eagle3.engine.variant_proof import path_not_exercised, path_not_taken, prefill_rows
+from pytest_eagle3.engine.variants import VARIANTS
+from pytest_eagle3.suite.outcome import conclude, fail_if_bad
 from pytest_eagle3.suite.support import attention_tp, evidence, tolerance
-from pytest_eagle3.verdicts.compare import compare_slots, fail_if_bad
+from pytest_eagle3.verdicts.compare import compare_slots
+from pytest_eagle3.verdicts.paths import check_rows, row_settings
 from pytest_eagle3.target.reference import ensure_reference
-
-ROWS_MISSING = ("{variant}: prompt {i} ({T} tokens) returned {n} prefill rows and {d} decode rows; expected {want} "
-                "(SGLang's /server_info: {settings})")
-#: The resolved settings that decide how many prefill rows come back.
-ROW_SETTINGS = ("chunked_prefill_size", "disable_radix_cache", "page_size")
 
 
 @pytest.mark.gpu
 @pytest.mark.tp(1, 2, 4, 8)
 @pytest.mark.eagle3_engines(*variant_needs(VARIANTS))
+# Rows of one decode forward of several requests: the batched path variant.
+@pytest.mark.eagle3_catches("wrong-request-rows", need="batch")
 def test_captures_identical_through_path(eagle3_need, eagle3_engine_request, eagle3_capture, eagle3_reference,
                                          eagle3_checkpoint, eagle3_model_config, eagle3_settings, eagle3_tp,
                                          record_property, pytestconfig):
@@ -55,7 +55,7 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_request, eag
         name, req.extra_args, req.repeat, [len(c.prompt) for c in captures], info)
     if off:
         pytest.skip(off)
-    settings = ", ".join(f"{k}={info.get(k)!r}" for k in ROW_SETTINGS)
+    settings = row_settings(info)
     tol = tolerance(eagle3_settings)
     extended = extended_candidates = None
     attn_tp = attention_tp(eagle3_tp, req.extra_args)
@@ -68,11 +68,8 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_request, eag
                                        fused_allreduce=eagle3_capture.fused_allreduce)
     for i, (cap, ref) in enumerate(zip(captures, eagle3_reference)):
         T, n, d = len(cap.prompt), cap.prefill.shape[0], cap.decode.shape[0]
-        want = prefill_rows(T, info, repeat=req.repeat)
-        if n != want or d != req.decode_steps:
-            pytest.fail(ROWS_MISSING.format(variant=name, i=i, T=T, n=n, d=d, settings=settings,
-                                            want=f"{want} prefill rows and {req.decode_steps} decode rows"),
-                        pytrace=False)
+        conclude(check_rows(variant=name, i=i, tokens=T, prefill=n, decode=d, settings=settings,
+                            want_prefill=prefill_rows(T, info, repeat=req.repeat), want_decode=req.decode_steps))
         report = compare_slots(cap.prefill, ref[:, T - n:T], expected=list(req.expected), num_layers=L,
                                hidden_size=H, tol=tol,
                                side_names=(f"SGLang ({name}, prefill rows {T - n}..{T - 1})", "reference"),

@@ -18,8 +18,8 @@ import pytest
 
 from pytest_eagle3.planning import cases
 from pytest_eagle3.planning.declare import case_needs
+from pytest_eagle3.suite.outcome import fail_if_bad
 from pytest_eagle3.suite.support import evidence, tolerance
-from pytest_eagle3.verdicts.compare import fail_if_bad
 from pytest_eagle3.verdicts.rankcheck import check_rank_embeddings, check_rank_slots, check_ranks_agree
 
 WIDE = case_needs([cases.WIDE_CASE])
@@ -60,6 +60,7 @@ def test_ranks_hold_identical_captures(rank_captures, eagle3_model_config, eagle
 @pytest.mark.gpu
 @pytest.mark.tp(2, 4, 8)
 @pytest.mark.eagle3_engines(*WIDE)
+@pytest.mark.eagle3_catches("partial-sum", "before-fused-allreduce", need=cases.WIDE_CASE)
 def test_every_rank_fully_reduced(rank_captures, eagle3_reference, eagle3_model_config, eagle3_settings,
                                   eagle3_checkpoint, eagle3_capture, eagle3_tp, pytestconfig):
     req, _, records = rank_captures

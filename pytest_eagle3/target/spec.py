@@ -396,7 +396,7 @@ def prompts_path() -> Path:
     return fixtures_dir() / "prompts.json"
 
 
-def load_prompts(path: Path | None = None, *, vocab_size: int | None = None) -> list[list[int]]:
+def load_packaged_prompts(path: Path | None = None, *, vocab_size: int | None = None) -> list[list[int]]:
     """Token-id prompts of the packaged suite (``fixtures/prompts.json`` by default;
     the formats of :mod:`pytest_eagle3.target.prompts`, token ids only).
 

@@ -1,9 +1,11 @@
-"""Pure comparisons of captured aux hidden states against the reference.
+"""Pure comparisons of captured aux hidden states against the reference, slot by slot.
 
-Both sides are named (default ``SGLang`` and ``reference``) and every function
-returns a result object with ``.ok`` and ``.message(verbose=False)``; a test
-calls :func:`fail_if_bad`.  Messages come in layers: a one-line verdict, one line
-per wrong slot (or row), and full tables only when verbose.
+Both sides are named (default ``SGLang`` and ``reference``) and
+:func:`compare_slots` returns a :class:`SlotReport` with ``.ok`` and
+``.message(verbose=False)``; a packaged test hands it to
+:func:`pytest_eagle3.suite.outcome.fail_if_bad`.  Messages come in layers: a
+one-line verdict, one line per wrong slot, and full tables only when verbose.
+The embedding slot row by row is :mod:`pytest_eagle3.verdicts.embedding`.
 
 A wrong slot is then diagnosed (:mod:`pytest_eagle3.verdicts.diagnose`): lines
 tagged ``[kind]`` name the bug it shows (an id offset, reversed slots, the
@@ -19,16 +21,11 @@ torch is imported inside the functions only.
 from __future__ import annotations
 
 import math
-import os
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import pytest
-
-from pytest_eagle3.verdicts.shards import VOCAB_PADDING, vocab_shard, vocab_shard_ranges  # noqa: F401
-from pytest_eagle3.verdicts.snapshots import describe, fmt_err, label
+from pytest_eagle3.verdicts.snapshots import ERR_DEFINITION, describe, fmt_err, grid, label, nan_last
 from pytest_eagle3.verdicts.diagnose import diagnose_slots
 
 #: A slot whose best match is farther than this (and than ``2 * tol``) "matches no snapshot".
@@ -55,28 +52,6 @@ SLOT_WRONG = (
 )
 SLOT_PRESENT = "slot {slot}: {holding}"
 SLOT_TOL = "tolerance: rel.err <= {tol} for the expected snapshot; 'matches no snapshot' above {no_match}"
-ERR_DEFINITION = "rel.err = ||{a} - {b}|| / ||{b}||, float64"
-
-EMB_OK = "embedding: all {tokens} rows match the {reference_side} embedding (worst rel.err {worst})"
-EMB_BAD = "embedding: {zero} of {tokens} rows are exact zeros, {off} off the {reference_side} (rel.err > {tol})"
-EMB_SHAPE = "embedding: {problem}"
-EMB_ALLREDUCE = (
-    "only tokens of vocab shard {shard} of {tp} are right and every other row is zero: "
-    "this is TP rank {shard}'s partial embedding, before the all-reduce across TP ranks "
-    "[unreduced-embedding]"
-)
-EMB_ZERO_ROW = "row {row}: token id {token} (vocab shard {shard} of {tp}, ids {start}..{end}): exact zero row"
-EMB_OFF_ROW = (
-    "row {row}: token id {token} (vocab shard {shard} of {tp}, ids {start}..{end}): "
-    "rel.err {err} against the {reference_side}"
-)
-EMB_MORE = "... and {n} more rows (-v lists them all)"
-EMB_MAX_LINES = 8
-
-
-
-def _key(x: float) -> float:
-    return math.inf if math.isnan(x) else x
 
 
 # --- slots ---
@@ -97,7 +72,7 @@ class SlotVerdict:
 
     @property
     def ranking(self) -> list[int]:
-        return sorted(range(len(self.errors)), key=lambda r: (_key(self.errors[r]), r))
+        return sorted(range(len(self.errors)), key=lambda r: (nan_last(self.errors[r]), r))
 
     @property
     def best(self) -> int:
@@ -186,7 +161,7 @@ class SlotReport:
 
     @property
     def worst_err(self) -> float:
-        return max((_key(v.expected_err) for v in self.slots), default=math.nan)
+        return max((nan_last(v.expected_err) for v in self.slots), default=math.nan)
 
     def verdict(self) -> str:
         if self.problem is not None:
@@ -221,11 +196,11 @@ class SlotReport:
                 label(nb, L) if nb is not None else "-", fmt_err(v.errors[nb]) if nb is not None else "-",
                 "yes" if v.ok else "NO",
             ))
-        lines = _grid(rows)
+        lines = grid(rows)
         n_ref = len(self.slots[0].errors)
         full = [("slot", *(label(r, L) for r in range(n_ref)))]
         full += [(str(v.slot), *(fmt_err(e) for e in v.errors)) for v in self.slots]
-        lines += ["", f"rel.err of each {a} slot against every {b} snapshot:", *_grid(full)]
+        lines += ["", f"rel.err of each {a} slot against every {b} snapshot:", *grid(full)]
         lines += [ERR_DEFINITION.format(a=a, b=b), SLOT_TOL.format(tol=self.tol, no_match=fmt_err(self.no_match_tol))]
         return lines
 
@@ -342,250 +317,3 @@ def slot_errors(captured: Any, reference: Any, hidden_size: int) -> list[list[fl
         else:
             out[:, r] = torch.where(diff.cpu() == 0, 0.0, math.inf)
     return out.tolist()
-
-
-# --- embedding completeness ---
-
-
-@dataclass(frozen=True)
-class EmbeddingRow:
-    row: int
-    token: int
-    shard: int | None
-    zero: bool
-    err: float
-
-
-@dataclass(frozen=True)
-class EmbeddingReport:
-    """Result of :func:`check_embedding_complete`."""
-
-    vocab_size: int
-    tp: int
-    tol: float
-    side_names: tuple[str, str]
-    rows: tuple[EmbeddingRow, ...] = ()
-    problem: str | None = None
-    shards: tuple[tuple[int, int], ...] = field(default=())
-
-    @property
-    def zero_rows(self) -> list[EmbeddingRow]:
-        return [r for r in self.rows if r.zero]
-
-    @property
-    def off_rows(self) -> list[EmbeddingRow]:
-        return [r for r in self.rows if not r.zero and not r.err <= self.tol]
-
-    @property
-    def bad_rows(self) -> list[EmbeddingRow]:
-        return [r for r in self.rows if r.zero or not r.err <= self.tol]
-
-    @property
-    def ok(self) -> bool:
-        return self.problem is None and not self.bad_rows
-
-    def partial_rank(self) -> int | None:
-        """The rank whose pre-all-reduce embedding this looks like, if any: every
-        row of that shard right and every other row an exact zero."""
-        if self.tp < 2 or not self.rows:
-            return None
-        good = {r.shard for r in self.rows if not r.zero and r.err <= self.tol}
-        if len(good) != 1 or None in good:
-            return None
-        (rank,) = good
-        fits = all((r.shard == rank) != r.zero for r in self.rows)
-        return rank if fits and self.zero_rows else None
-
-    def _row_line(self, r: EmbeddingRow) -> str:
-        if r.shard is None:
-            shard, start, end = "none", "-", "-"
-        else:
-            shard, (start, end) = r.shard, self.shards[r.shard]
-            end = end - 1
-        fields = dict(row=r.row, token=r.token, shard=shard, tp=self.tp, start=start, end=end)
-        if r.zero:
-            return EMB_ZERO_ROW.format(**fields)
-        return EMB_OFF_ROW.format(**fields, err=fmt_err(r.err), reference_side=self.side_names[1])
-
-    def message(self, verbose: bool = False) -> str:
-        if self.problem is not None:
-            return EMB_SHAPE.format(problem=self.problem)
-        ref_side = self.side_names[1]
-        if self.ok:
-            worst = max((_key(r.err) for r in self.rows), default=0.0)
-            return EMB_OK.format(tokens=len(self.rows), reference_side=ref_side, worst=fmt_err(worst))
-        lines = [
-            EMB_BAD.format(
-                zero=len(self.zero_rows), tokens=len(self.rows), off=len(self.off_rows),
-                reference_side=ref_side, tol=self.tol,
-            )
-        ]
-        rank = self.partial_rank()
-        if rank is not None:
-            lines.append(EMB_ALLREDUCE.format(shard=rank, tp=self.tp))
-        bad = self.bad_rows
-        shown = bad if verbose else bad[:EMB_MAX_LINES]
-        lines += [self._row_line(r) for r in shown]
-        if len(bad) > len(shown):
-            lines.append(EMB_MORE.format(n=len(bad) - len(shown)))
-        if verbose:
-            rows = [("row", "token", "shard", "zero", "rel.err")]
-            rows += [
-                (str(r.row), str(r.token), "-" if r.shard is None else str(r.shard), "yes" if r.zero else "",
-                 fmt_err(r.err))
-                for r in self.rows
-            ]
-            lines += ["", *_grid(rows), ERR_DEFINITION.format(a=self.side_names[0], b=ref_side)]
-        return "\n".join(lines)
-
-
-def check_embedding_complete(
-    captured_slot: Any,
-    reference_embedding: Any,
-    token_ids: Sequence[int] | Any,
-    *,
-    vocab_size: int,
-    tp: int,
-    tol: float = 1e-3,
-    side_names: tuple[str, str] = ("SGLang", "reference"),
-) -> EmbeddingReport:
-    """Check every token row of a captured embedding slot against the reference.
-
-    Args:
-        captured_slot: ``[tokens, H]``, the slot that should hold ``hs[0]``.
-        reference_embedding: ``[tokens, H]`` reference ``hs[0]``.
-        token_ids: the ``tokens`` prompt ids (to name each row's vocab shard).
-        vocab_size: the target's ``vocab_size`` (unpadded).
-        tp: the engine's TP size (shards as in :func:`vocab_shard_ranges`).
-        tol: per-row rel.err allowed.
-
-    A missing embedding all-reduce at TP ``n`` leaves exact-zero rows for the
-    tokens outside the capturing rank's shard; the report names that case.
-    """
-    import torch
-
-    a_name, b_name = side_names
-    shards = tuple(vocab_shard_ranges(vocab_size, tp))
-    base = dict(vocab_size=vocab_size, tp=tp, tol=tol, side_names=(a_name, b_name), shards=shards)
-    ref = torch.as_tensor(reference_embedding)
-    cap = torch.as_tensor(captured_slot).to(ref.device)
-    ids = [int(t) for t in torch.as_tensor(token_ids).reshape(-1).tolist()]
-    if cap.shape != ref.shape or cap.dim() != 2:
-        return EmbeddingReport(
-            **base, problem=f"{a_name} slot has shape {list(cap.shape)}; the {b_name} has {list(ref.shape)}"
-        )
-    if len(ids) != cap.shape[0]:
-        return EmbeddingReport(**base, problem=f"{len(ids)} token ids for {cap.shape[0]} rows")
-    a, b = cap.to(torch.float64), ref.to(torch.float64)
-    zero = (a == 0).all(dim=1).tolist()
-    diff = torch.linalg.vector_norm(a - b, dim=1)
-    norm = torch.linalg.vector_norm(b, dim=1)
-    err = torch.where(norm > 0, diff / norm.clamp_min(1e-300), torch.where(diff == 0, 0.0, math.inf)).tolist()
-    rows = tuple(
-        EmbeddingRow(row=i, token=t, shard=vocab_shard(t, vocab_size, tp), zero=bool(z), err=float(e))
-        for i, (t, z, e) in enumerate(zip(ids, zero, err))
-    )
-    return EmbeddingReport(**base, rows=rows)
-
-
-# --- glue ---
-
-
-def report_record(report: Any) -> dict[str, Any]:
-    """A JSON-ready summary of a verdict report: ``ok``, ``verdict`` (its first
-    line), ``slots`` (per slot: expected and best-matching snapshot with their
-    relative L2 errors) for a :class:`SlotReport`, ``lines`` for a per-rank report."""
-    message = report.message()
-    out: dict[str, Any] = {"ok": bool(report.ok), "verdict": message.splitlines()[0] if message else ""}
-    slots = getattr(report, "slots", None)
-    num_layers = getattr(report, "num_layers", None)
-    if slots and num_layers is not None:
-        out["slots"] = [
-            {"slot": v.slot, "expected": label(v.expected, num_layers), "expected_rel_err": _json_float(v.expected_err),
-             "best": label(v.best, num_layers), "best_rel_err": _json_float(v.best_err), "ok": v.ok}
-            for v in slots
-        ]
-    if getattr(report, "kinds", None):
-        out["diagnoses"] = list(report.kinds)
-    if getattr(report, "problem", None):
-        out["problem"] = report.problem
-    if getattr(report, "lines", None) and not slots:
-        out["lines"] = list(report.lines)
-    return out
-
-
-def _json_float(value: float) -> float | None:
-    return None if math.isnan(value) else float(value)
-
-
-#: A later test's failure when an earlier one already named the same cause.
-SAME_CAUSE = ("same cause as {first}, which reports it in full: {line}")
-_CAUSES = pytest.StashKey[dict]()
-_NUMBERS = re.compile(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?")
-
-
-def cause_signature(report: Any) -> tuple[str, ...] | None:
-    """What a failed report's diagnosis says the wrong slots hold, with layer
-    numbers and errors left out (``"slot # holds the MLP output of layer # after
-    its post_feedforward_layernorm ..."``), when it names every wrong slot and
-    no id-list pattern; else ``None``.  Two reports with one signature fail for
-    one reason, whatever ids, contract or path each test used (each pointer
-    keeps its own first slot line, layer numbers included; ``-v`` reports every
-    test in full).  A per-rank report has the signature its ranks share
-    (``slot_reports``), if they share one."""
-    subs = getattr(report, "slot_reports", None)
-    if subs:
-        signatures = {cause_signature(r) for r in subs}
-        return signatures.pop() if len(signatures) == 1 and None not in signatures else None
-    diag = getattr(report, "diagnosis", None)
-    if diag is None or diag.pattern_lines or not diag.slot_lines:
-        return None
-    if {v.slot for v in report.wrong} - set(diag.slot_lines):
-        return None
-    return tuple(sorted({_NUMBERS.sub("#", line) for line in diag.slot_lines.values()}))
-
-
-def recorded_causes(config: pytest.Config) -> list[str]:
-    """Tests of this pytest process that reported a capture defect in full
-    (:func:`fail_if_bad`), in the order they did."""
-    return list(dict.fromkeys(config.stash.get(_CAUSES, {}).values()))
-
-
-def _current_test() -> str:
-    return os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
-
-
-def fail_if_bad(report: Any, *, verbose: bool = False, config: pytest.Config | None = None,
-                cause: str | None = None) -> Any:
-    """``pytest.fail(report.message())`` without a traceback when ``not report.ok``;
-    returns the report otherwise.  ``config`` (or ``verbose``) turns on the tables
-    (``-v``); with ``config`` the run's ``pytest_eagle3_verdict`` hook
-    (:mod:`pytest_eagle3.plugin.hookspec`) sees the report first.  ``cause``: a
-    line known before the engine ran that explains the failure (it leads the message).
-
-    One root cause, one failure: with ``config``, the first test whose diagnosis
-    has a given :func:`cause_signature` reports it in full; a later one with the
-    same signature fails with :data:`SAME_CAUSE`, naming the first and its own
-    first slot line (per pytest process; with ``-v`` every test reports in full)."""
-    __tracebackhide__ = True
-    if config is not None and hasattr(config.hook, "pytest_eagle3_verdict"):
-        config.hook.pytest_eagle3_verdict(config=config, report=report)
-    if not report.ok:
-        if config is not None:
-            verbose = verbose or config.get_verbosity() > 0
-            signature = cause_signature(report)
-            if signature is not None and cause is None and not verbose:
-                here = _current_test()
-                first = config.stash.setdefault(_CAUSES, {}).setdefault(signature, here)
-                if first != here:
-                    diag = (getattr(report, "slot_reports", None) or [report])[0].diagnosis
-                    line = diag.slot_lines[min(diag.slot_lines)]
-                    pytest.fail(SAME_CAUSE.format(first=first, line=line), pytrace=False)
-        message = report.message(verbose=verbose)
-        pytest.fail(f"{cause}\n{message}" if cause else message, pytrace=False)
-    return report
-
-
-def _grid(rows: Sequence[Sequence[str]]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]

@@ -5,13 +5,13 @@
 tensors the known wiring bugs produce instead, and names the bug with a tag
 ``[kind]`` from the fault catalog (:data:`pytest_eagle3.worker.faults.CATALOG`):
 
-* across slots: every slot one layer late / early (``[offset-twice]`` /
-  ``[offset-missing]``), SGLang's default layer list whatever was configured
-  (``[ids-ignored]``), the expected snapshots in reverse or another order
-  (``[reversed-order]`` / ``[permuted-order]``), several slots holding one
-  snapshot at or past the deepest expected one (``[aliased-capture]``: storage
-  a later in-place norm rewrote);
-* per slot: ``input_layernorm(hs[i])`` (``[normalized-input]``), a layer's
+* across slots (:mod:`pytest_eagle3.verdicts.patterns`): every slot one layer
+  late / early (``[offset-twice]`` / ``[offset-missing]``), SGLang's default
+  layer list whatever was configured (``[ids-ignored]``), the expected snapshots
+  in reverse or another order (``[reversed-order]`` / ``[permuted-order]``),
+  several slots holding one snapshot at or past the deepest expected one
+  (``[aliased-capture]``: storage a later in-place norm rewrote);
+* per slot (here): ``input_layernorm(hs[i])`` (``[normalized-input]``), a layer's
   MLP output or attention + MLP output without the residual (``[no-residual]``),
   the post-attention residual plus one TP rank's unreduced MLP share
   (``[partial-sum]``; ``[before-fused-allreduce]`` when the engine fuses that
@@ -20,8 +20,9 @@ tensors the known wiring bugs produce instead, and names the bug with a tag
   outside one vocab shard are exact zeros (``[unreduced-embedding]``), rows that
   belong to another request of the batch (``[wrong-request-rows]``).
 
-The candidates beyond ``hs`` come in an :class:`Evidence` (or a zero-argument
-callable returning one, evaluated only when a slot is wrong): the checkpoint's
+The candidates beyond ``hs`` come in an :class:`~pytest_eagle3.verdicts.evidence.Evidence`
+(or a zero-argument callable returning one, evaluated only when a slot is
+wrong; :mod:`pytest_eagle3.verdicts.evidence`): the checkpoint's
 ``input_layernorm`` weights, the reference's inside-the-layer tensors
 (:func:`pytest_eagle3.target.reference.ensure_reference_details`), the prompt's
 token ids and TP size, other requests' reference rows.  Every field is
@@ -32,17 +33,15 @@ Pure functions on tensors; torch is imported inside the functions.
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Union
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from pytest_eagle3.target.checkpoint.families import family_of
+from pytest_eagle3.verdicts.evidence import Evidence, EvidenceLike, resolve
+from pytest_eagle3.verdicts.patterns import pattern_lines
 from pytest_eagle3.verdicts.snapshots import fmt_err, full_label, label
 from pytest_eagle3.verdicts.shards import vocab_shard, vocab_shard_ranges
-from pytest_eagle3.target.reference import ensure_reference_details
 
 if TYPE_CHECKING:
     import torch
@@ -51,28 +50,6 @@ if TYPE_CHECKING:
 TAG = "[{kind}]"
 PATTERN = "diagnosis {tag}: {text}"
 SLOT_HOLDS = "slot {slot} holds {what} (rel.err {err}): {why} {tag}"
-
-OFFSET_LATE = (
-    "every slot holds the snapshot one layer after the expected one ({pairs}): SGLang added 1 to "
-    "the ids where the expectation did not (set_eagle3_layers_to_capture, in the target's model file; "
-    "PR #25454 changed when upstream DeepSeek adds it)"
-)
-OFFSET_EARLY = (
-    "every slot holds the snapshot one layer before the expected one ({pairs}): SGLang did not add 1 "
-    "to the ids where the expectation did (set_eagle3_layers_to_capture, in the target's model file; "
-    "PR #25454 changed when upstream DeepSeek adds it)"
-)
-IDS_IGNORED = (
-    "the slots hold SGLang's default layers [2, L//2, L-3] = {default}, not the configured ones "
-    "({expected}): the configured ids were ignored (SGLang PR #22836, vLLM PR #50170)"
-)
-ALIASED = (
-    "slots {slots} all hold {got}, a snapshot at or past the deepest expected one ({expected}): the captures "
-    "kept the storage of the residual tensor instead of a copy, and the later layers' in-place norms "
-    "(fused_add_rmsnorm overwrites the residual) rewrote it (SGLang PR #39286, issue #27540)"
-)
-REVERSED = "the slots hold the expected snapshots in reverse order ({got}): the captures were concatenated in reverse"
-PERMUTED = "the slots hold the expected snapshots in another order ({got}): the captures were concatenated out of order"
 
 WHY_NORMALIZED = "the normalized attention input of layer {layer}, not the residual stream"
 WHY_BRANCH_ONLY = (
@@ -120,67 +97,6 @@ KINDS = (
 )
 
 
-@dataclass(frozen=True)
-class Evidence:
-    """Candidate tensors for one prompt's rows (every field optional).
-
-    Attributes:
-        token_ids: the rows' token ids (vocab shards of zero rows).
-        vocab_size: the target's vocabulary (unpadded).
-        tp: the engine's TP size (rank shares, vocab shards).
-        attn_tp: its attention-TP size (default ``tp``).
-        norms: ``[L, H]`` ``input_layernorm`` weights of every layer.
-        norm_eps: their epsilon.
-        post_attention: ``[L, T, H]`` each layer's residual after attention.
-        mlp: ``[L, T, H]`` what each layer's MLP branch adds to the residual stream.
-        mlp_what: how a slot holding ``mlp[l]`` is named (``{layer}``); Gemma 3's
-            branch ends in a norm: "the MLP output of layer 0 after its
-            post_feedforward_layernorm".
-        partial: ``[tp, L, T, H]`` each TP rank's unreduced MLP share.
-        others: label (``"request 1"``) -> ``[L+2, T', H]`` another request's
-            reference rows (a wrong row is looked up among all of them, the
-            same row index first).
-        fused_allreduce: the engine fuses each MLP all-reduce into the next
-            layer's all-reduce + add + RMSNorm (FlashInfer's on SM90/SM100, the
-            CPU tier's stand-in): a partial sum is then named
-            ``[before-fused-allreduce]`` instead of ``[partial-sum]``.
-    """
-
-    token_ids: Sequence[int] | None = None
-    vocab_size: int | None = None
-    tp: int = 1
-    attn_tp: int | None = None
-    norms: Any = None
-    norm_eps: float = 1e-6
-    post_attention: Any = None
-    mlp: Any = None
-    mlp_what: str = "the MLP output of layer {layer}"
-    partial: Any = None
-    others: Mapping[str, Any] = field(default_factory=dict)
-    fused_allreduce: bool = False
-
-    def rows(self, start: int, stop: int) -> "Evidence":
-        """The same evidence for rows ``start:stop`` (compare a slice of a prompt)."""
-        def cut(t: Any) -> Any:
-            return None if t is None else t[..., start:stop, :]
-
-        return replace(
-            self,
-            token_ids=None if self.token_ids is None else list(self.token_ids)[start:stop],
-            post_attention=cut(self.post_attention), mlp=cut(self.mlp), partial=cut(self.partial),
-        )
-
-
-EvidenceLike = Union[Evidence, Callable[[], Evidence], None]
-
-
-def resolve(evidence: EvidenceLike) -> Evidence:
-    if evidence is None:
-        return Evidence()
-    if isinstance(evidence, Evidence):
-        return evidence
-    return evidence()
-
 
 @dataclass(frozen=True)
 class Diagnosis:
@@ -205,48 +121,6 @@ def _rel(a: "torch.Tensor", b: "torch.Tensor") -> float:
         return 0.0 if diff == 0 else math.inf
     return diff / norm
 
-
-def _pairs(got: Sequence[int], want: Sequence[int], L: int) -> str:
-    return ", ".join(f"{label(g, L)} for {label(w, L)}" for g, w in zip(got, want))
-
-
-def default_layers(num_layers: int) -> list[int]:
-    """SGLang's default ``layers_to_capture`` without ids (``DeepseekV2ForCausalLM.
-    set_eagle3_layers_to_capture``, 0.5.23): inputs of layers ``[2, L//2, L-3]`` = those ``hs``."""
-    return [2, num_layers // 2, num_layers - 3]
-
-
-def pattern_lines(best: Sequence[int | None], expected: Sequence[int], num_layers: int) -> list[tuple[str, str]]:
-    """``(kind, line)`` for a wrong arrangement of otherwise clean snapshots.
-
-    ``best[s]``: the snapshot slot ``s`` holds cleanly (``None``: none).
-    """
-    L = num_layers
-    if any(b is None for b in best) or len(best) != len(expected) or list(best) == list(expected):
-        return []
-    got = [int(b) for b in best]  # type: ignore[arg-type]
-    want = [int(e) for e in expected]
-    shown = "[" + ", ".join(label(g, L) for g in got) + "]"
-    if sorted(got) == sorted(want):
-        if got == want[::-1]:
-            return [("reversed-order", REVERSED.format(got=shown))]
-        return [("permuted-order", PERMUTED.format(got=shown))]
-    default = default_layers(L)
-    if got == default and want != default:
-        return [("ids-ignored", IDS_IGNORED.format(
-            default="[" + ", ".join(label(d, L) for d in default) + "]",
-            expected="[" + ", ".join(label(w, L) for w in want) + "]"))]
-    repeated = [g for g in dict.fromkeys(got) if got.count(g) > 1 and g >= max(want)]
-    if repeated:
-        g = repeated[0]
-        return [("aliased-capture", ALIASED.format(
-            slots=", ".join(str(s) for s, b in enumerate(got) if b == g), got=label(g, L),
-            expected=label(max(want), L)))]
-    if all(g - w == 1 for g, w in zip(got, want)):
-        return [("offset-twice", OFFSET_LATE.format(pairs=_pairs(got, want, L)))]
-    if all(g - w == -1 for g, w in zip(got, want)):
-        return [("offset-missing", OFFSET_EARLY.format(pairs=_pairs(got, want, L)))]
-    return []
 
 
 def rms_norm(x: "torch.Tensor", weight: "torch.Tensor", eps: float) -> "torch.Tensor":
@@ -463,59 +337,3 @@ def diagnose_slots(captured: Any, reference: Any, verdicts: Sequence[Any], *, ex
             slot_lines[v.slot] = SLOT_HOLDS.format(slot=v.slot, what=what, err=fmt_err(err), why=why,
                                                    tag=TAG.format(kind=kind))
     return Diagnosis(slot_lines=slot_lines, pattern_lines=tuple(patterns), kinds=tuple(dict.fromkeys(kinds)))
-
-
-# --- evidence from a checkpoint ---------------------------------------------
-
-
-def layer_norms(checkpoint_dir: Path) -> tuple[Any, float]:
-    """``([L, H] input_layernorm multipliers, rms_norm_eps)`` read from the checkpoint
-    (the stored weight, plus 1 for Gemma 3's ``x * (1 + w)`` norms)."""
-    import torch
-    from safetensors import safe_open
-
-    checkpoint_dir = Path(checkpoint_dir)
-    config = json.loads((checkpoint_dir / "config.json").read_text())
-    L = int(config["num_hidden_layers"])
-    found: dict[int, Any] = {}
-    for path in sorted(checkpoint_dir.glob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():
-                for l in range(L):
-                    if name == f"model.layers.{l}.input_layernorm.weight":
-                        found[l] = f.get_tensor(name).to(torch.float32)
-    if len(found) != L:
-        raise ValueError(f"{checkpoint_dir}: input_layernorm weights of layers {sorted(set(range(L)) - set(found))} missing")
-    # Gemma 3's norms multiply by (1 + weight): the candidates need the multiplier.
-    family = family_of(config)
-    offset = family.norm_offset if family is not None else 0.0
-    return torch.stack([found[l] + offset for l in range(L)]), float(config.get("rms_norm_eps", 1e-6))
-
-
-def checkpoint_evidence(checkpoint_dir: Path, prompts: Sequence[Sequence[int]], *, tp: int, vocab_size: int,
-                        attn_tp: int | None = None, cache_dir: Path | None = None,
-                        fused_allreduce: bool = False) -> list[Callable[[], Evidence]]:
-    """One lazy :class:`Evidence` per prompt: norms from the checkpoint, the
-    reference's inside-the-layer tensors (one transformers run for all prompts,
-    cached), token ids, TP sizes, whether the engine fuses its all-reduces
-    (:attr:`Evidence.fused_allreduce`).  Nothing is read until a diagnosis asks."""
-    from functools import lru_cache
-
-    prompts = [[int(t) for t in p] for p in prompts]
-
-    @lru_cache(maxsize=1)
-    def shared() -> tuple[Any, float, list[dict[str, Any]]]:
-        norms, eps = layer_norms(checkpoint_dir)
-        return norms, eps, ensure_reference_details(checkpoint_dir, prompts, tp, cache_dir=cache_dir)
-
-    def one(i: int) -> Callable[[], Evidence]:
-        def build() -> Evidence:
-            norms, eps, details = shared()
-            d = details[i]
-            return Evidence(token_ids=prompts[i], vocab_size=vocab_size, tp=tp, attn_tp=attn_tp, norms=norms,
-                            norm_eps=eps, post_attention=d["post_attention"], mlp=d["mlp"], partial=d.get("partial"),
-                            fused_allreduce=fused_allreduce,
-                            **({"mlp_what": d["mlp_what"]} if d.get("mlp_what") else {}))
-        return build
-
-    return [one(i) for i in range(len(prompts))]

@@ -1,13 +1,14 @@
 """Per-rank verdicts on what every TP rank captured (records from the recorder).
 
 Pure functions with named sides returning a report with ``.ok`` and
-``.message()`` (use :func:`pytest_eagle3.verdicts.compare.fail_if_bad`).  Three checks:
+``.message()`` (a packaged test hands it to
+:func:`pytest_eagle3.suite.outcome.fail_if_bad`).  Three checks:
 
 * :func:`check_ranks_agree`: every rank holds the captures rank 0 holds
   (bitwise in fp32 on CPU, within a tolerance on GPU);
 * :func:`check_rank_embeddings`: every rank's embedding slot is complete
   (no zero rows outside the rank's vocab shard), via
-  :func:`pytest_eagle3.verdicts.compare.check_embedding_complete`;
+  :func:`pytest_eagle3.verdicts.embedding.check_embedding_complete`;
 * :func:`check_rank_slots`: every rank's slots hold the expected snapshots; a
   slot equal to a fraction ``k/tp`` of the expected snapshot is diagnosed as a
   partial sum on that rank (an all-reduce missing, e.g. the MLP all-reduce
@@ -19,8 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from pytest_eagle3.verdicts.compare import check_embedding_complete, compare_slots, fmt_err
-from pytest_eagle3.verdicts.snapshots import full_label
+from pytest_eagle3.verdicts.compare import compare_slots
+from pytest_eagle3.verdicts.embedding import check_embedding_complete
+from pytest_eagle3.verdicts.snapshots import fmt_err, full_label
 
 if TYPE_CHECKING:
     import torch
@@ -52,7 +54,7 @@ class RankReport:
 
     ``slot_reports``: each failing rank's :class:`~pytest_eagle3.verdicts.compare.SlotReport`
     when nothing but those comparisons failed (no partial sum, no count problem),
-    so :func:`~pytest_eagle3.verdicts.compare.cause_signature` can tell that every
+    so :func:`~pytest_eagle3.verdicts.summary.cause_signature` can tell that every
     rank shows one cause."""
 
     ok: bool

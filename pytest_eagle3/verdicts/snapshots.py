@@ -11,11 +11,14 @@ prompt, ``[tokens, hidden]``.  Snapshots are identified by their index in the
 * ``hs[L]``: the output of the final RMSNorm;
 * :data:`FINAL_PRENORM` (stored as index ``L+1``): the output of the last layer
   before the final norm, which ``hs`` does not contain.
+
+Also how the reports write relative errors and tables of them.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 #: Symbolic index of the pre-final-norm output of the last layer.
 FINAL_PRENORM = "final_prenorm"
@@ -63,3 +66,18 @@ def fmt_err(x: float) -> str:
     if math.isinf(x):
         return "inf"
     return f"{x:.2g}"
+
+
+#: How the reports define rel.err (under their tables).
+ERR_DEFINITION = "rel.err = ||{a} - {b}|| / ||{b}||, float64"
+
+
+def nan_last(x: float) -> float:
+    """Sort key of an error: NaN ranks after every number (as ``inf``)."""
+    return math.inf if math.isnan(x) else x
+
+
+def grid(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Rows of cells as left-aligned columns two spaces apart (trailing blanks cut)."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 #: Comma-separated hook sets to install (``cpu``, ``record``, ``fault``).
 HOOKS_ENV = "PYTEST_EAGLE3_SGLANG_HOOKS"
-#: The fault to inject (:mod:`pytest_eagle3.worker.faults`).
+#: The fault to inject (:mod:`pytest_eagle3.worker.faults`, :mod:`pytest_eagle3.worker.fault_injection`).
 FAULT_ENV = "PYTEST_EAGLE3_FAULT"
 #: The upstream fix to apply (:mod:`pytest_eagle3.worker.upstream_fixes`).
 FIX_ENV = "PYTEST_EAGLE3_UPSTREAM_FIX"

@@ -15,7 +15,7 @@ pytest-eagle3's ``pyproject.toml`` and does nothing unless the engine host set
 * ``record``: the per-rank recorder (:mod:`pytest_eagle3.worker.recorder_hook`),
   idle until a test enables it.
 * ``fault``: fault injection into SGLang's own capture path
-  (:mod:`pytest_eagle3.worker.faults`), the fault named by
+  (:mod:`pytest_eagle3.worker.fault_injection`), the fault named by
   ``PYTEST_EAGLE3_FAULT``.  Also switched on when that variable is set and any
   other hook set is active (an engine pytest-eagle3 started, e.g. inside a
   self-test run); never without it.  Installed before the recorder, so the
@@ -78,14 +78,14 @@ def load() -> None:
         return
     _loaded = True
     if "cpu" in sets:
-        from pytest_eagle3.worker.cpu import patches
+        from pytest_eagle3.worker.cpu import fills
 
-        patches.install()
+        fills.install()
         logger.info("pytest-eagle3: CPU-tier hooks installed (pid %d)", os.getpid())
     if "fault" in sets or os.environ.get(FAULT_ENV, "").strip():
-        from pytest_eagle3.worker import faults
+        from pytest_eagle3.worker import fault_injection
 
-        fault = faults.install()
+        fault = fault_injection.install()
         if fault is not None:
             logger.info("pytest-eagle3: fault %s installed (pid %d)", fault["kind"], os.getpid())
     if os.environ.get(FIX_ENV, "").strip():

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pytest_eagle3.plugin import bisect
-from pytest_eagle3.plugin.options import default_cache_dir
+from pytest_eagle3.settings import default_cache_dir
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("clean_eagle3_env")]
 CACHE = str(default_cache_dir()[0])

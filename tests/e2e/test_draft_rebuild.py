@@ -13,7 +13,7 @@ from tests.unit.test_draft import (  # noqa: F401  (draft_dir, quality: the ship
     CORRECT, MISWIRINGS, POWER_RATIO, PRESET, PROBES, QUALITY_FILE, draft_dir, quality,
 )
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow(reason="trains a draft, about 4 min")]
 
 def test_regenerated_draft_reaches_stored_quality(tmp_path: Path, quality: dict, record_property) -> None:
     """``python -m pytest_eagle3.draft.build`` with the stored settings reaches the stored quality."""

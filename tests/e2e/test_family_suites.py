@@ -24,7 +24,7 @@ import pytest
 
 from tests.inner_run import InnerRun, run_inner
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow(reason="three family suites, about 14 min")]
 
 #: The families CI runs (the issue's must-have four are measured in docs/families.md).
 DEFAULT_FAMILIES = ("tiny-gpt-oss", "tiny-gemma3")

@@ -26,7 +26,7 @@ import pytest
 from pytest_eagle3.cli import selftest
 from pytest_eagle3.worker.faults import CATALOG, NEEDS_TP
 from pytest_eagle3.planning.selftest import self_test_plan
-from pytest_eagle3.plugin.options import default_cache_dir
+from pytest_eagle3.settings import default_cache_dir
 from tests.inner_run import RUN_MARK
 
 pytestmark = pytest.mark.e2e

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_eagle3.plugin.options import default_cache_dir
+from pytest_eagle3.settings import default_cache_dir
 from tests import interrupts
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow(reason="ten interrupted runs, about 5 min")]
 
 #: Two engines (TP 1 and TP 2), one test each; about 57 s uninterrupted with a warm cache.
 SELECTION = ["--pyargs", "pytest_eagle3.suite", "--tp", "2", "-k", "embedding_rows", "-q"]

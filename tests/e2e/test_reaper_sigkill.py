@@ -31,7 +31,7 @@ def test_hold(eagle3_capture):
 def test_sigkill_of_pytest_leaves_no_process(tmp_path: Path) -> None:
     """SIGKILL a pytest holding a real SGLang engine (TP 1, CPU): within seconds no
     process of that run is left (SGLang's detokenizer used to survive)."""
-    from pytest_eagle3.plugin.options import default_cache_dir
+    from pytest_eagle3.settings import default_cache_dir
 
     (tmp_path / "test_hold.py").write_text(HOLD_ENGINE)
     ready = tmp_path / "ready"

@@ -31,16 +31,16 @@ from pytest_eagle3.capture.draft_path import (
     DraftPathCaptures,
     capture_draft_path,
     compare_captures,
-    draft_layer_ids,
     draft_path_server_args,
 )
 from pytest_eagle3.capture.spec_metrics import aggregate
+from pytest_eagle3.contracts.draft import eagle_config_ids, read_draft_config
 from pytest_eagle3.engine.config import build_engine_config
 from pytest_eagle3.sglang_source.install import probe
 from pytest_eagle3.engine.server import SGLangServer
-from pytest_eagle3.plugin.options import default_cache_dir
+from pytest_eagle3.settings import default_cache_dir
 from pytest_eagle3.target.checkpoint import ensure_checkpoint
-from pytest_eagle3.target.spec import TargetSpec, load_prompts
+from pytest_eagle3.target.spec import TargetSpec, load_packaged_prompts
 from tests.draft_files import draft_prompts, shipped_or_memorised_draft, write_draft
 
 pytestmark = pytest.mark.e2e
@@ -94,7 +94,7 @@ def drafts(cache_root: Path, target: Path, tmp_path_factory: pytest.TempPathFact
     t0 = time.monotonic()
     accepted = shipped_or_memorised_draft(cache_root)
     print(f"accepted draft {accepted} ready in {time.monotonic() - t0:.1f} s")
-    ids = draft_layer_ids(accepted) if accepted is not None else [0, 3, 6]
+    ids = eagle_config_ids(read_draft_config(accepted)) if accepted is not None else [0, 3, 6]
     cfg = json.loads((target / "config.json").read_text())
     random = write_draft(tmp_path_factory.mktemp("random-draft"), cfg, ids, seed=1)
     return {"accepted": accepted, "random": random}
@@ -125,8 +125,8 @@ def tp_runs(request, install, target: Path, drafts, tmp_path_factory) -> TpRuns:
         prompts = [e["prompt"] for e in learned]
         continuations = [e["continuation"] for e in learned]
     else:
-        prompts, continuations = load_prompts()[:3], None
-    ids = draft_layer_ids(accepted if accepted is not None else drafts["random"])
+        prompts, continuations = load_packaged_prompts()[:3], None
+    ids = eagle_config_ids(read_draft_config(accepted if accepted is not None else drafts["random"]))
     out = TpRuns(tp=tp, prompts=prompts, ids=ids, continuations=continuations)
 
     server = _start(install, target, tp, "capture-only", capture_server_args(install, ids), log_dir)
@@ -216,7 +216,8 @@ def test_draft_path_equals_reference(tp_runs: TpRuns, install, target: Path) -> 
     import torch
 
     from pytest_eagle3.target.reference import ensure_reference
-    from pytest_eagle3.verdicts.compare import compare_slots, fail_if_bad
+    from pytest_eagle3.suite.outcome import fail_if_bad
+    from pytest_eagle3.verdicts.compare import compare_slots
     from pytest_eagle3.conventions import predict
 
     spec = _spec(tp_runs, "accepted")

@@ -21,7 +21,8 @@ pytestmark = pytest.mark.e2e
 #: comparison must fire and name the snapshot each slot really holds.
 WRONG_LAYER_TEST = '''
 import pytest
-from pytest_eagle3.verdicts.compare import compare_slots, fail_if_bad
+from pytest_eagle3.suite.outcome import fail_if_bad
+from pytest_eagle3.verdicts.compare import compare_slots
 from pytest_eagle3.planning import cases
 
 
@@ -60,7 +61,7 @@ def test_server_info_proves_the_plain_path(eagle3_case, eagle3_capture, eagle3_m
     """The path proof on the real engine's /server_info: the plain engine returns
     every prompt row, and a variant flag this engine does not have is named."""
     from pytest_eagle3.planning.declare import EngineRequest
-    from pytest_eagle3.engine.variants import path_not_taken, prefill_rows
+    from pytest_eagle3.engine.variant_proof import path_not_taken, prefill_rows
 
     f = eagle3_model_config
     ids = tuple(cases.resolve(eagle3_case, f.num_layers, f.hidden_size, eagle3_sglang.id_rule()).ids)
@@ -77,7 +78,7 @@ def test_server_info_proves_the_plain_path(eagle3_case, eagle3_capture, eagle3_m
 #: Shares the suite's TP 2 engine of the wide case.
 FAULT_TEST = '''
 import pytest
-from pytest_eagle3.verdicts.compare import fail_if_bad
+from pytest_eagle3.suite.outcome import fail_if_bad
 from pytest_eagle3.conventions import predict
 from pytest_eagle3.verdicts.rankcheck import check_rank_embeddings, check_rank_slots, check_ranks_agree
 from pytest_eagle3.planning import cases

@@ -20,12 +20,13 @@ from pathlib import Path
 import pytest
 
 from pytest_eagle3.target.checkpoint.cache import cache_key
-from pytest_eagle3.plugin import hooks as plugin
+from pytest_eagle3.plugin import header
 from pytest_eagle3.target.checkpoint import builder, cache, ensure_checkpoint, entry_dir
 from pytest_eagle3.sglang_source.install import IMPORT_FAILED, NOT_INSTALLED
 from pytest_eagle3.engine.pool import FAILED_BEFORE
 from pytest_eagle3.errors import Eagle3ConfigError
-from pytest_eagle3.plugin.options import ENV_TARGET, MSG_CACHE_NOT_WRITABLE, check_tp_divides
+from pytest_eagle3.plugin.options import ENV_TARGET
+from pytest_eagle3.plugin.validate import MSG_CACHE_NOT_WRITABLE, MSG_FROM_SOURCE, check_tp_divides
 from pytest_eagle3.plugin.session import LOG_SECTION, LOG_SHOWN_BEFORE
 from pytest_eagle3.target.spec import MISSING_CONFIG_MSG, UNKNOWN_TARGET_MSG, TargetSpec, list_presets
 
@@ -161,7 +162,7 @@ def test_unknown_preset_from_env_names_the_variable(
     result = run_suite(pytester, tmp_path / "cache")
     message = UNKNOWN_TARGET_MSG.format(value="no-such-preset", known=", ".join(list_presets()))
     assert_usage_error(
-        result, plugin.MSG_FROM_SOURCE.format(message=message, where=f"env {ENV_TARGET}")
+        result, MSG_FROM_SOURCE.format(message=message, where=f"env {ENV_TARGET}")
     )
 
 
@@ -208,7 +209,7 @@ def test_bad_target_does_not_break_unrelated_runs(
 def test_sglang_not_installed(pytester: pytest.Pytester, tmp_path: Path) -> None:
     cache_dir = tmp_path / "cache"
     result = run_suite(pytester, cache_dir, conftest=HIDE_SGLANG)
-    result.stdout.fnmatch_lines([plugin.HEADER_NO_SGLANG])
+    result.stdout.fnmatch_lines([header.HEADER_NO_SGLANG])
     assert_each_setup_error_is(result, "Eagle3SGLangMissing: " + NOT_INSTALLED.format(python=sys.executable))
     assert_nothing_half_written(cache_dir)
 
@@ -340,7 +341,7 @@ def test_session_fixture_error_is_one_line_per_test(pytester: pytest.Pytester) -
 SHARED_BROKEN_ENGINE = '''
 import pytest
 from pytest_eagle3.plugin import session
-from pytest_eagle3.engine import server
+from pytest_eagle3.engine import server, server_log
 from pytest_eagle3.engine.pool import EnginePool
 from pytest_eagle3.errors import Eagle3EngineError
 
@@ -369,8 +370,8 @@ def exits_during_startup(self, progress=None):
                              "RuntimeError: Found no NVIDIA driver on your system.\\n"
                              + "".join(f"log line {i}\\n" for i in range(300)))
     raise Eagle3EngineError(server.STARTUP_FAILED.format(
-        name=self.name, code=1, log=self.log_path, n=server.LOG_TAIL_LINES, tail=server.log_tail(self.log_path),
-        cause=server.startup_cause(self.log_path)))
+        name=self.name, code=1, log=self.log_path, n=server_log.LOG_TAIL_LINES,
+        tail=server_log.log_tail(self.log_path), cause=server_log.startup_cause(self.log_path)))
 
 
 @pytest.fixture(scope="session")

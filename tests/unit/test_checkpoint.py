@@ -21,7 +21,7 @@ from pytest_eagle3.target.spec import (
     LocalTarget,
     TargetSpec,
     list_presets,
-    load_prompts,
+    load_packaged_prompts,
     resolve_target,
 )
 
@@ -78,7 +78,7 @@ def test_tiny_preset_is_a_valid_v3_layout(tiny_spec: TargetSpec) -> None:
 
 
 def test_prompts_cover_every_tp8_vocab_shard(tiny_spec: TargetSpec) -> None:
-    prompts = load_prompts(vocab_size=tiny_spec.facts.vocab_size)
+    prompts = load_packaged_prompts(vocab_size=tiny_spec.facts.vocab_size)
     assert 5 <= min(map(len, prompts)) and max(map(len, prompts)) <= 40
     shard = tiny_spec.facts.vocab_size // 8
     for ids in prompts:

@@ -8,24 +8,25 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from pytest_eagle3.suite.outcome import fail_if_bad  # noqa: E402
 from pytest_eagle3.verdicts.compare import (  # noqa: E402
-    EMB_ALLREDUCE,
-    EMB_BAD,
-    EMB_OFF_ROW,
-    EMB_ZERO_ROW,
     HOLDS,
     NO_MATCH,
     SLOT_PRESENT,
     SLOT_WRONG,
     SLOTS_BAD,
     SLOTS_OK,
-    check_embedding_complete,
     compare_slots,
-    fail_if_bad,
-    fmt_err,
-    vocab_shard,
-    vocab_shard_ranges,
 )
+from pytest_eagle3.verdicts.embedding import (  # noqa: E402
+    EMB_ALLREDUCE,
+    EMB_BAD,
+    EMB_OFF_ROW,
+    EMB_ZERO_ROW,
+    check_embedding_complete,
+)
+from pytest_eagle3.verdicts.shards import vocab_shard, vocab_shard_ranges  # noqa: E402
+from pytest_eagle3.verdicts.snapshots import fmt_err  # noqa: E402
 
 L, H, T = 6, 64, 5
 EXPECTED = (0, 3, 5)  # e.g. [embedding, layer-3 input, layer-5 input]
@@ -235,7 +236,8 @@ def test_fail_if_bad_hides_the_traceback(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """
         import torch
-        from pytest_eagle3.verdicts.compare import compare_slots, fail_if_bad
+        from pytest_eagle3.suite.outcome import fail_if_bad
+        from pytest_eagle3.verdicts.compare import compare_slots
 
         def test_slots(pytestconfig):
             ref = torch.randn(8, 4, 16, dtype=torch.float64)
@@ -345,11 +347,9 @@ def test_embedding_shape_problem() -> None:
 
 # --- diagnoses: each bug class named with its [kind] (verdicts/diagnose.py) ---
 
-from pytest_eagle3.verdicts.diagnose import (  # noqa: E402
-    Evidence,
-    default_layers,
-    rms_norm,
-)
+from pytest_eagle3.verdicts.diagnose import rms_norm  # noqa: E402
+from pytest_eagle3.verdicts.evidence import Evidence  # noqa: E402
+from pytest_eagle3.verdicts.patterns import default_layers  # noqa: E402
 
 
 def diagnose(cap: torch.Tensor, ref: torch.Tensor, expected=EXPECTED, **kwargs):

@@ -1,7 +1,7 @@
 """Training contracts: human form, every stack's translator, draft loading, fixtures.
 
 Worked examples cite the stack's own documentation or code (read in the commits
-named in ``pytest_eagle3/contracts/stacks.py``).  No torch: fake drafts get a
+named in the translators of ``pytest_eagle3/contracts/stacks_*.py``).  No torch: fake drafts get a
 hand-written safetensors file holding only ``fc.weight``.
 """
 
@@ -28,8 +28,10 @@ from pytest_eagle3.contracts import (
     read_safetensors_header,
     translate,
 )
-from pytest_eagle3.contracts import catalog, contract as contract_mod, draft as draft_mod, stacks
-from pytest_eagle3.contracts.stacks import eagle, raw, specforge_hf, specforge_sglang, speculators, vllm
+from pytest_eagle3.contracts import catalog, contract as contract_mod, draft as draft_mod, draft_contract, stacks
+from pytest_eagle3.contracts.stacks_fixed import eagle, raw
+from pytest_eagle3.contracts.stacks_specforge import specforge_hf, specforge_sglang
+from pytest_eagle3.contracts.stacks_vllm import speculators, vllm
 from pytest_eagle3.errors import Eagle3ConfigError
 
 # ----------------------------------------------------------------------------------------
@@ -372,7 +374,7 @@ def test_load_draft_speculators_format(tmp_path: Path) -> None:
     assert info.hidden_size_key == "transformer_layer_config.hidden_size"
     c = contract_for_draft(d, "speculators", num_layers=8)
     assert str(c) == "[out(L1), out(L3), out(L4)] + verifier: out(L7, pre-norm)"
-    assert draft_mod.TOP_LEVEL_ONLY_NOTE in c.notes
+    assert draft_contract.TOP_LEVEL_ONLY_NOTE in c.notes
 
 
 def test_target_hidden_size_wins(tmp_path: Path) -> None:
@@ -502,7 +504,7 @@ def test_specforge_sglang_draft(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     d = make_draft(tmp_path, hf_config([2, 4, 5]))
     assert contract_for_draft(d, "specforge-sglang", num_layers=8, sglang_version="0.5.8").entries == (3, 5, 6)
     assert contract_for_draft(d, "specforge-sglang", num_layers=8, sglang_version="0.5.23").entries == (2, 4, 5)
-    monkeypatch.setattr(draft_mod, "installed_sglang_rule", lambda: None)
+    monkeypatch.setattr(draft_contract, "installed_sglang_rule", lambda: None)
     with pytest.raises(Eagle3ContractError, match="pass sglang_version"):
         contract_for_draft(d, "specforge-sglang", num_layers=8)
     # Default: the installed SGLang's rule, read from its model file (an always +1 fork here).
@@ -511,7 +513,7 @@ def test_specforge_sglang_draft(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
     write_deepseek_file(tmp_path / "fork" / "sglang", ALWAYS, layer0=False)
     fork_rule = read_rules(tmp_path / "fork" / "sglang", "DeepseekV3ForCausalLM").rule
-    monkeypatch.setattr(draft_mod, "installed_sglang_rule", lambda: fork_rule)
+    monkeypatch.setattr(draft_contract, "installed_sglang_rule", lambda: fork_rule)
     contract = contract_for_draft(d, "specforge-sglang", num_layers=8)
     assert contract.entries == (3, 5, 6) and any("srt/models/deepseek_v2.py:" in n for n in contract.notes)
 

@@ -26,7 +26,7 @@ from pytest_eagle3.draft.config import ARCHITECTURE, DraftConfig, weight_names
 from pytest_eagle3.draft.validate import tensor_shapes
 from pytest_eagle3.draft.wiring import BENIGN, CORRECT, MISWIRINGS, PROBES
 from pytest_eagle3.errors import Eagle3ContractError
-from pytest_eagle3.target.spec import TargetSpec, load_prompts
+from pytest_eagle3.target.spec import TargetSpec, load_packaged_prompts
 from tests.safetensors_files import write_safetensors
 
 PRESET = "tiny-dsv3"
@@ -105,7 +105,7 @@ def test_shipped_weights(draft_dir: Path, spec: TargetSpec) -> None:
 
 def test_shipped_draft_reads_as_its_contract(draft_dir: Path) -> None:
     """The contracts module's reader agrees: stack raw, ids [0, 3, 5] -> hs[0], hs[3], hs[5]."""
-    from pytest_eagle3.contracts.draft import contract_for_draft
+    from pytest_eagle3.contracts.draft_contract import contract_for_draft
 
     contract = contract_for_draft(draft_dir, "raw", num_layers=8, target_hidden_size=256)
     assert contract.to_snapshot_indices(8) == CONTRACT_HS
@@ -137,7 +137,7 @@ def test_quality_json_clears_its_gates(draft_dir: Path, quality: dict) -> None:
 
 def test_continuations_are_the_suite_prompts(draft_dir: Path, spec: TargetSpec) -> None:
     data = json.loads((draft_dir / CONTINUATIONS_FILE).read_text())
-    prompts = load_prompts(vocab_size=spec.config["vocab_size"])
+    prompts = load_packaged_prompts(vocab_size=spec.config["vocab_size"])
     seqs = data["sequences"]
     assert [s["prompt"] for s in seqs] == prompts
     for s in seqs:

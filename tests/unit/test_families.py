@@ -28,7 +28,8 @@ from pytest_eagle3.target.checkpoint import builder  # noqa: E402
 from pytest_eagle3.target.checkpoint.cache import ensure_checkpoint  # noqa: E402
 from pytest_eagle3.target.checkpoint.families import FAMILIES  # noqa: E402
 from pytest_eagle3.target.spec import TargetSpec  # noqa: E402
-from pytest_eagle3.verdicts.diagnose import Evidence, diagnose_slot  # noqa: E402
+from pytest_eagle3.verdicts.diagnose import diagnose_slot  # noqa: E402
+from pytest_eagle3.verdicts.evidence import Evidence  # noqa: E402
 
 FAMILY_PRESETS = ["tiny-gemma3", "tiny-gemma4", "tiny-glm4-moe-lite", "tiny-gpt-oss", "tiny-llama", "tiny-qwen3",
                   "tiny-qwen3-moe"]
@@ -277,7 +278,7 @@ def test_the_recorder_hooks_the_forward_that_captures(tmp_path: Path, monkeypatc
 ONE_CAUSE_TESTS = '''
 import pytest
 from types import SimpleNamespace
-from pytest_eagle3.verdicts.compare import fail_if_bad
+from pytest_eagle3.suite.outcome import fail_if_bad
 
 
 def report(layer):

@@ -1,4 +1,5 @@
-"""worker/faults.py without an engine: the switch, the catalog, each hook on small stand-ins.
+"""worker/faults.py (the catalog) and worker/fault_injection.py without an engine: the switch,
+the catalog, each hook on small stand-ins.
 
 The real effect inside SGLang's workers is proven end to end by
 ``tests/e2e/test_fault_self_test.py``.
@@ -11,8 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_eagle3.worker import faults, sglang_hooks
-from pytest_eagle3.worker.faults import CATALOG, FAULT_ENV, FaultError, describe, read_fault
+from pytest_eagle3.worker import fault_injection, faults, sglang_hooks
+from pytest_eagle3.worker.env import FAULT_ENV
+from pytest_eagle3.worker.faults import CATALOG, FaultError, describe, read_fault
 from pytest_eagle3.planning.selftest import self_test_plan
 
 PUBLIC_KINDS = (
@@ -64,7 +66,7 @@ def test_hooks_never_install_a_fault_outside_a_pytest_eagle3_engine(monkeypatch)
     """A stray PYTEST_EAGLE3_FAULT in a production server's environment does nothing:
     the hook module acts only when pytest-eagle3 started the engine (hook sets on)."""
     calls = []
-    monkeypatch.setattr(faults, "install", lambda: calls.append(1))
+    monkeypatch.setattr(fault_injection, "install", lambda: calls.append(1))
     monkeypatch.setenv(FAULT_ENV, "partial-sum")
     monkeypatch.delenv(sglang_hooks.HOOKS_ENV, raising=False)
     sglang_hooks.load()
@@ -75,7 +77,7 @@ def test_hooks_install_the_fault_before_the_recorder(monkeypatch) -> None:
     from pytest_eagle3.worker import recorder_hook
 
     order = []
-    monkeypatch.setattr(faults, "install", lambda: order.append("fault") or {"kind": "partial-sum"})
+    monkeypatch.setattr(fault_injection, "install", lambda: order.append("fault") or {"kind": "partial-sum"})
     monkeypatch.setattr(recorder_hook, "install", lambda: order.append("record"))
     monkeypatch.setenv(sglang_hooks.HOOKS_ENV, "record")
     monkeypatch.setenv(FAULT_ENV, "partial-sum")
@@ -97,21 +99,22 @@ def registry():
     yield hook_registry.HookRegistry
     hook_registry.HookRegistry._hooks.clear()
     hook_registry.HookRegistry._hooks.update(saved)
-    faults._FAULT = None
+    fault_injection._FAULT = None
 
 
 @pytest.mark.parametrize(("kind", "targets"), [
-    ("offset-twice", [faults.SET_LAYERS]),
-    ("ids-ignored", [faults.SET_LAYERS]),
-    ("reversed-order", [faults.PACKER_SLOT]),
-    ("partial-sum", [faults.MODEL_FORWARD, faults.LAYER_FORWARD]),
-    ("wrong-request-rows", [faults.MODEL_FORWARD]),
-    ("aliased-capture", [faults.PACKER_APPEND, faults.PACKER_FINALIZE, faults.LIST_CAPTURE]),
-    ("before-fused-allreduce", [faults.MODEL_FORWARD, faults.LAYER_FORWARD]),
+    ("offset-twice", [fault_injection.SET_LAYERS]),
+    ("ids-ignored", [fault_injection.SET_LAYERS]),
+    ("reversed-order", [fault_injection.PACKER_SLOT]),
+    ("partial-sum", [fault_injection.MODEL_FORWARD, fault_injection.LAYER_FORWARD]),
+    ("wrong-request-rows", [fault_injection.MODEL_FORWARD]),
+    ("aliased-capture", [fault_injection.PACKER_APPEND, fault_injection.PACKER_FINALIZE,
+                         fault_injection.LIST_CAPTURE]),
+    ("before-fused-allreduce", [fault_injection.MODEL_FORWARD, fault_injection.LAYER_FORWARD]),
 ])
 def test_install_registers_hooks_on_sglang_targets(registry, kind, targets) -> None:
     before = {k: len(v) for k, v in registry._hooks.items()}
-    assert faults.install({"kind": kind}) == {"kind": kind}
+    assert fault_injection.install({"kind": kind}) == {"kind": kind}
     added = sorted(k for k, v in registry._hooks.items() if len(v) > before.get(k, 0))
     assert added == sorted(targets)
 
@@ -125,38 +128,38 @@ def fake_model(layers_to_capture, num_layers=8):
     ("offset-twice", [1, 4, 6]), ("offset-missing", [-1, 2, 4]), ("ids-ignored", [2, 4, 5]),
 ])
 def test_id_faults_rewrite_layers_to_capture(monkeypatch, kind, after) -> None:
-    monkeypatch.setattr(faults, "_FAULT", {"kind": kind})
+    monkeypatch.setattr(fault_injection, "_FAULT", {"kind": kind})
     model = fake_model([0, 3, 5])
-    assert faults._after_set_layers(None, model, [0, 3, 5]) is None
+    assert fault_injection._after_set_layers(None, model, [0, 3, 5]) is None
     assert model.model.layers_to_capture == after
 
 
 def test_packer_writes_in_reverse() -> None:
     torch = pytest.importorskip("torch")
     aux = pytest.importorskip("sglang.srt.layers.aux_hidden_states", exc_type=ImportError)
-    from pytest_eagle3.worker.faults import _around_packer_slot
+    from pytest_eagle3.worker.fault_injection import _around_packer_slot
 
     original = aux.AuxHiddenStatePacker.slot
     packer = aux.AuxHiddenStatePacker(3)
-    old = faults._FAULT
-    faults._FAULT = {"kind": "reversed-order"}
+    old = fault_injection._FAULT
+    fault_injection._FAULT = {"kind": "reversed-order"}
     try:
         for k in range(3):
             _around_packer_slot(original, packer, torch.full((2, 4), float(k))).copy_(torch.full((2, 4), float(k)))
     finally:
-        faults._FAULT = old
+        fault_injection._FAULT = old
     assert packer.finalize()[0].tolist() == [2.0] * 4 + [1.0] * 4 + [0.0] * 4
 
 
 def test_decode_rows_rotate_between_requests(monkeypatch) -> None:
     torch = pytest.importorskip("torch")
-    monkeypatch.setattr(faults, "_FAULT", {"kind": "wrong-request-rows"})
+    monkeypatch.setattr(fault_injection, "_FAULT", {"kind": "wrong-request-rows"})
     aux = torch.arange(3, dtype=torch.float32).unsqueeze(1).repeat(1, 4)
     decode = SimpleNamespace(forward_mode=SimpleNamespace(is_decode=lambda: True))
-    faults._wrong_request_rows((None, aux), decode)
+    fault_injection._wrong_request_rows((None, aux), decode)
     assert aux[:, 0].tolist() == [1.0, 2.0, 0.0]
     extend = SimpleNamespace(forward_mode=SimpleNamespace(is_decode=lambda: False))
-    faults._wrong_request_rows((None, aux), extend)
+    fault_injection._wrong_request_rows((None, aux), extend)
     assert aux[:, 0].tolist() == [1.0, 2.0, 0.0]
 
 
@@ -184,14 +187,14 @@ def test_an_aliased_capture_reads_what_a_later_in_place_write_left() -> None:
     borrowed tensor holds at the end of the forward, not what it held when captured."""
     torch = pytest.importorskip("torch")
     aux = pytest.importorskip("sglang.srt.layers.aux_hidden_states", exc_type=ImportError)
-    from pytest_eagle3.worker.faults import _around_packer_append, _around_packer_finalize
+    from pytest_eagle3.worker.fault_injection import _around_packer_append, _around_packer_finalize
 
     cls = aux.AuxHiddenStatePacker
     residual = torch.zeros(2, 4)
     for fault in (None, {"kind": "aliased-capture"}):
         packer = cls(2)
-        old = faults._FAULT
-        faults._FAULT = fault
+        old = fault_injection._FAULT
+        fault_injection._FAULT = fault
         try:
             residual.fill_(1.0)
             (_around_packer_append if fault else lambda o, p, h: o(p, h))(cls.append, packer, residual)
@@ -200,7 +203,7 @@ def test_an_aliased_capture_reads_what_a_later_in_place_write_left() -> None:
             residual.fill_(3.0)
             out = _around_packer_finalize(cls.finalize, packer) if fault else packer.finalize()
         finally:
-            faults._FAULT = old
+            fault_injection._FAULT = old
         want = [3.0] * 8 if fault else [1.0] * 4 + [2.0] * 4
         assert out[0].tolist() == want, fault
 
@@ -208,4 +211,4 @@ def test_an_aliased_capture_reads_what_a_later_in_place_write_left() -> None:
 def test_before_fused_allreduce_changes_nothing_where_sglang_does_not_fuse(monkeypatch) -> None:
     """The fault reads SGLang's own gate; on a CPU without the fusion stand-in it is false."""
     pytest.importorskip("sglang.srt.layers.layer_boundary.residual.add_norm", exc_type=ImportError)
-    assert faults._fusion_applies(8) is False
+    assert fault_injection._fusion_applies(8) is False

@@ -34,13 +34,13 @@ def test_acceptance_gate_has_power(record_property):
 
 @pytest.mark.parametrize("case", ["tp1-wide", "tp2-wide"])
 def test_capture_order(pytestconfig, case):
-    from pytest_eagle3.verdicts.compare import fail_if_bad
+    from pytest_eagle3.suite.outcome import fail_if_bad
     fail_if_bad(_report([1e-6, 3e-6], 1e-4), config=pytestconfig)
     fail_if_bad(_report([2e-6], 1e-4), config=pytestconfig)
 
 @pytest.mark.parametrize("case", ["tp1-wide"])
 def test_contracts(pytestconfig, case):
-    from pytest_eagle3.verdicts.compare import fail_if_bad
+    from pytest_eagle3.suite.outcome import fail_if_bad
     fail_if_bad(_report([5e-6], 1e-4), config=pytestconfig)
 """
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_eagle3.plugin import hooks
-from pytest_eagle3.plugin.session import Eagle3Session
+from pytest_eagle3.plugin.run import Eagle3Run
+from pytest_eagle3.plugin.validate import MSG_GPU_NONE
 
 pytestmark = pytest.mark.usefixtures("clean_eagle3_env")
 
@@ -76,7 +76,7 @@ def test_foreign_outcomes_unchanged(pytester: pytest.Pytester, extra: list[str])
 
 
 def test_session_plugin_is_hashable(pytestconfig: pytest.Config) -> None:
-    one, two = Eagle3Session(pytestconfig), Eagle3Session(pytestconfig)
+    one, two = Eagle3Run(pytestconfig), Eagle3Run(pytestconfig)
     assert len({one, two}) == 2 and {one: 1}[one] == 1
 
 
@@ -93,7 +93,7 @@ def test_minus_m_gpu_without_a_gpu_stops_with_one_line(pytester: pytest.Pytester
     pytester.makepyfile(test_own=OWN)
     result = pytester.runpytest_subprocess("-m", "gpu", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*" + hooks.MSG_GPU_NONE.format(how="*").split("(")[0] + "*--device cpu*"])
+    result.stderr.fnmatch_lines(["*" + MSG_GPU_NONE.format(how="*").split("(")[0] + "*--device cpu*"])
     on_cpu = pytester.runpytest_subprocess("-m", "gpu", "--device", "cpu", "-p", "no:cacheprovider",
                                            "--collect-only", "-q")
     assert on_cpu.ret == 0, on_cpu.stdout.str() + on_cpu.stderr.str()

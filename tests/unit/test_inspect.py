@@ -23,7 +23,7 @@ from tests.safetensors_files import write_safetensors
 from pytest_eagle3.cli import main as cli
 from pytest_eagle3.contracts import idfix
 from pytest_eagle3.cli import inspect as inspect_cli
-from pytest_eagle3.cli import preflight
+from pytest_eagle3.cli import inspection, preflight
 from pytest_eagle3.contracts.catalog import load_contract_fixtures
 from pytest_eagle3.contracts.contract import Contract
 from pytest_eagle3.contracts.draft import TOP_LEVEL_KEY
@@ -209,7 +209,7 @@ def test_human_form(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 def test_json_keys_are_stable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     draft = make_draft(tmp_path / "d", [1, 4, 6])
     _, result = run_json(capsys, "--draft", str(draft), "--stack", "vllm", "--layers", "8", "--sglang-version", NEW)
-    assert tuple(result) == preflight.JSON_KEYS
+    assert tuple(result) == inspection.JSON_KEYS
     assert set(result["sglang"]) == {"version", "source", "rule", "rule_source", "rule_from_code", "ids_read",
                                      "layers_to_capture", "never_reached", "fails_at_first_forward", "captures",
                                      "captures_human"}
@@ -301,7 +301,7 @@ def test_past_the_last_layer_names_the_range_the_model_captures(tmp_path: Path) 
     draft = make_draft(tmp_path / "d", [1, 3, 8])
     rule = replace(rule_for_version(NEW), last_layer="srt/models/gpt_oss.py:735")
     result = preflight.inspect_draft(draft, num_layers=8, sglang_version=NEW, stack="vllm", rule=rule)
-    assert result.verdict == preflight.FAILS
+    assert result.verdict == inspection.FAILS
     assert "has layer 9, which a target of 8 layers never reaches (0..8)" in result.reason
 
 
@@ -333,7 +333,7 @@ def test_slot_count_differs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 def test_duplicate_ids(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     draft = make_draft(tmp_path / "d", [2, 4, 4])
     code, result = run_json(capsys, "--draft", str(draft), "--stack", "vllm", "--layers", "8", "--sglang-version", NEW)
-    assert code == 1 and result["verdict"] == "invalid" and tuple(result) == preflight.JSON_KEYS
+    assert code == 1 and result["verdict"] == "invalid" and tuple(result) == inspection.JSON_KEYS
     assert "name layer 4 more than once" in result["reason"]
     assert result["sglang"]["fails_at_first_forward"]
 
@@ -361,7 +361,7 @@ def test_conflicting_id_lists_are_invalid(tmp_path: Path, capsys: pytest.Capture
     code, out, _ = run(capsys, "--draft", str(draft), "--stack", "vllm", "--layers", "8", "--sglang-version", NEW)
     assert code == 1 and "verdict:   INVALID: draft config" in out and "declares two different id lists" in out
     code, result = run_json(capsys, "--draft", str(draft), "--stack", "vllm", "--layers", "8", "--sglang-version", NEW)
-    assert code == 1 and result["verdict"] == "invalid" and tuple(result) == preflight.JSON_KEYS
+    assert code == 1 and result["verdict"] == "invalid" and tuple(result) == inspection.JSON_KEYS
 
 
 def test_unordered_contract_needs_fc_permuted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,7 +16,7 @@ ROOT = Path(pytest_eagle3.__file__).parent
 #: Bottom to top.  A package may import its own modules and any package of a
 #: lower layer; packages of one layer do not import each other.
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"errors", "libversions", "conventions", "reaper"}),  # shared facts and utilities
+    frozenset({"errors", "libversions", "conventions", "reaper", "settings"}),  # shared facts and utilities
     frozenset({"worker"}),        # code that runs inside SGLang's processes: hooks, fills, faults, recorder
     frozenset({"sglang_source"}),  # static readers of the installed SGLang's files
     frozenset({"target"}),        # spec -> checkpoint -> reference
@@ -106,7 +106,7 @@ def test_the_walker_sees_function_level_imports(tmp_path: Path, monkeypatch: pyt
 #: it is enabled (its modules import torch and SGLang at their top): there, and
 #: only there, a function imports pytest_eagle3 modules.
 LAZY_HOOK_LOADERS = frozenset({
-    "worker/sglang_hooks.py", "worker/site_hook/sitecustomize.py", "worker/cpu/patches.py",
+    "worker/sglang_hooks.py", "worker/site_hook/sitecustomize.py",
 })
 
 

@@ -1,6 +1,7 @@
-"""GPU leases (engine/lease.py): blocks of simulated GPUs, concurrent xdist
-workers that never share a GPU, a crashed worker's lease reclaimed, waiting with
-a message naming the holders, the pool's lease at the first start, ``-n auto``.
+"""GPU leases (engine/gpu_blocks.py, engine/lease.py, plugin/gpu_workers.py):
+blocks of simulated GPUs, concurrent xdist workers that never share a GPU, a
+crashed worker's lease reclaimed, waiting with a message naming the holders, the
+pool's lease at the first start, ``-n auto``.
 
 No GPU is needed: the blocks are cut from simulated ids and the locks are plain
 files in a temporary directory.
@@ -21,25 +22,27 @@ from pathlib import Path
 
 import pytest
 
-from pytest_eagle3.plugin import options
 from pytest_eagle3.plugin import hooks as plugin
-from pytest_eagle3.plugin import workers
+from pytest_eagle3.plugin import resolve
+from pytest_eagle3.settings import GpuProbe, Settings, default_cache_dir
+from pytest_eagle3.plugin import gpu_workers, workers
 from pytest_eagle3.engine import lease
+from pytest_eagle3.engine.gpu_blocks import PORT_BASE, PORT_STRIDE, gpu_blocks, visible_gpu_ids
 from pytest_eagle3.engine.config import EngineConfig
 from pytest_eagle3.errors import Eagle3ConfigError
 
 pytestmark = pytest.mark.usefixtures("clean_eagle3_env")
 
 #: The user's cache (read before clean_eagle3_env hides it), for the SGLang flag list.
-USER_CACHE = str(options.default_cache_dir()[0])
+USER_CACHE = str(default_cache_dir()[0])
 
 
 def ids(n: int) -> list[str]:
     return [str(i) for i in range(n)]
 
 
-def cuda_settings(gpus: int, tp: int) -> options.Settings:
-    return options.Settings(tp=tp, device="cuda", gpu=options.GpuProbe(gpus, f"simulated {gpus} GPUs"))
+def cuda_settings(gpus: int, tp: int) -> Settings:
+    return Settings(tp=tp, device="cuda", gpu=GpuProbe(gpus, f"simulated {gpus} GPUs"))
 
 
 # --- blocks ---
@@ -57,7 +60,7 @@ def cuda_settings(gpus: int, tp: int) -> options.Settings:
     ],
 )
 def test_blocks_of_simulated_gpus(gpus: int, tp: int, expected: list[tuple[str, ...]]) -> None:
-    blocks = lease.gpu_blocks(lease.visible_gpu_ids(gpus, env={}), tp)
+    blocks = gpu_blocks(visible_gpu_ids(gpus, env={}), tp)
     assert [b.gpus for b in blocks] == expected
     assert [b.index for b in blocks] == list(range(len(expected)))
     # Port windows of distinct blocks never overlap.
@@ -66,17 +69,17 @@ def test_blocks_of_simulated_gpus(gpus: int, tp: int, expected: list[tuple[str, 
 
 
 def test_blocks_are_of_the_cuda_visible_devices_list() -> None:
-    visible = lease.visible_gpu_ids(4, env={"CUDA_VISIBLE_DEVICES": "4,5,6,7"})
-    blocks = lease.gpu_blocks(visible, 2)
+    visible = visible_gpu_ids(4, env={"CUDA_VISIBLE_DEVICES": "4,5,6,7"})
+    blocks = gpu_blocks(visible, 2)
     assert [b.gpus for b in blocks] == [("4", "5"), ("6", "7")]
     assert blocks[1].env() == {"CUDA_VISIBLE_DEVICES": "6,7"}
     # The port window follows the physical id, so another run seeing GPUs 0-3 gets other ports.
-    assert blocks[0].ports.start == lease.PORT_BASE + 4 * lease.PORT_STRIDE
+    assert blocks[0].ports.start == PORT_BASE + 4 * PORT_STRIDE
 
 
 def test_uuid_ids_are_kept_and_lock_names_are_safe(tmp_path: Path) -> None:
-    visible = lease.visible_gpu_ids(2, env={"CUDA_VISIBLE_DEVICES": "GPU-aa/1,MIG-bb:2"})
-    blocks = lease.gpu_blocks(visible, 1)
+    visible = visible_gpu_ids(2, env={"CUDA_VISIBLE_DEVICES": "GPU-aa/1,MIG-bb:2"})
+    blocks = gpu_blocks(visible, 1)
     assert blocks[0].env() == {"CUDA_VISIBLE_DEVICES": "GPU-aa/1"}
     with lease.acquire(blocks, lock_dir=tmp_path, owner="me") as held:
         assert held.block.gpus == ("GPU-aa/1",)
@@ -85,11 +88,11 @@ def test_uuid_ids_are_kept_and_lock_names_are_safe(tmp_path: Path) -> None:
 
 def test_tp_above_visible_gpus_is_refused() -> None:
     with pytest.raises(Eagle3ConfigError, match=r"--tp 8 needs 8 GPUs on --device cuda but 4 are visible"):
-        lease.gpu_blocks(ids(4), 8)
+        gpu_blocks(ids(4), 8)
 
 
 def test_tp_above_visible_gpus_is_a_usage_error(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(options, "detect_gpus", lambda env=None: options.GpuProbe(4, "simulated 4 GPUs"))
+    monkeypatch.setattr(resolve, "detect_gpus", lambda env=None: GpuProbe(4, "simulated 4 GPUs"))
     pytester.makepyfile("def test_x(): pass")
     result = pytester.runpytest("--device", "cuda", "--tp", "8")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -97,11 +100,11 @@ def test_tp_above_visible_gpus_is_a_usage_error(pytester: pytest.Pytester, monke
 
 
 def test_cpu_has_no_lease() -> None:
-    assert lease.GpuLeaser.for_run(options.Settings(device="cpu", tp=4)) is None
+    assert gpu_workers.leaser_for_run(Settings(device="cpu", tp=4)) is None
 
 
 def test_header_names_the_blocks(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(options, "detect_gpus", lambda env=None: options.GpuProbe(8, "simulated 8 GPUs"))
+    monkeypatch.setattr(resolve, "detect_gpus", lambda env=None: GpuProbe(8, "simulated 8 GPUs"))
     monkeypatch.setenv(lease.ENV_LOCK_DIR, str(pytester.path / "locks"))
     pytester.makepyfile("def test_x(): pass")
     result = pytester.runpytest("--device", "cuda", "--tp", "2")
@@ -126,19 +129,19 @@ def test_header_names_the_blocks(pytester: pytest.Pytester, monkeypatch: pytest.
 )
 def test_auto_num_workers(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
                           gpus: int, args: list[str], expected: int | None) -> None:
-    monkeypatch.setattr(options, "detect_gpus", lambda env=None: options.GpuProbe(gpus, f"simulated {gpus} GPUs"))
+    monkeypatch.setattr(resolve, "detect_gpus", lambda env=None: GpuProbe(gpus, f"simulated {gpus} GPUs"))
     config = pytester.parseconfig(*args)
     assert plugin.pytest_xdist_auto_num_workers(config) == expected
 
 
 def test_auto_num_workers_for_the_packaged_suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(options, "detect_gpus", lambda env=None: options.GpuProbe(8, "simulated"))
+    monkeypatch.setattr(resolve, "detect_gpus", lambda env=None: GpuProbe(8, "simulated"))
     config = pytester.parseconfig("--pyargs", "pytest_eagle3.suite", "--tp", "4")
     assert plugin.pytest_xdist_auto_num_workers(config) == 2
 
 
 def test_xdist_env_override_wins(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(options, "detect_gpus", lambda env=None: options.GpuProbe(8, "simulated"))
+    monkeypatch.setattr(resolve, "detect_gpus", lambda env=None: GpuProbe(8, "simulated"))
     monkeypatch.setenv(workers.ENV_XDIST_AUTO, "3")
     assert plugin.pytest_xdist_auto_num_workers(pytester.parseconfig("--device", "cuda", "--tp", "2")) is None
 
@@ -153,17 +156,17 @@ def test_n_auto_runs_one_worker_on_cpu(pytester: pytest.Pytester) -> None:
 
 def test_more_workers_than_blocks_warns() -> None:
     settings = cuda_settings(8, 2)
-    assert lease.oversubscription(settings, 4) is None
-    message = lease.oversubscription(settings, 6)
-    assert message == lease.MSG_OVERSUBSCRIBED.format(n=6, blocks=4, tp=2, gpus="0,1 | 2,3 | 4,5 | 6,7", waiting=2)
-    assert lease.oversubscription(options.Settings(device="cpu"), 6) is None
+    assert gpu_workers.oversubscription(settings, 4) is None
+    message = gpu_workers.oversubscription(settings, 6)
+    assert message == gpu_workers.MSG_OVERSUBSCRIBED.format(n=6, blocks=4, tp=2, gpus="0,1 | 2,3 | 4,5 | 6,7", waiting=2)
+    assert gpu_workers.oversubscription(Settings(device="cpu"), 6) is None
 
 
 # --- exclusive, waiting, crash ---
 
 
 def test_lease_is_exclusive_and_released(tmp_path: Path) -> None:
-    blocks = lease.gpu_blocks(ids(4), 2)
+    blocks = gpu_blocks(ids(4), 2)
     first = lease.acquire(blocks, lock_dir=tmp_path, owner="A")
     second = lease.acquire(blocks, lock_dir=tmp_path, owner="B")
     assert {first.block.gpus, second.block.gpus} == {("0", "1"), ("2", "3")}
@@ -181,7 +184,7 @@ def test_lease_is_exclusive_and_released(tmp_path: Path) -> None:
 
 
 def test_prefer_spreads_workers_over_blocks(tmp_path: Path) -> None:
-    blocks = lease.gpu_blocks(ids(8), 2)
+    blocks = gpu_blocks(ids(8), 2)
     with lease.acquire(blocks, lock_dir=tmp_path, prefer=3) as held:
         assert held.block.gpus == ("6", "7")
     with lease.acquire(blocks, lock_dir=tmp_path, prefer=5) as held:  # 5 % 4 blocks -> block 1
@@ -190,15 +193,15 @@ def test_prefer_spreads_workers_over_blocks(tmp_path: Path) -> None:
 
 def test_blocks_cut_differently_never_share_a_gpu(tmp_path: Path) -> None:
     # One run at --tp 2 holds GPUs 2,3; another at --tp 4 must not take 0-3.
-    with lease.acquire(lease.gpu_blocks(ids(8), 2), lock_dir=tmp_path, prefer=1, owner="tp2 run"):
-        with lease.acquire(lease.gpu_blocks(ids(8), 4), lock_dir=tmp_path, owner="tp4 run", timeout=1) as held:
+    with lease.acquire(gpu_blocks(ids(8), 2), lock_dir=tmp_path, prefer=1, owner="tp2 run"):
+        with lease.acquire(gpu_blocks(ids(8), 4), lock_dir=tmp_path, owner="tp4 run", timeout=1) as held:
             assert held.block.gpus == ("4", "5", "6", "7")
         with pytest.raises(lease.Eagle3LeaseTimeout, match="GPU 2 held by tp2 run"):
-            lease.acquire(lease.gpu_blocks(ids(4), 4), lock_dir=tmp_path, owner="x", timeout=0.2, poll=0.05)
+            lease.acquire(gpu_blocks(ids(4), 4), lock_dir=tmp_path, owner="x", timeout=0.2, poll=0.05)
 
 
 def test_waiting_times_out_with_a_clear_message(tmp_path: Path) -> None:
-    blocks = lease.gpu_blocks(ids(4), 2)
+    blocks = gpu_blocks(ids(4), 2)
     holders = [lease.acquire(blocks, lock_dir=tmp_path, owner=f"xdist worker gw{i}") for i in range(2)]
     notes: list[str] = []
     t0 = time.monotonic()
@@ -217,7 +220,7 @@ def test_waiting_times_out_with_a_clear_message(tmp_path: Path) -> None:
 
 
 def test_waiting_ends_when_a_block_is_released(tmp_path: Path) -> None:
-    blocks = lease.gpu_blocks(ids(2), 2)
+    blocks = gpu_blocks(ids(2), 2)
     holder = lease.acquire(blocks, lock_dir=tmp_path, owner="first")
     timer = threading.Timer(0.5, holder.release)
     timer.start()
@@ -233,14 +236,15 @@ HOLD_AND_SLEEP = """
 import sys, time
 from pathlib import Path
 from pytest_eagle3.engine import lease
-held = lease.acquire(lease.gpu_blocks(["0", "1"], 2), lock_dir=Path(sys.argv[1]), owner="doomed worker")
+from pytest_eagle3.engine.gpu_blocks import gpu_blocks
+held = lease.acquire(gpu_blocks(["0", "1"], 2), lock_dir=Path(sys.argv[1]), owner="doomed worker")
 print("held", flush=True)
 time.sleep(120)
 """
 
 
 def test_a_crashed_workers_lease_is_reclaimed(tmp_path: Path) -> None:
-    blocks = lease.gpu_blocks(ids(2), 2)
+    blocks = gpu_blocks(ids(2), 2)
     proc = subprocess.Popen([sys.executable, "-c", HOLD_AND_SLEEP, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
@@ -266,15 +270,15 @@ def test_a_crashed_workers_lease_is_reclaimed(tmp_path: Path) -> None:
 CONCURRENT_TEST = """
 import json, os, time
 import pytest
-from pytest_eagle3.plugin import options
-from pytest_eagle3.engine import lease
+from pytest_eagle3.plugin import gpu_workers
+from pytest_eagle3.settings import GpuProbe, Settings
 
-SETTINGS = options.Settings(tp=2, device="cuda", gpu=options.GpuProbe(4, "simulated 4 GPUs"))
+SETTINGS = Settings(tp=2, device="cuda", gpu=GpuProbe(4, "simulated 4 GPUs"))
 
 
 @pytest.fixture(scope="session")
 def leaser(pytestconfig):
-    return lease.GpuLeaser.for_run(SETTINGS, pytestconfig, nccl_port=False)
+    return gpu_workers.leaser_for_run(SETTINGS, pytestconfig, nccl_port=False)
 
 
 @pytest.mark.parametrize("n", range(16))
@@ -283,7 +287,7 @@ def test_hold(n, leaser, pytestconfig):
     start = time.time()
     time.sleep(0.15)
     end = time.time()
-    worker = lease.worker_id(pytestconfig)
+    worker = gpu_workers.worker_id(pytestconfig)
     leaser.release()
     line = json.dumps({"worker": worker, "gpus": list(held.block.gpus), "start": start, "end": end})
     with open(os.environ["INTERVALS"], "a") as fh:
@@ -350,7 +354,7 @@ def test_pool_leases_at_first_start_and_releases_at_close(tmp_path: Path, monkey
 
     monkeypatch.setattr(pool_module, "SGLangServer", FakeServer)
     FakeServer.started = []
-    blocks = lease.gpu_blocks(ids(4), 2)
+    blocks = gpu_blocks(ids(4), 2)
     locks = tmp_path / "locks"
     other = lease.acquire(blocks, lock_dir=locks, owner="another worker")  # holds 0,1
     leaser = lease.GpuLeaser(blocks, lock_dir=locks, owner="this worker")
@@ -375,7 +379,7 @@ def test_pool_leases_at_first_start_and_releases_at_close(tmp_path: Path, monkey
 
 
 def test_nccl_port_skips_busy_ports(tmp_path: Path) -> None:
-    blocks = lease.gpu_blocks(ids(2), 2)
+    blocks = gpu_blocks(ids(2), 2)
     with lease.acquire(blocks, lock_dir=tmp_path) as held:
         window = blocks[0].ports
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
@@ -404,7 +408,7 @@ def test_wiring(eagle3_gpu_lease, eagle3_engine_pool, eagle3_settings):
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_fixtures_give_the_pool_a_lease_on_cuda_only(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
                                                      device: str) -> None:
-    monkeypatch.setattr(options, "detect_gpus", lambda env=None: options.GpuProbe(4, "simulated 4 GPUs"))
+    monkeypatch.setattr(resolve, "detect_gpus", lambda env=None: GpuProbe(4, "simulated 4 GPUs"))
     pytester.makepyfile(test_wiring=WIRING_TEST)
     result = pytester.runpytest("--device", device, "--tp", "2", f"--eagle3-cache={USER_CACHE}")
     result.assert_outcomes(passed=1)

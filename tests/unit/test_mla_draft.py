@@ -17,6 +17,7 @@ from pytest_eagle3.draft.config import MLA_ARCHITECTURE, DraftConfig
 from pytest_eagle3.draft.validate import tensor_shapes
 from pytest_eagle3.sglang_source import id_keys
 from pytest_eagle3.planning import declare
+from pytest_eagle3.planning.collect import collect_reason
 from pytest_eagle3.target.spec import TargetSpec
 from tests.safetensors_files import write_safetensors
 
@@ -226,15 +227,15 @@ def test_key_reads_of_the_installed_sglang() -> None:
 def test_planning_leaves_mla_drafts_out_where_sglang_has_no_mla_draft(tmp_path: Path) -> None:
     """One line, read from the installed files, never from a version number."""
     from pytest_eagle3.sglang_source.install import SGLangInstall
-    from pytest_eagle3.plugin.options import Settings
+    from pytest_eagle3.settings import Settings
 
     (tmp_path / "srt" / "models").mkdir(parents=True)
     fake = SGLangInstall(version="9.9.9", location=str(tmp_path), flags=frozenset(), python="python")
     facts = TargetSpec.preset(PRESET).facts
     need = declare.acceptance_need(variant="mla")
-    reason = declare.collect_reason(need, declare.NeedContext(Settings(tp=1, device="cpu"), 1, fake, facts))
+    reason = collect_reason(need, declare.NeedContext(Settings(tp=1, device="cpu"), 1, fake, facts))
     assert reason is not None and "kimi_k25_eagle3.py" in reason and "Eagle3DeepseekV2ForCausalLM" in reason
-    slow = declare.collect_reason(declare.acceptance_need(variant="mla-fc-norm"),
+    slow = collect_reason(declare.acceptance_need(variant="mla-fc-norm"),
                                   declare.NeedContext(Settings(tp=1, device="cpu"), 1, None, facts))
     assert slow is not None and "--eagle3-slow" in slow
 

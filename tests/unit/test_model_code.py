@@ -311,8 +311,10 @@ def test_an_unreadable_rule_is_measured_not_guessed(tmp_path):
     """Collection keeps the tests that measure the rule or judge a contract, and leaves
     out with one line those that compare with a prediction nobody could read."""
     from pytest_eagle3.planning import declare
+    from pytest_eagle3.planning.collect import collect_reason
+    from pytest_eagle3.planning.request import resolve
     from pytest_eagle3.sglang_source.install import SGLangInstall
-    from pytest_eagle3.plugin.options import Settings
+    from pytest_eagle3.settings import Settings
     from pytest_eagle3.target.spec import TargetSpec
 
     models = _models_dir(tmp_path)
@@ -327,17 +329,18 @@ def test_an_unreadable_rule_is_measured_not_guessed(tmp_path):
     order = declare.case_needs(["kimi-embedding-first"], measures_rule=True)[0]
     contract = declare.case_needs(["kimi-embedding-first"], needs_contract=True)[0]
     embedding = declare.case_needs(["kimi-embedding-first"], needs_embedding=True)[0]
-    assert declare.collect_reason(order, ctx) is None
-    assert declare.collect_reason(contract, ctx) is None
-    reason = declare.collect_reason(embedding, ctx)
+    assert collect_reason(order, ctx) is None
+    assert collect_reason(contract, ctx) is None
+    reason = collect_reason(embedding, ctx)
     assert reason is not None and "\n" not in reason
     assert "could not be read" in reason and "RuntimeError: reads a CUDA property" in reason
-    request = declare.resolve(contract, ctx)
+    request = resolve(contract, ctx)
     assert request.predicted == () and request.xfail_reason is None  # no known incompatibility from a guess
 
 
 def test_inspect_says_unknown_when_the_rule_cannot_be_read(tmp_path):
-    from pytest_eagle3.cli.preflight import UNKNOWN_VERDICT, inspect_draft
+    from pytest_eagle3.cli.inspection import UNKNOWN_VERDICT
+    from pytest_eagle3.cli.preflight import inspect_draft
     from pytest_eagle3.suite.support import write_draft_config
 
     rule = _one_file(tmp_path, METHOD_HEAD + "        if helper():\n            pass\n")

@@ -16,10 +16,12 @@ from fake_model_files import like_release, write_deepseek_file
 import pytest
 
 from pytest_eagle3.planning import declare
+from pytest_eagle3.planning.collect import PORTABLE_NOT_NEEDED, PORTABLE_USER_DRAFT, collect_reason
+from pytest_eagle3.planning.request import resolve
 from pytest_eagle3.engine.config import build_engine_config
 from pytest_eagle3.sglang_source.install import SGLangInstall
 from pytest_eagle3.worker.sglang_hooks import IMPORT_HOOK_LOADER, PLUGIN_LOADER, SITE_HOOK_DIR
-from pytest_eagle3.plugin.options import Settings
+from pytest_eagle3.settings import Settings
 from pytest_eagle3.target.spec import TargetSpec
 
 FLAGS = frozenset({"model-path", "tp-size", "device", "skip-tokenizer-init", "disable-radix-cache", "random-seed",
@@ -57,14 +59,14 @@ def _ctx(install: SGLangInstall, tp: int = 1) -> declare.NeedContext:
 
 def test_release_without_deepseek_eagle3_is_one_line(tmp_path):
     install = fake_sglang(tmp_path, plugins=False, eagle3=False, version="0.5.4")
-    reason = declare.collect_reason(declare.case_needs()[0], _ctx(install))
+    reason = collect_reason(declare.case_needs()[0], _ctx(install))
     assert reason is not None and "\n" not in reason
     assert "0.5.4" in reason and "set_eagle3_layers_to_capture" in reason
 
 
 def test_release_without_any_hidden_state_return_is_one_line(tmp_path):
     install = fake_sglang(tmp_path, plugins=False, flags=FLAGS - {"enable-return-hidden-states"})
-    reason = declare.collect_reason(declare.case_needs()[0], _ctx(install))
+    reason = collect_reason(declare.case_needs()[0], _ctx(install))
     assert reason is not None and "\n" not in reason
     assert "0.5.9" in reason and "--enable-return-hidden-states" in reason
 
@@ -74,7 +76,7 @@ def test_seed_era_contract_is_reported_not_servable_with_inspects_fix(tmp_path):
     `inspect` proposes is an upgrade (no id list works there)."""
     install = fake_sglang(tmp_path, plugins=False)
     need = next(n for n in declare.case_needs() if n.case == "kimi-embedding-first")
-    request = declare.resolve(need, _ctx(install))
+    request = resolve(need, _ctx(install))
     assert request.expected == (0, 3, 5) and request.predicted == (1, 4, 6)
     assert "not servable on this SGLang" in request.xfail_reason
     assert "no id list works on it; on an SGLang whose model captures layer 0 (upstream >= 0.5.14)" \
@@ -85,8 +87,8 @@ def test_seed_era_contract_is_reported_not_servable_with_inspects_fix(tmp_path):
 def test_seed_era_acceptance_is_a_known_incompatibility(tmp_path):
     """The shipped draft (kimi-embedding-first, ids [0, 3, 5]) on 0.5.9 is fed hs[1], hs[4],
     hs[6]: the acceptance tests expect the collapse; on 0.5.23 they expect the gate to hold."""
-    old = declare.resolve(declare.acceptance_need(), _ctx(fake_sglang(tmp_path / "a", plugins=False)))
-    new = declare.resolve(declare.acceptance_need(),
+    old = resolve(declare.acceptance_need(), _ctx(fake_sglang(tmp_path / "a", plugins=False)))
+    new = resolve(declare.acceptance_need(),
                           _ctx(fake_sglang(tmp_path / "b", plugins=True, version="0.5.23")))
     assert old.expected == new.expected == (0, 3, 5)
     assert old.predicted == (1, 4, 6) and "hs[1], hs[4], hs[6]" in old.xfail_reason
@@ -137,12 +139,12 @@ def test_seed_era_xfail_names_the_late_slots_and_the_missing_embedding():
     hs[0], hs[3], hs[5]), as the contracts test words it."""
     import torch
 
-    from pytest_eagle3.suite.test_contracts import NO_EMBEDDING_SLOT, _diagnosis
+    from pytest_eagle3.verdicts.contract import NO_EMBEDDING_SLOT, contract_diagnosis
     from pytest_eagle3.verdicts.compare import compare_slots
 
     ref = torch.randn(10, 5, 4, generator=torch.Generator().manual_seed(0))
     served = torch.cat([ref[1], ref[4], ref[6]], dim=-1)
-    text = _diagnosis(compare_slots(served, ref, expected=[0, 3, 5], num_layers=8, hidden_size=4, tol=1e-4))
+    text = contract_diagnosis(compare_slots(served, ref, expected=[0, 3, 5], num_layers=8, hidden_size=4, tol=1e-4))
     assert "3 of 3 slots wrong" in text and "[offset-twice]" in text and "one layer after" in text
     assert "slot 0: holds hs[1] (input of layer 1" in text
     assert text.endswith(NO_EMBEDDING_SLOT)
@@ -158,7 +160,7 @@ def _response(decode_rows: int, tokens: int, verifies: int) -> dict:
 def test_decode_rows_per_verify_step_are_refused_not_misattributed():
     """0.5.9 returns one decode row per verify step: 8 tokens from 5 verifies give 5
     rows, not 7; mapping them to positions would compare the wrong rows."""
-    from pytest_eagle3.capture.api import Eagle3DecodeRowsNotPerToken, parse_response
+    from pytest_eagle3.capture.response import Eagle3DecodeRowsNotPerToken, parse_response
     from pytest_eagle3.capture.draft_path import parse_draft_response
 
     assert parse_response(_response(7, 8, 7), [1, 2, 3]).decode.shape == (7, 6)
@@ -175,11 +177,11 @@ def test_portable_acceptance_draft_runs_only_where_the_shipped_one_cannot(tmp_pa
     portable = declare.acceptance_need(portable=True)
     old = _ctx(fake_sglang(tmp_path / "a", plugins=False))
     new = _ctx(fake_sglang(tmp_path / "b", plugins=True, version="0.5.23"))
-    assert declare.collect_reason(portable, old) is None
-    request = declare.resolve(portable, old)
+    assert collect_reason(portable, old) is None
+    request = resolve(portable, old)
     assert request.ids == (1, 3, 4) and request.expected == request.predicted == (2, 4, 5)
     assert request.xfail_reason is None and request.draft.endswith("tiny-dsv3-portable")
-    assert declare.collect_reason(portable, new) == declare.PORTABLE_NOT_NEEDED.format(
+    assert collect_reason(portable, new) == PORTABLE_NOT_NEEDED.format(
         sglang=new.install.describe())
     mine = declare.NeedContext(Settings(tp=2, device="cpu", draft=str(tmp_path)), 1, old.install, old.facts)
-    assert declare.collect_reason(portable, mine) == declare.PORTABLE_USER_DRAFT
+    assert collect_reason(portable, mine) == PORTABLE_USER_DRAFT

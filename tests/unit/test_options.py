@@ -11,23 +11,18 @@ from pathlib import Path
 import pytest
 
 from pytest_eagle3.engine import gpus
-from pytest_eagle3.plugin import options
-from pytest_eagle3.plugin.options import (
-    MSG_BAD_SGLANG_ARG,
-    MSG_BAD_TIMEOUT,
-    MSG_BAD_TP,
-    MSG_NO_GPU,
-    check_tp_divides,
-    detect_gpus,
-    parse_sglang_arg,
-)
+from pytest_eagle3.engine.gpus import detect_gpus
+from pytest_eagle3.plugin import validate
+from pytest_eagle3.plugin.parsers import MSG_BAD_SGLANG_ARG, MSG_BAD_TIMEOUT, MSG_BAD_TP, parse_sglang_arg
+from pytest_eagle3.plugin.validate import MSG_NO_GPU, check_tp_divides
+from pytest_eagle3.settings import GpuProbe, Settings
 
 pytestmark = pytest.mark.usefixtures("clean_eagle3_env")
 
 # An inner test that dumps the resolved settings.
 DUMP_SETTINGS = """
 import json
-from pytest_eagle3.plugin.options import get_settings
+from pytest_eagle3.plugin.run import get_settings
 
 def test_dump(pytestconfig):
     s = get_settings(pytestconfig)
@@ -197,7 +192,7 @@ def test_env_beats_ini_and_cli_beats_env(
     s = run_settings(pytester, "--sglang-arg", "log_level=info")
     assert (s["target"], s["sources"]["target"]) == ("env-preset", "env")
     assert (s["cache_dir"], s["sources"]["cache_dir"]) == (str(tmp_path / "envcache"), "env")
-    assert s["sglang_args"][-1] == ["log_level", "info"]  # later wins in sglang_kwargs()
+    assert s["sglang_args"][-1] == ["log_level", "info"]  # later pairs win
     assert s["sources"]["sglang_args"] == "ini+cli"
 
     s = run_settings(pytester, "--eagle3-target", "cli-preset", "--device", "auto")
@@ -261,9 +256,9 @@ def test_detect_gpus_caps_by_visible_list(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_too_few_gpus_for_tp() -> None:
-    settings = options.Settings(tp=4, device="cuda", gpu=options.GpuProbe(2, "nvidia-smi -L: 2 GPUs"))
+    settings = Settings(tp=4, device="cuda", gpu=GpuProbe(2, "nvidia-smi -L: 2 GPUs"))
     with pytest.raises(pytest.UsageError) as info:
-        options.validate_settings(settings)
+        validate.validate_settings(settings)
     assert str(info.value) == (
         "--tp 4 needs 4 GPUs on --device cuda but 2 are visible (nvidia-smi -L: 2 GPUs); "
         "lower --tp or make more GPUs visible"
@@ -271,9 +266,9 @@ def test_too_few_gpus_for_tp() -> None:
 
 
 def test_cache_problem(tmp_path: Path) -> None:
-    assert options.cache_problem(tmp_path / "not" / "yet") is None
+    assert validate.cache_problem(tmp_path / "not" / "yet") is None
     (tmp_path / "f").write_text("")
-    assert options.cache_problem(tmp_path / "f" / "x") == f"{tmp_path / 'f'} is not a directory"
+    assert validate.cache_problem(tmp_path / "f" / "x") == f"{tmp_path / 'f'} is not a directory"
 
 
 def test_cpu_norm_path_from_env_and_its_bad_value(pytester: pytest.Pytester,

@@ -18,8 +18,9 @@ from pytest_eagle3.plugin import plan
 # imported during a test from sys.modules, and a later import would load a copy
 # that a monkeypatch of the first does not reach.
 from pytest_eagle3.sglang_source import install
-from pytest_eagle3.planning import declare
-from pytest_eagle3.plugin.options import MSG_PLAN_GPUS_ALONE, default_cache_dir
+from pytest_eagle3.planning import collect, declare, request
+from pytest_eagle3.plugin.resolve import MSG_PLAN_GPUS_ALONE
+from pytest_eagle3.settings import default_cache_dir
 from pytest_eagle3.target.spec import TargetSpec
 
 pytestmark = pytest.mark.usefixtures("clean_eagle3_env")
@@ -42,7 +43,7 @@ def expected_engines() -> set[tuple[int, tuple[int, ...] | None]]:
     with no server args beyond the capture ones, from the suite's declarations
     (id-list cases, path variants)."""
     from pytest_eagle3.engine.variants import VARIANTS
-    from pytest_eagle3.plugin.options import GpuProbe, Settings
+    from pytest_eagle3.settings import GpuProbe, Settings
 
     facts = TargetSpec.preset("gpu-dsv3").facts
     sglang = install.probe(CACHE)
@@ -51,8 +52,8 @@ def expected_engines() -> set[tuple[int, tuple[int, ...] | None]]:
     for need in declare.case_needs() + declare.variant_needs(VARIANTS):
         for tp in (1, 2, 4, 8):
             ctx = declare.NeedContext(settings, tp, sglang, facts)
-            if declare.collect_reason(need, ctx) is None and not declare.resolve(need, ctx).extra_args:
-                out.add((tp, declare.resolve(need, ctx).ids))
+            if collect.collect_reason(need, ctx) is None and not request.resolve(need, ctx).extra_args:
+                out.add((tp, request.resolve(need, ctx).ids))
     return out
 
 
@@ -221,8 +222,8 @@ def test_declared_engines_are_generated_only_where_they_run(pytester: pytest.Pyt
         "engine 3: tp2-cpu-* (TP 2) for 1 test(s)",
         "    test_declared.py::test_declared[[]tp2-kimi-embedding-first[]]",
         "*eagle3 left out*",
-        "1 left out: " + declare.TP1_ONLY.format(wide="kimi-embedding-first"),
-        "2 left out: " + declare.TP_ABOVE.format(needed=4, tp=2),
+        "1 left out: " + collect.TP1_ONLY.format(wide="kimi-embedding-first"),
+        "2 left out: " + collect.TP_ABOVE.format(needed=4, tp=2),
     ])
     verbose = pytester.runpytest_subprocess("--eagle3-plan", "--device", "cpu", "--tp", "2", "-v",
                                             f"--eagle3-cache={CACHE}")

@@ -8,13 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from pytest_eagle3.plugin import header
 from pytest_eagle3.plugin import hooks as plugin
-from pytest_eagle3.plugin.session import (
-    LOG_SECTION,
-    MSG_SKIP_TP,
-    SUMMARY_TITLE,
-    tail_lines,
-)
+from pytest_eagle3.plugin.run import SUMMARY_TITLE
+from pytest_eagle3.plugin.session import LOG_SECTION, MSG_SKIP_TP, tail_lines
 
 pytestmark = pytest.mark.usefixtures("clean_eagle3_env")
 
@@ -42,7 +39,7 @@ def test_header_names_versions_and_sources(
 
 def test_header_without_sglang(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(plugin.importlib.util, "find_spec", lambda name: None)
-    assert plugin._sglang_line() == plugin.HEADER_NO_SGLANG
+    assert header._sglang_line() == header.HEADER_NO_SGLANG
 
 
 def test_header_reads_version_py_of_a_source_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -54,7 +51,7 @@ def test_header_reads_version_py_of_a_source_tree(tmp_path: Path, monkeypatch: p
     # An earlier test may have imported the real SGLang; find_spec would return it.
     for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
         monkeypatch.delitem(sys.modules, name)
-    assert plugin._sglang_line() == f"eagle3: sglang 0.4.9.post1 (version.py) at {pkg}"
+    assert header._sglang_line() == f"eagle3: sglang 0.4.9.post1 (version.py) at {pkg}"
 
 
 MARKED = """
@@ -244,10 +241,10 @@ def test_tail_of_a_large_file(tmp_path: Path) -> None:
 def test_engines_summary(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """
-        from pytest_eagle3.plugin.session import get_session
+        from pytest_eagle3.plugin.run import get_run
 
         def test_start(pytestconfig):
-            get_session(pytestconfig).record_engine("tp1 cpu tiny-dsv3", 17.25)
+            get_run(pytestconfig).record_engine("tp1 cpu tiny-dsv3", 17.25)
         """
     )
     result = pytester.runpytest()

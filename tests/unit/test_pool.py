@@ -227,7 +227,7 @@ def test_other_startup_failures_are_not_retried(tmp_path: Path, monkeypatch) -> 
 
 
 def test_startup_failure_names_the_first_error_and_where_in_sglang(tmp_path: Path) -> None:
-    from pytest_eagle3.engine.server import first_error
+    from pytest_eagle3.engine.server_log import first_error
 
     log = ("[2026-12-01] starting\n"
            "Traceback (most recent call last):\n"
@@ -270,7 +270,7 @@ def test_a_server_s_temporary_folder_is_removed_when_it_stops(tmp_path: Path) ->
 
 
 def test_first_error_reads_sglang_s_own_traceback_lines() -> None:
-    from pytest_eagle3.engine.server import first_error
+    from pytest_eagle3.engine.server_log import first_error
 
     scheduler = ("[2026-12-01 20:51:25 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
                  '  File "/v/site-packages/sglang/srt/managers/scheduler.py", line 3000, in run_scheduler_process\n'

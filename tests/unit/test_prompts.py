@@ -11,7 +11,7 @@ import pytest
 
 from pytest_eagle3.errors import Eagle3ConfigError
 from pytest_eagle3.target.prompts import load_prompts, read_entries
-from pytest_eagle3.target.spec import load_prompts as packaged_prompts, prompts_path
+from pytest_eagle3.target.spec import load_packaged_prompts, prompts_path
 
 needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None
                                         or importlib.util.find_spec("tokenizers") is None,
@@ -34,7 +34,7 @@ def test_every_entry_form(tmp_path: Path) -> None:
 
 
 def test_the_packaged_prompts_read_through_the_same_code() -> None:
-    assert packaged_prompts() == load_prompts(prompts_path(), vocab_size=2**62)
+    assert load_packaged_prompts() == load_prompts(prompts_path(), vocab_size=2**62)
 
 
 def tokenizer_dir(path: Path) -> Path:

@@ -14,7 +14,7 @@ from pytest_eagle3.target import reference
 from pytest_eagle3.verdicts import snapshots
 from pytest_eagle3.target.checkpoint import ensure_checkpoint
 from pytest_eagle3.target.reference import ReferenceFailed, ensure_reference
-from pytest_eagle3.target.spec import TargetSpec, load_prompts
+from pytest_eagle3.target.spec import TargetSpec, load_packaged_prompts
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -29,7 +29,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """tiny-dsv3 checkpoint (same session cache as test_checkpoint.py) and its reference."""
     spec = TargetSpec.preset("tiny-dsv3")
     ckpt = ensure_checkpoint(spec, tmp_path_factory.getbasetemp() / "eagle3-cache")
-    prompts = load_prompts(vocab_size=spec.facts.vocab_size)
+    prompts = load_packaged_prompts(vocab_size=spec.facts.vocab_size)
     start = time.perf_counter()
     refs = ensure_reference(ckpt, prompts)
     return {"spec": spec, "ckpt": ckpt, "prompts": prompts, "refs": refs,
@@ -90,7 +90,8 @@ def test_snapshots_are_pairwise_separable(tiny: dict, record_property) -> None:
 
 def test_reference_matches_the_builders_own_forward(tiny: dict) -> None:
     """An independent fp32 MLA/MoE/yarn implementation agrees with transformers."""
-    from pytest_eagle3.target.checkpoint.init import Dims, forward_hidden_states
+    from pytest_eagle3.target.checkpoint.dsv3_config import Dims
+    from pytest_eagle3.target.checkpoint.dsv3_forward import forward_hidden_states
 
     sd = _weights(tiny["ckpt"])
     dims = Dims.from_config(tiny["spec"].config)

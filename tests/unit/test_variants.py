@@ -1,5 +1,5 @@
-"""The path matrix (``pytest_eagle3.engine.variants``), ``--eagle3-list-variants`` and the
-``reduced-dsv3`` preset."""
+"""The path matrix (``pytest_eagle3.engine.variants``, ``variant_checks``, ``variant_matrix``,
+``variant_proof``), ``--eagle3-list-variants`` and the ``reduced-dsv3`` preset."""
 
 from __future__ import annotations
 
@@ -9,8 +9,11 @@ import pytest
 
 from pytest_eagle3.target.checkpoint.cache import cache_key
 from pytest_eagle3.engine import variants as V
+from pytest_eagle3.engine.gpus import normalize_arch
+from pytest_eagle3.engine.variant_matrix import format_matrix, matrix
+from pytest_eagle3.engine.variant_proof import path_not_exercised, path_not_taken, prefill_rows
 from pytest_eagle3.sglang_source.install import SGLangInstall
-from pytest_eagle3.plugin.options import default_cache_dir
+from pytest_eagle3.settings import default_cache_dir
 
 #: Every flag the variants use, as SGLang 0.5.23 spells them (a fake install).
 FLAGS_0523 = frozenset({
@@ -35,7 +38,7 @@ def fake_install(flags: frozenset[str] = FLAGS_0523, version: str = "0.5.23") ->
 
 
 def reasons(install: SGLangInstall, device: str, tp: int, arch: str | None = None) -> dict[str, str | None]:
-    return {v.name: reason for v, reason in V.matrix(install, device, tp, arch)}
+    return {v.name: reason for v, reason in matrix(install, device, tp, arch)}
 
 
 # --- the matrix ---------------------------------------------------------------
@@ -66,17 +69,16 @@ def test_cpu_tp1() -> None:
 
 @pytest.fixture
 def without_cpu_fixes(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_eagle3.worker.cpu import patches
+    from pytest_eagle3.worker.cpu import fills
 
-    monkeypatch.setattr(patches, "FIXES", (), raising=False)
+    monkeypatch.setattr(fills, "FILL_NAMES", frozenset())
 
 
 @pytest.fixture
 def with_dp_padding_fix(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_eagle3.worker.cpu import patches
+    from pytest_eagle3.worker.cpu import fills
 
-    fixes = tuple(getattr(patches, "FIXES", ())) + (V.TORCH_NATIVE_DP_PADDING,)
-    monkeypatch.setattr(patches, "FIXES", fixes, raising=False)
+    monkeypatch.setattr(fills, "FILL_NAMES", fills.FILL_NAMES | {V.TORCH_NATIVE_DP_PADDING})
 
 
 def test_cpu_tp2_dp_attention_needs_the_cpu_fix(without_cpu_fixes: None) -> None:
@@ -169,11 +171,11 @@ def test_request_fields_and_ids() -> None:
     ((8, 0), "sm80"), (None, None), ("hopper", None), ("9.x", None),
 ])
 def test_normalize_arch(text: object, want: str | None) -> None:
-    assert V.normalize_arch(text) == want  # type: ignore[arg-type]
+    assert normalize_arch(text) == want  # type: ignore[arg-type]
 
 
 def test_format_matrix(with_dp_padding_fix: None) -> None:
-    text = V.format_matrix(fake_install(), "cpu", 2)
+    text = format_matrix(fake_install(), "cpu", 2)
     lines = text.splitlines()
     assert lines[0] == "eagle3 variants for sglang 0.5.23 (/fake/sglang), device cpu, tp 2:"
     assert "attn_dp_size=2 enable_dp_lm_head=True moe_dense_tp_size=1" in text
@@ -233,7 +235,7 @@ def test_list_variants_without_sglang(pytester: pytest.Pytester, clean_eagle3_en
 
 
 def test_reduced_dsv3_has_production_widths() -> None:
-    from pytest_eagle3.target.checkpoint.init import Dims
+    from pytest_eagle3.target.checkpoint.dsv3_config import Dims
     from pytest_eagle3.target.spec import TargetSpec, list_presets, resolve_target
 
     assert "reduced-dsv3" in list_presets()
@@ -272,30 +274,30 @@ def test_reduced_dsv3_has_production_widths() -> None:
     (13, {"chunked_prefill_size": 4096, "disable_radix_cache": True, "page_size": 1}, 2, 13),
 ])
 def test_prefill_rows_follow_the_engines_resolved_settings(T, info, repeat, rows) -> None:
-    assert V.prefill_rows(T, info, repeat=repeat) == rows
+    assert prefill_rows(T, info, repeat=repeat) == rows
 
 
 def test_a_flag_sglang_resolved_away_means_the_path_was_not_taken() -> None:
     info = {"chunked_prefill_size": 4096, "enable_dp_attention": True, "dp_size": 2, "disable_cuda_graph": True}
-    assert V.path_not_taken("dp-attention", {"enable_dp_attention": True, "dp_size": 2}, info) is None
-    assert V.path_not_taken("x", {"not_reported": 3}, info) is None
-    msg = V.path_not_taken("chunked-prefill", {"chunked_prefill_size": 8}, info)
+    assert path_not_taken("dp-attention", {"enable_dp_attention": True, "dp_size": 2}, info) is None
+    assert path_not_taken("x", {"not_reported": 3}, info) is None
+    msg = path_not_taken("chunked-prefill", {"chunked_prefill_size": 8}, info)
     assert msg == ("chunked-prefill: path not taken: the engine was started with chunked_prefill_size=8, but "
                    "SGLang's /server_info reports chunked_prefill_size=4096 (it resolved the flag away; "
                    "nothing was verified)")
-    assert "disable_cuda_graph=True" in V.path_not_taken("cuda-graph-on", {"disable_cuda_graph": False}, info)
+    assert "disable_cuda_graph=True" in path_not_taken("cuda-graph-on", {"disable_cuda_graph": False}, info)
 
 
 def test_a_row_shaping_path_that_changed_no_rows_was_not_exercised() -> None:
     info = {"chunked_prefill_size": 8, "disable_radix_cache": True, "page_size": 1}
-    assert V.path_not_exercised("chunked-prefill", {"chunked_prefill_size": 8}, 1, [9, 13], info) is None
-    msg = V.path_not_exercised("chunked-prefill", {"chunked_prefill_size": 8}, 1, [5, 8], info)
+    assert path_not_exercised("chunked-prefill", {"chunked_prefill_size": 8}, 1, [9, 13], info) is None
+    msg = path_not_exercised("chunked-prefill", {"chunked_prefill_size": 8}, 1, [5, 8], info)
     assert msg.startswith("chunked-prefill: path not exercised: with SGLang's resolved chunked_prefill_size=8, "
                           "page_size=1, every prompt (5..8 tokens)")
     radix = {"chunked_prefill_size": 4096, "disable_radix_cache": False, "page_size": 64}
-    assert V.path_not_exercised("radix-cache-hit", {"disable_radix_cache": False}, 2, [13, 40], radix) is not None
-    assert V.path_not_exercised("radix-cache-hit", {"disable_radix_cache": False}, 2, [13, 70], radix) is None
-    assert V.path_not_exercised("plain", {}, 1, [3], info) is None
+    assert path_not_exercised("radix-cache-hit", {"disable_radix_cache": False}, 2, [13, 40], radix) is not None
+    assert path_not_exercised("radix-cache-hit", {"disable_radix_cache": False}, 2, [13, 70], radix) is None
+    assert path_not_exercised("plain", {}, 1, [3], info) is None
 
 
 def test_cuda_graphs_must_be_engaged_not_only_asked_for() -> None:
@@ -303,11 +305,11 @@ def test_cuda_graphs_must_be_engaged_not_only_asked_for() -> None:
     is the resolved cuda_graph_config.decode.backend ('disabled' on cpu)."""
     on = V.get_variant("cuda-graph-on")
     info = {"cuda_graph_backend_decode": "full", "cuda_graph_config": {"decode": {"backend": "disabled"}}}
-    msg = V.path_not_taken(on.name, dict(on.server_args), info, on.engaged)
+    msg = path_not_taken(on.name, dict(on.server_args), info, on.engaged)
     assert msg == ("cuda-graph-on: path not taken: SGLang's /server_info reports "
                    "cuda_graph_config.decode.backend='disabled', the path needs != 'disabled' (nothing was verified)")
     info["cuda_graph_config"]["decode"]["backend"] = "full"
-    assert V.path_not_taken(on.name, dict(on.server_args), info, on.engaged) is None
+    assert path_not_taken(on.name, dict(on.server_args), info, on.engaged) is None
     off = V.get_variant("cuda-graph-off")
-    assert V.path_not_taken(off.name, {}, info, off.engaged) is not None
-    assert V.path_not_taken(on.name, {}, {}, on.engaged) is None  # an SGLang that does not report it
+    assert path_not_taken(off.name, {}, info, off.engaged) is not None
+    assert path_not_taken(on.name, {}, {}, on.engaged) is None  # an SGLang that does not report it

@@ -42,7 +42,7 @@ PLAIN_ATTENTION = "torch_native"
 #: Attention backend for EAGLE/EAGLE-3 on CPU: they refuse ``torch_native``
 #: (no multi-step draft backend), ``intel_amx`` has one.  Its kernels come from
 #: the stand-in ``sgl_kernel`` (plain torch) and the platform fact ``has_amx``
-#: is forced on for attention only (:func:`pytest_eagle3.worker.cpu.patches._amx_attention_platform`).
+#: is forced on for attention only (:func:`pytest_eagle3.worker.cpu.patches.amx_attention_platform`).
 SPECULATIVE_ATTENTION = "intel_amx"
 #: SGLang's switch between its speculative workers (``srt/environ.py``); set to
 #: ``False`` on releases whose v2 overlap path has no CPU branch

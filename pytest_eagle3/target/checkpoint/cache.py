@@ -23,7 +23,7 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 from pytest_eagle3.errors import Eagle3ConfigError
 from pytest_eagle3.target.checkpoint import builder
@@ -43,22 +43,6 @@ UNWRITABLE_MSG = (
 )
 #: How long a builder waits for another one holding the lock (seconds).
 LOCK_TIMEOUT_S = 1800.0
-
-
-#: Environment variable naming the cache root (``--eagle3-cache`` wins over it).
-CACHE_ENV = "PYTEST_EAGLE3_CACHE"
-
-
-def default_cache_dir(env: Mapping[str, str] | None = None) -> tuple[Path, str]:
-    """Per-user cache directory and its source (``"env"`` or ``"default"``):
-    ``$PYTEST_EAGLE3_CACHE``, else ``$XDG_CACHE_HOME/pytest-eagle3``, else
-    ``~/.cache/pytest-eagle3``."""
-    env = os.environ if env is None else env
-    if env.get(CACHE_ENV):
-        return Path(env[CACHE_ENV]).expanduser(), "env"
-    xdg = env.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "pytest-eagle3", "default"
 
 
 def cache_key(spec: TargetSpec) -> str:

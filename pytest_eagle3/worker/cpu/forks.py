@@ -28,7 +28,8 @@ or distribution name; none fires on upstream sglang 0.5.23:
 
 Nothing here touches capture, collectives, the embedding, the logits
 processor or the speculative worker.  The environment settings are read in the test process
-(:mod:`pytest_eagle3.sglang_source.env_fills`); :func:`install` runs inside SGLang's processes.
+(:mod:`pytest_eagle3.sglang_source.env_fills`); :func:`capability_query` runs inside SGLang's processes,
+when :mod:`pytest_eagle3.worker.cpu.fills` hooks it to ``srt/utils/common.py``.
 """
 
 from __future__ import annotations
@@ -36,8 +37,6 @@ from __future__ import annotations
 import logging
 import os
 from typing import Any
-
-from pytest_eagle3.worker.post_import import when_imported
 
 logger = logging.getLogger("pytest_eagle3.cpu")
 
@@ -72,13 +71,3 @@ def capability_query(common: Any) -> None:
                    "CUDA (%s); it answers False (no MXFP8 weights on the CPU tier)",
                    os.getpid(), common.__name__, str(error).splitlines()[0][:120])
 
-
-#: Worker-side fills: module -> feature-tested fix.
-FIXES = {"capability_query": ("sglang.srt.utils.common", capability_query)}
-
-
-def install() -> list[str]:
-    """Register the worker-side fills (each tests its own gap when its module loads)."""
-    for module, fn in FIXES.values():
-        when_imported(module, fn)
-    return list(FIXES)

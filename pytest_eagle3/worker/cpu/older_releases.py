@@ -5,7 +5,8 @@ speculative decoding reaches CUDA-only code in a few places.  Each fix below
 is installed only where its *feature test* finds the gap in the installed
 SGLang (a missing name, a Triton kernel where a CPU branch would be, a
 backend map without ``intel_amx``), never from the version number, and acts
-when its module is imported (:func:`pytest_eagle3.worker.post_import.when_imported`).
+when its module is imported (:mod:`pytest_eagle3.worker.cpu.fills` registers each
+with :func:`pytest_eagle3.worker.post_import.when_imported`).
 On sglang 0.5.23 only the MLA draft's ``set_embed`` test fires.
 
 None touches what pytest-eagle3 tests: the aux hidden state capture
@@ -15,8 +16,8 @@ speculative worker's control flow.  They stand in for kernels (plain torch,
 the same semantics as the CUDA/Triton ones, sources named per fix) and add the
 ``intel_amx`` attention entries the speculative path looks up.
 
-:data:`FIXES` names every fix; :func:`install` returns the ones whose module
-hook it registered, and each logs one line when it applies.
+:data:`pytest_eagle3.worker.cpu.fills.FILLS` names every fix and the module it
+acts on; each logs one line when it applies.
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ import inspect
 import logging
 import os
 from typing import Any, Callable
-
-from pytest_eagle3.worker.post_import import when_imported
 
 logger = logging.getLogger("pytest_eagle3.cpu")
 
@@ -67,7 +66,7 @@ def amx_platform_fact(server_args: Any) -> None:
     in ``srt/server_args.py`` (0.5.9: ``server_args.py:1929-1937``).  This binds
     that one module-level name to ``True``; the per-layer AMX switches read
     ``srt/utils`` and stay False, as in
-    :func:`pytest_eagle3.worker.cpu.patches._amx_attention_platform`.
+    :func:`pytest_eagle3.worker.cpu.patches.amx_attention_platform`.
     """
     if not callable(getattr(server_args, "cpu_has_amx_support", None)):
         return
@@ -340,28 +339,3 @@ def mla_draft_set_embed(module: Any) -> None:
     ``set_embed_and_head`` (417-423) call ``torch.cuda.synchronize()`` unconditionally."""
     _skip_cuda_sync(module, "Eagle3DeepseekV2ForCausalLM", "srt/models/kimi_k25_eagle3.py")
 
-
-#: fix name -> (module it acts on, function).
-FIXES: dict[str, tuple[str, Callable[[Any], None]]] = {
-    "intel_amx_speculative": ("sglang.srt.layers.attention.intel_amx_backend", intel_amx_speculative),
-    "draft_backend_factory": ("sglang.srt.speculative.draft_utils", draft_backend_factory),
-    "eagle_tree_kernels": ("sglang.srt.speculative.eagle_utils", eagle_tree_kernels),
-    "spec_utils_kernels": ("sglang.srt.speculative.spec_utils", spec_utils_kernels),
-    "kv_cache_copy": ("sglang.srt.mem_cache.memory_pool", kv_cache_copy),
-    "draft_set_embed": ("sglang.srt.models.llama", draft_set_embed),
-    "mla_draft_set_embed": ("sglang.srt.models.kimi_k25_eagle3", mla_draft_set_embed),
-}
-
-
-def install(*, speculative: bool) -> list[str]:
-    """Register every fix's module hook (``speculative``: also the server-args one
-    that keeps ``intel_amx``).  Returns the names registered; each fix still
-    checks its own gap when its module loads."""
-    names = []
-    for name, (module, fn) in FIXES.items():
-        when_imported(module, fn)
-        names.append(name)
-    if speculative:
-        when_imported("sglang.srt.server_args", amx_platform_fact)
-        names.append("amx_platform_fact")
-    return names

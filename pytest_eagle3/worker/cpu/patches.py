@@ -1,4 +1,5 @@
-"""CPU-tier fixes installed inside SGLang's processes (never in the test process).
+"""CPU-tier fixes for gaps of SGLang's own CPU mode, applied inside SGLang's
+processes (never in the test process) by :mod:`pytest_eagle3.worker.cpu.fills`.
 
 Each fix routes around a missing CPU kernel or dispatcher entry; none touches
 the code pytest-eagle3 tests (aux hidden state capture, collectives, the
@@ -9,45 +10,15 @@ docs/design.md, "SGLang on a plain x86 CPU", measured on sglang 0.5.23.
 from __future__ import annotations
 
 import logging
-import os
 
 logger = logging.getLogger("pytest_eagle3.cpu")
-
-#: Names of the fixes this module installs (``variants.py`` checks for the ones a path needs).
-FIXES = ("torch_native_mla_dispatch", "torch_native_dp_padding", "amx_attention_platform",
-         "inplace_norms", "allreduce_fusion_standin")
 
 #: Set (to ``1``) by :func:`pytest_eagle3.engine.cpu.recipe.cpu_env` for engines
 #: that run the ``intel_amx`` attention backend (EAGLE/EAGLE-3 speculative decoding).
 AMX_ATTENTION_ENV = "PYTEST_EAGLE3_CPU_AMX_ATTENTION"
 
-_installed = False
 
-
-def install() -> None:
-    """Install every fix once per process; each is skipped where SGLang lacks its target."""
-    global _installed
-    if _installed:
-        return
-    _installed = True
-    # First: the routing below imports SGLang modules, which a fork's gap
-    # (a CUDA query at import) would otherwise crash.
-    from pytest_eagle3.worker.cpu import allreduce_fusion, forks, norms, older_releases
-
-    forks.install()
-    norms.install()
-    allreduce_fusion.install()
-    _route_torch_native_mla()
-    _torch_native_dp_padding()
-    speculative = os.environ.get(AMX_ATTENTION_ENV, "") not in ("", "0")
-    if speculative:
-        _amx_attention_platform()
-    # Kernel stand-ins and backend entries older releases lack; each checks
-    # its own gap in the installed SGLang and is a no-op on 0.5.23.
-    older_releases.install(speculative=speculative)
-
-
-def _amx_attention_platform() -> None:
+def amx_attention_platform() -> None:
     """Let ``--attention-backend intel_amx`` stand on a CPU without AMX.
 
     EAGLE/EAGLE-3 refuse ``torch_native`` (``srt/speculative/draft_utils.py``:
@@ -74,7 +45,7 @@ def _amx_attention_platform() -> None:
     logger.info("pytest-eagle3: platform fact has_amx forced on for the intel_amx attention backend")
 
 
-def _route_torch_native_mla() -> None:
+def route_torch_native_mla() -> None:
     """Send DeepSeek attention on ``torch_native`` to the absorbed MLA path.
 
     SGLang's DeepSeek attention dispatcher (``AttentionBackendRegistry`` in
@@ -101,7 +72,7 @@ def _route_torch_native_mla() -> None:
     AttentionBackendRegistry.register("torch_native", handle_attention_torch_native)
 
 
-def _torch_native_dp_padding() -> None:
+def torch_native_dp_padding() -> None:
     """Give ``TorchNativeAttnBackend`` the padding fill value DP attention asks for.
 
     Under DP attention SGLang pads each DP rank's batch on CPU and asks the

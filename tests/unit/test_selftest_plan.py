@@ -1,0 +1,80 @@
+"""The self-test plan read from the suite's ``eagle3_catches`` markers selects,
+for every fault kind, exactly the packaged tests (and TP) it selected when the
+plan named tests by id (:mod:`pytest_eagle3.planning.selftest`)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from pytest_eagle3.planning import selftest
+from pytest_eagle3.planning.selftest import CATCHES_MARK, Catch, self_test_plan, suite_catches
+from pytest_eagle3.worker.faults import CATALOG, NEEDS_TP
+
+WIDE = "kimi-embedding-first"
+
+
+def order(tp: int, case: str = WIDE) -> str:
+    return f"test_capture_order[tp{tp}-{case}]"
+
+
+def plan_by_id(no_tp: int) -> dict[str, tuple[int, tuple[str, ...]]]:
+    """The plan as it was written by test id before the markers."""
+    return {
+        "offset-twice": (no_tp, (order(no_tp),)),
+        "offset-missing": (1, (order(1, "specforge-default-ids"),)),
+        "ids-ignored": (no_tp, (order(no_tp),)),
+        "reversed-order": (no_tp, (order(no_tp),)),
+        "normalized-input": (no_tp, (order(no_tp),)),
+        "no-residual": (no_tp, (order(no_tp),)),
+        "unreduced-embedding": (2, (order(2), f"test_embedding_rows_complete_on_every_shard[tp2-{WIDE}]")),
+        "partial-sum": (2, (order(2), f"test_every_rank_fully_reduced[tp2-{WIDE}]")),
+        "dp-gather-scaled": (2, (order(2),)),
+        "wrong-request-rows": (no_tp, (f"test_captures_identical_through_path[tp{no_tp}-batch]",)),
+        "aliased-capture": (no_tp, (order(no_tp),)),
+        "before-fused-allreduce": (2, (order(2), f"test_every_rank_fully_reduced[tp2-{WIDE}]")),
+    }
+
+
+@pytest.mark.parametrize("no_tp", [1, 2])
+def test_markers_select_what_the_ids_selected(no_tp: int) -> None:
+    want = plan_by_id(no_tp)
+    got = self_test_plan(no_tp)
+    assert set(got) == set(want) == set(CATALOG)
+    for kind in want:
+        assert got[kind][0] == want[kind][0], kind
+        assert set(got[kind][1]) == set(want[kind][1]), kind
+        assert got[kind][1][0] == want[kind][1][0], kind  # the self-test quotes the first test's line
+    assert all(got[k][0] == 2 for k in NEEDS_TP)
+
+
+def test_every_marked_kind_is_a_catalog_kind() -> None:
+    assert {k for c in suite_catches() for k in c.kinds} <= set(CATALOG)
+
+
+def test_the_marker_is_read_from_source(tmp_path: Path) -> None:
+    (tmp_path / "test_a.py").write_text(
+        "import pytest\nfrom pytest_eagle3.planning import cases\n\n"
+        "@pytest.mark.gpu\n"
+        f"@pytest.mark.{CATCHES_MARK}('scaled', 'zero-rows', need=cases.WIDE_CASE)\n"
+        f"@pytest.mark.{CATCHES_MARK}('offset-missing', need='other', tp=1)\n"
+        "def test_x():\n    pass\n\n"
+        "def helper():\n    pass\n")
+    assert suite_catches(tmp_path) == (Catch("test_x", ("scaled", "zero-rows"), WIDE),
+                                       Catch("test_x", ("offset-missing",), "other", 1))
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "test_b.py").write_text(
+        f"import pytest\n\n@pytest.mark.{CATCHES_MARK}('scaled', need=NAME)\ndef test_y():\n    pass\n")
+    with pytest.raises(ValueError, match="test_b.py:3: eagle3_catches takes literals"):
+        suite_catches(bad)
+
+
+def test_every_suite_marker_is_registered() -> None:
+    """The marker names the packaged tests use are the ones the plugin registers."""
+    hooks = Path(selftest.__file__).parent.parent / "plugin" / "hooks.py"
+    assert f'"{CATCHES_MARK}(' in hooks.read_text() or f"'{CATCHES_MARK}(" in hooks.read_text()
+    for path in sorted(selftest.SUITE_DIR.glob("test_*.py")):
+        ast.parse(path.read_text())  # the reader parses every suite module
