@@ -46,8 +46,9 @@ def clean_eagle3_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("pytest-eagle3 project tests")
     group.addoption("--run-slow", action="store_true", default=False,
-                    help="also run the tests marked slow (the family suites, random interrupts, the draft "
-                         "rebuild: about 25 more minutes on 2 cores); CI leaves them out")
+                    help="also run the tests marked slow (the acceptance gate's negative controls, the family "
+                         "suites, random interrupts, the draft rebuild: about 35 more minutes on 2 cores); "
+                         "CI leaves them out")
     group.addoption("--interrupts", type=int, default=10, metavar="N",
                     help="interrupts sent by tests/e2e/test_interrupts.py (default 10)")
     group.addoption("--interrupt-seed", type=int, default=None, metavar="SEED",

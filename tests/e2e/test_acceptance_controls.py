@@ -25,7 +25,7 @@ import pytest
 
 from tests.inner_run import run_inner
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow(reason="eleven negative-control engines, about 9 min")]
 
 POWER_RATIO = 2.0
 TP = int(os.environ.get("PYTEST_EAGLE3_CONTROLS_TP", "1"))
