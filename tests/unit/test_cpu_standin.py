@@ -19,19 +19,19 @@ from pytest_eagle3.capture.spec_metrics import (  # noqa: E402
     aggregate,
     read_spec_metrics,
 )
-from pytest_eagle3.engine.cpu import recipe  # noqa: E402
+from pytest_eagle3.worker.cpu import SHIM_DIR  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def sk():
-    sys.path.insert(0, str(recipe.SHIM_DIR))
+    sys.path.insert(0, str(SHIM_DIR))
     try:
         sys.modules.pop("sgl_kernel", None)
         module = importlib.import_module("sgl_kernel")
         assert getattr(module, "PYTEST_EAGLE3_STANDIN", False)
         yield module
     finally:
-        sys.path.remove(str(recipe.SHIM_DIR))
+        sys.path.remove(str(SHIM_DIR))
         sys.modules.pop("sgl_kernel", None)
 
 

@@ -22,6 +22,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from pytest_eagle3.engine.cpu import recipe  # noqa: E402
+from pytest_eagle3.worker.cpu import SHIM_DIR  # noqa: E402
 from pytest_eagle3.errors import Eagle3ConfigError  # noqa: E402
 from pytest_eagle3.plugin.families import child_args, family_presets, worst  # noqa: E402
 from pytest_eagle3.target.checkpoint import builder  # noqa: E402
@@ -104,12 +105,12 @@ def test_unknown_family_is_one_line(tmp_path: Path):
 
 @pytest.fixture(scope="module")
 def sk():
-    sys.path.insert(0, str(recipe.SHIM_DIR))
+    sys.path.insert(0, str(SHIM_DIR))
     try:
         sys.modules.pop("sgl_kernel", None)
         yield importlib.import_module("sgl_kernel")
     finally:
-        sys.path.remove(str(recipe.SHIM_DIR))
+        sys.path.remove(str(SHIM_DIR))
         sys.modules.pop("sgl_kernel", None)
 
 

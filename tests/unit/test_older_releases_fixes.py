@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pytest_eagle3.worker.cpu import older_releases
-from pytest_eagle3.engine.cpu.recipe import SHIM_DIR
+from pytest_eagle3.worker.cpu import SHIM_DIR
 
 
 class JITFunction:

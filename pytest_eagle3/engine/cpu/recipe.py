@@ -16,10 +16,9 @@ from typing import Any
 from pytest_eagle3.worker.cpu.allreduce_fusion import FUSION_ENV
 from pytest_eagle3.worker.cpu.norms import NORM_PATH_ENV
 from pytest_eagle3.worker.cpu.patches import AMX_ATTENTION_ENV
+from pytest_eagle3.worker.cpu import SHIM_DIR
 from pytest_eagle3.worker.env import HOOKS_ENV
 
-#: Directory holding the stand-in ``sgl_kernel`` package.
-SHIM_DIR = Path(__file__).parents[2] / "worker" / "cpu" / "shim"
 
 #: A path that does not exist: PyNCCL fails softly and SGLang all-reduces with gloo.
 MISSING_NCCL = "/nonexistent/pytest-eagle3/libnccl.so.2"
