@@ -17,7 +17,22 @@ class Eagle3ConfigError(Eagle3Error):
 
 
 class Eagle3EngineError(Eagle3Error):
-    """SGLang failed to start, exited, or a request to it failed (message has the log tail)."""
+    """SGLang failed to start, exited, or a request to it failed (message has the log tail).
+
+    ``cause``: for a failed start, the first exception of the engine's log and the
+    deepest SGLang frame it came through (``"TypeError: ... (sglang/srt/x.py:12)"``);
+    ``None`` when the log holds no complete traceback or the error is not a start.
+    """
+
+    def __init__(self, message: str = "", *, cause: str | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+class Eagle3StartCauseSeen(Eagle3EngineError):
+    """An engine configuration failed to start (or was not started) for a cause an
+    earlier configuration of this run already reported in full: the message is one
+    line naming that cause and the test that shows it with the log tail."""
 
 
 class Eagle3SGLangMissing(Eagle3ConfigError):

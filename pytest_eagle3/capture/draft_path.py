@@ -50,8 +50,6 @@ from pytest_eagle3.sglang_source.install import SGLangInstall
 from pytest_eagle3.errors import Eagle3Error
 
 if TYPE_CHECKING:
-    import torch
-
     from pytest_eagle3.engine.server import SGLangServer
 
 NO_RETURN_HIDDEN = (
@@ -153,49 +151,3 @@ def capture_draft_path(
     return out
 
 
-@dataclass(frozen=True)
-class Agreement:
-    """How far two captures of the same request are apart.
-
-    Attributes:
-        same_tokens: identical ``output_ids``.
-        prefill_max_abs, decode_max_abs: largest absolute difference.
-        prefill_rel, decode_rel: relative L2 error ``|a - b| / |b|``.
-        rows: ``(prefill rows, decode rows)`` of each side, for messages.
-    """
-
-    same_tokens: bool
-    prefill_max_abs: float
-    decode_max_abs: float
-    prefill_rel: float
-    decode_rel: float
-    rows: tuple[tuple[int, int], tuple[int, int]]
-
-    def ok(self, rel_tol: float = 1e-4) -> bool:
-        return (self.same_tokens and self.rows[0] == self.rows[1]
-                and self.prefill_rel <= rel_tol and self.decode_rel <= rel_tol)
-
-    def describe(self) -> str:
-        return (f"tokens {'equal' if self.same_tokens else 'DIFFER'}; rows {self.rows[0]} vs {self.rows[1]}; "
-                f"prefill max abs {self.prefill_max_abs:.3g} rel {self.prefill_rel:.3g}; "
-                f"decode max abs {self.decode_max_abs:.3g} rel {self.decode_rel:.3g}")
-
-
-def _diff(a: "torch.Tensor", b: "torch.Tensor") -> tuple[float, float]:
-    if a.shape != b.shape:
-        return float("inf"), float("inf")
-    if a.numel() == 0:
-        return 0.0, 0.0
-    d = (a - b).float()
-    return float(d.abs().max()), float(d.norm() / b.float().norm().clamp_min(1e-30))
-
-
-def compare_captures(a: Captures, b: Captures) -> Agreement:
-    """Compare the draft path's captures ``a`` with another method's ``b`` (same prompt)."""
-    p_abs, p_rel = _diff(a.prefill, b.prefill)
-    d_abs, d_rel = _diff(a.decode, b.decode)
-    return Agreement(
-        same_tokens=list(a.output_ids) == list(b.output_ids),
-        prefill_max_abs=p_abs, decode_max_abs=d_abs, prefill_rel=p_rel, decode_rel=d_rel,
-        rows=((a.prefill.shape[0], a.decode.shape[0]), (b.prefill.shape[0], b.decode.shape[0])),
-    )

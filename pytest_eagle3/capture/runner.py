@@ -104,9 +104,17 @@ class CaptureRunner:
     def run(self, request: "CaptureRequest") -> "list[Captures]":
         """Captures of the suite prompts for a declared :class:`CaptureRequest`
         (its ids, server args and request shape); the last of ``request.repeat`` sends."""
-        runs = [self(request.ids, decode_steps=request.decode_steps, extra_args=request.extra_args,
-                     batch=request.batch, draft=request.draft) for _ in range(max(1, request.repeat))]
-        return runs[-1]
+        return self.sends(request)[-1]
+
+    def sends(self, request: "CaptureRequest") -> "list[list[Captures]]":
+        """Every one of ``request.repeat`` sends of the suite prompts, in order: the
+        first computed in full (the radix cache flushed before it), the later ones
+        hitting the cache where the engine has it on."""
+        first = self(request.ids, decode_steps=request.decode_steps, extra_args=request.extra_args,
+                     batch=request.batch, draft=request.draft)
+        return [first] + [self(request.ids, decode_steps=request.decode_steps, extra_args=request.extra_args,
+                               batch=request.batch, draft=request.draft, fresh=False)
+                          for _ in range(max(1, request.repeat) - 1)]
 
     def server_info(self, request: "CaptureRequest") -> dict[str, Any]:
         """``/server_info`` of ``request``'s engine: the server args as SGLang
@@ -135,6 +143,7 @@ class CaptureRunner:
         # same run (the gate, its power check) share it instead of decoding twice.
         key = ("speculate", self.last_config, tuple(map(tuple, prompts)), tuple(int(n) for n in max_new_tokens))
         if key not in self.pool.results:
+            self._flush(server)
             out = []
             for prompt, n in zip(prompts, max_new_tokens):
                 out += capture_draft_path(server, [prompt], decode_steps=max(0, int(n) - 1))
@@ -144,12 +153,13 @@ class CaptureRunner:
 
     def __call__(self, layer_ids: Sequence[int] | None, *, prompts: Sequence[Sequence[int]] | None = None,
                  decode_steps: int = 0, extra_args: Mapping[str, Any] | None = None,
-                 batch: bool = False, draft: str | None = None) -> "list[Captures]":
+                 batch: bool = False, draft: str | None = None, fresh: bool = True) -> "list[Captures]":
         """Captures of ``prompts`` (default: the suite prompts) with draft ids ``layer_ids``.
 
         ``layer_ids=None`` leaves SGLang's default list; ``batch`` sends all
-        prompts in one request.  The engine's log is attached to the test report
-        if the test fails.
+        prompts in one request.  ``fresh``: on an engine with the radix cache on,
+        flush it first, so every row is computed (``False``: a repeat that may hit
+        the cache).  The engine's log is attached to the test report if the test fails.
 
         Raises:
             Eagle3CaptureUnsupported: this SGLang cannot return captures without a draft.
@@ -157,10 +167,20 @@ class CaptureRunner:
         """
 
         server = self._server(layer_ids, extra_args, draft)
+        if fresh:
+            self._flush(server)
         out = capture(server, self.prompts if prompts is None else prompts, decode_steps=decode_steps,
                       batch=batch)
         self._prove_standin_paths(server)
         return out
+
+    def _flush(self, server: Any) -> None:
+        """Empty the radix cache of an engine that has it on (the wide case's engine,
+        :func:`pytest_eagle3.engine.variants.shared_engine_args`): a prompt an earlier
+        test sent would otherwise return only its uncached rows."""
+        config = self.last_config
+        if config is not None and config.args().get("disable_radix_cache") is False:
+            server.flush_cache()
 
     def _prove_standin_paths(self, server: Any) -> None:
         """Fail when the engine runs a CPU-tier stand-in path (in-place norms,
@@ -211,6 +231,7 @@ class CaptureRunner:
         server = self._server(layer_ids, extra_args, draft)
         assert self.last_config is not None
         recorder = Recorder(self.pool.record_dir(self.last_config))
+        self._flush(server)
         with recorder.recording(fault=fault):
             captures = capture(server, self.prompts if prompts is None else prompts, decode_steps=decode_steps)
             records = recorder.read(self.tp)

@@ -13,7 +13,9 @@ prefetch happens only when the free memory covers the next engine
 (:data:`PREFETCH_GIB_BASE` + :data:`PREFETCH_GIB_PER_RANK` x TP, with margin),
 and never on ``--device cuda`` (two engines would share the GPU memory
 budget).  A config that failed to start fails fast for later tests with the same
-error instead of waiting for another timeout.  On ``--device cuda`` every
+error instead of waiting for another timeout, and a config that fails for a
+cause an earlier one reported, or shares the startup path of one that failed,
+gets one line pointing to that report (:mod:`pytest_eagle3.engine.start_failures`).  On ``--device cuda`` every
 engine of the pool runs on one block of GPUs leased for the pool's lifetime
 (:mod:`pytest_eagle3.engine.lease`): leased at the first start, released by
 :meth:`EnginePool.close` after its engines stopped.
@@ -32,7 +34,8 @@ from pytest_eagle3.engine.config import EngineConfig
 from pytest_eagle3.engine.lease import GpuLeaser
 from pytest_eagle3.worker.recorder_hook import RECORD_DIR_ENV
 from pytest_eagle3.engine.server import SGLangServer
-from pytest_eagle3.errors import Eagle3EngineError
+from pytest_eagle3.engine.start_failures import StartFailures
+from pytest_eagle3.errors import Eagle3EngineError, Eagle3StartCauseSeen
 
 #: A config that failed to start fails each later test with one line: the first
 #: line of its error; the full error with the log tail is in the report of the
@@ -69,6 +72,10 @@ class EnginePool:
     _alive: "OrderedDict[EngineConfig, SGLangServer]" = field(default_factory=OrderedDict)
     _starting: dict[EngineConfig, SGLangServer] = field(default_factory=dict)
     _failed: dict[EngineConfig, tuple[str, str]] = field(default_factory=dict)
+    #: Start failures by cause (one failure per root cause; the terminal summary).
+    start_failures: StartFailures = field(default_factory=StartFailures)
+    #: Every config asked for, in order (with :attr:`upcoming`: the run's configurations).
+    requested: list[EngineConfig] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         atexit.register(self.close)
@@ -80,10 +87,16 @@ class EnginePool:
         Raises:
             Eagle3EngineError: the server failed to start (now or earlier in this run).
         """
+        if config not in self.requested:
+            self.requested.append(config)
         if config in self._failed:
             error, first = self._failed[config]
             first_line = (error.splitlines() or [""])[0]
-            raise Eagle3EngineError(FAILED_BEFORE.format(name=config.name, who=first, error=first_line))
+            raise Eagle3StartCauseSeen(FAILED_BEFORE.format(name=config.name, who=first, error=first_line))
+        skip = self.start_failures.skip(config)
+        if skip is not None:
+            self._failed[config] = (skip, who or "the first test that used it")
+            raise Eagle3StartCauseSeen(skip)
         server = self._alive.get(config)
         if server is not None and server.alive:
             self._alive.move_to_end(config)
@@ -105,7 +118,14 @@ class EnginePool:
         try:
             server.wait_ready(progress=self.progress)
         except Eagle3EngineError as exc:
-            self._failed[config] = (str(exc), who or "the first test that used it")
+            who = who or "the first test that used it"
+            self._failed[config] = (str(exc), who)
+            line = self.start_failures.record(config, exc.cause, who)
+            for blocked in [c for c in self._starting if self.start_failures.blocked(c) is not None]:
+                self._starting.pop(blocked).stop()  # prefetched, and would fail the same way
+            if line is not None:
+                self._failed[config] = (line, who)
+                raise Eagle3StartCauseSeen(line, cause=exc.cause) from None
             raise
         if self.progress:
             waited = f" (prefetched: this run waited {time.monotonic() - t0:.0f} s for it)" if prefetched else ""
@@ -141,7 +161,8 @@ class EnginePool:
             return
         i = list(self.upcoming).index(config)
         nxt = next((c for c in list(self.upcoming)[i + 1:] if c != config), None)
-        if nxt is None or nxt in self._alive or nxt in self._starting or nxt in self._failed:
+        if (nxt is None or nxt in self._alive or nxt in self._starting or nxt in self._failed
+                or self.start_failures.blocked(nxt) is not None):
             return
         if not enough_memory_for(nxt.tp, also=config.tp if starting else 0):
             return
@@ -149,6 +170,11 @@ class EnginePool:
         if draft and not (Path(str(draft)) / "config.json").is_file():
             return  # its test builds the draft first (a cold cache): SGLang would not find it
         self._starting[nxt] = self._spawn(nxt, background=True)
+
+    def configurations(self) -> int:
+        """How many engine configurations this run has: the planned ones
+        (:attr:`upcoming`) and every one asked for."""
+        return len(set(self.upcoming) | set(self.requested))
 
     def record_dir(self, config: EngineConfig) -> Path:
         """Where the engine's per-rank recorder writes (``rank<r>/`` inside)."""

@@ -230,11 +230,13 @@ class SGLangServer:
             assert self.proc is not None
             code = self.proc.poll()
             if code is not None:
+                cause = startup_cause(self.log_path, getattr(self, "_log_offset", 0))
                 raise Eagle3EngineError(
                     STARTUP_FAILED.format(
-                        name=self.name, code=code, log=self.log_path, cause=startup_cause(self.log_path, getattr(self, "_log_offset", 0)),
+                        name=self.name, code=code, log=self.log_path, cause=cause,
                         n=LOG_TAIL_LINES, tail=log_tail(self.log_path),
-                    )
+                    ),
+                    cause=cause.removeprefix(": ") or None,
                 )
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=5) as resp:
@@ -324,6 +326,33 @@ class SGLangServer:
     def generate(self, payload: Mapping[str, Any], *, timeout: float = 600.0) -> Any:
         """POST ``/generate``; returns the response JSON (a list for batched input)."""
         return self.request("/generate", payload, timeout=timeout)
+
+    def flush_cache(self, *, timeout: float = 30.0) -> None:
+        """Empty SGLang's radix cache (``POST /flush_cache``), so the next send of a
+        prompt is computed in full.  SGLang flushes only while no request is
+        pending (``Scheduler.flush_cache`` in ``srt/managers/scheduler.py``); a
+        refusal is retried until ``timeout`` seconds.
+
+        Raises:
+            Eagle3EngineError: the server kept refusing, or the request failed.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            req = urllib.request.Request(self.url + "/flush_cache", data=b"", method="POST")
+            try:
+                with urllib.request.urlopen(req, timeout=timeout) as resp:
+                    if resp.status == 200:
+                        return
+                    error = f"HTTP {resp.status}"
+            except urllib.error.HTTPError as exc:
+                error = f"HTTP {exc.code}: {exc.read().decode('utf-8', 'replace')[:200]}"
+            except (urllib.error.URLError, OSError) as exc:
+                error = f"{type(exc).__name__}: {exc}"
+            if time.monotonic() > deadline or not self.alive:
+                raise Eagle3EngineError(REQUEST_FAILED.format(
+                    path="/flush_cache", error=error, name=self.name, log=self.log_path,
+                    n=LOG_TAIL_LINES, tail=log_tail(self.log_path)))
+            time.sleep(0.2)
 
     def server_info(self) -> dict[str, Any]:
         """GET ``/server_info`` (``/get_server_info`` on older versions)."""

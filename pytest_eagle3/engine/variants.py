@@ -62,12 +62,14 @@ class _TpSize:
 #: Replaced by the run's TP size in :meth:`Variant.args_for`.
 TP = _TpSize()
 
-#: Chunk size of the ``chunked-prefill`` variant: shorter than every suite
-#: prompt of 9+ tokens.  SGLang's only lower bound is divisibility by
+#: Chunk size of the ``chunked-prefill`` variant: the suite prompts of 23, 32
+#: and 40 tokens span 2, 2 and 3 chunks (the 40-token one has a middle chunk),
+#: the shorter ones fit in one.  SGLang's only lower bound is divisibility by
 #: ``page_size`` (``validation_hook.check_server_args``); page size is 1 on CPU
 #: and on most CUDA MLA backends, but 32/64 with trtllm_mla, cutedsl_mla and
-#: flashmla, where 8 is rejected at startup.
-CHUNK_SIZE = 8
+#: flashmla, where 16 is rejected at startup: on CUDA the variant keeps an
+#: engine of its own (:attr:`Variant.shared_on`).
+CHUNK_SIZE = 16
 
 #: The CPU-tier fix DP attention needs on ``torch_native`` (measured: with it, sglang
 #: 0.5.23 serves DP attention at TP 2 on CPU and the captures match the reference).
@@ -96,6 +98,9 @@ class Variant:
             on, beyond echoing the flags: ``(dotted key, "==" or "!=", value)``,
             e.g. the resolved ``cuda_graph_config.decode.backend``; a key the
             installed SGLang does not report is not judged.
+        shared_on: devices on which the variant's ``server_args`` are part of the
+            wide case's engine (:func:`shared_engine_args`), so the variant runs
+            on an engine the default run starts anyway instead of one of its own.
     """
 
     name: str
@@ -107,6 +112,14 @@ class Variant:
     alternatives: tuple[Mapping[str, Any], ...] = ()
     ids: Callable[[int, int], tuple[int, ...]] | None = field(default=None, compare=False)
     engaged: tuple[tuple[str, str, Any], ...] = ()
+    shared_on: tuple[str, ...] = ()
+
+    def own_engine(self, device: str) -> bool:
+        """Whether the variant needs an engine nobody else uses on ``device``:
+        server args or ids of its own that the wide case's engine does not have."""
+        if self.ids is not None:
+            return True
+        return bool(self.server_args) and device not in self.shared_on
 
     def spellings(self) -> tuple[Mapping[str, Any], ...]:
         """``server_args`` and then each alternative."""
@@ -178,8 +191,8 @@ def ids_last_capturable(num_layers: int, first_k_dense: int) -> tuple[int, ...]:
 VARIANTS: tuple[Variant, ...] = (
     Variant(
         name="plain",
-        description="the baseline engine: radix cache off, no chunking of the suite prompts, "
-        "default parallel paths; prefill rows only",
+        description="the wide case's engine (radix cache on, flushed before each send; chunked "
+        "prefill on cpu), default parallel paths; prefill rows only",
         source="pytest_eagle3/engine/config.py base_server_args",
     ),
     Variant(
@@ -193,18 +206,22 @@ VARIANTS: tuple[Variant, ...] = (
         name="chunked-prefill",
         description=f"chunked_prefill_size={CHUNK_SIZE}: prompts longer than {CHUNK_SIZE} are "
         "prefilled in chunks; SGLang returns only the last chunk's rows (positions "
-        "C*((T-1)//C) .. T-1), compare those",
+        "C*((T-1)//C) .. T-1), compare those (every chunk on every TP rank: test_per_rank.py); "
+        "on cpu the wide case's engine chunks",
         server_args=MappingProxyType({"chunked_prefill_size": CHUNK_SIZE}),
+        shared_on=("cpu",),
         needs=Needs(summary=f"chunked prefill (chunk {CHUNK_SIZE}) needs --chunked-prefill-size"),
         source="srt/arg_groups/validation_hook.py check_server_args (chunk % page_size == 0); "
         "batch_result_processor.py (middle chunks not stored)",
     ),
     Variant(
         name="radix-cache-hit",
-        description="radix cache on; each prompt is sent twice: the second send returns only "
+        description="radix cache on (the wide case's engine; the cache is flushed before every "
+        "fresh send); each prompt is sent fresh, then again: the second send returns only "
         "the uncached rows (1 row, position T-1, at page size 1), compare them with the "
-        "reference rows at the same positions",
+        "fresh send's rows and the reference rows at the same positions",
         server_args=MappingProxyType({"disable_radix_cache": False}),
+        shared_on=("cpu", "cuda"),
         request=MappingProxyType({"repeat": 2, "decode_steps": 2}),
         needs=Needs(summary="a radix-cache hit needs --disable-radix-cache (to switch the cache back on)"),
         source="srt/managers/schedule_batch.py Req._compute_max_prefix_len",
@@ -321,6 +338,18 @@ VARIANTS: tuple[Variant, ...] = (
         source="srt/models/deepseek_v2.py DeepseekV2Model.forward (layers_to_capture, i < L)",
     ),
 )
+
+
+def shared_engine_args(install: "SGLangInstall", device: str, tp: int) -> dict[str, Any]:
+    """Server args of the wide case's engine: every variant shared on ``device``
+    (:attr:`Variant.shared_on`) that the installed SGLang accepts, so the default
+    run takes their paths (radix-cache hits; chunked prefill on cpu) on an engine
+    it starts anyway.  The plain, decode and batch variants run on the same engine."""
+    args: dict[str, Any] = {}
+    for variant in VARIANTS:
+        if device in variant.shared_on and variant.spelling_for(install) is not None:
+            args.update(variant.args_for(install, tp))
+    return args
 
 
 def variant_names() -> list[str]:

@@ -166,7 +166,7 @@ def collect_reason(need: EngineNeed, ctx: NeedContext) -> str | None:
             reason = v.requirements(ctx.install, s.device, ctx.tp, arch)
             if reason:
                 return reason
-        if s.device == "cpu" and need.own_engine:
+        if s.device == "cpu" and need.own_engine(s.device):
             if ctx.tp > 1 and v.needs.min_tp <= 1:
                 return OWN_ENGINE_TP1_ON_CPU
             if not s.slow:

@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 MARKER = "eagle3_engines"
 #: Parameter name of the need a generated test runs with.
 NEED_ARGNAME = "eagle3_need"
+#: Name of a need in its own engine set (:meth:`EngineNeed.engine_set`).
+MAIN = "main"
 #: Need name of the user's own draft (``--eagle3-draft``).
 USER_DRAFT = "your-draft"
 #: The contract of the portable draft (``fixtures/drafts/<preset>-portable``):
@@ -93,6 +95,10 @@ class EngineNeed:
             prediction (it measures the rule, or compares with a contract or
             an acceptance gate), so it runs where the rule could not be read;
             the others are left out there (:data:`pytest_eagle3.planning.collect.RULE_UNKNOWN`).
+        also: the other engines of the test's engine set, ``(name, need)``
+            pairs: the ``eagle3_engine_set`` fixture resolves each
+            (:meth:`engine_set`), and ``--eagle3-plan`` and the prefetch see them
+            as they see the need itself.
     """
 
     name: str
@@ -106,19 +112,23 @@ class EngineNeed:
     portable_draft: bool = False
     draft_variant: str = ""
     measures_rule: bool = False
+    also: tuple[tuple[str, "EngineNeed"], ...] = field(default=(), compare=False)
 
     def __str__(self) -> str:
         return self.name
+
+    def engine_set(self) -> "dict[str, EngineNeed]":
+        """The test's named engines: this need as :data:`MAIN`, then :attr:`also`."""
+        return {MAIN: self, **dict(self.also)}
 
     @property
     def engine_group(self) -> str:
         return self.group or self.name
 
-    @property
-    def own_engine(self) -> bool:
-        """A variant with server args or ids of its own needs an engine nobody else uses."""
-        v = self.variant
-        return v is not None and (bool(v.server_args) or v.ids is not None)
+    def own_engine(self, device: str) -> bool:
+        """A variant with server args or ids of its own needs an engine nobody else
+        uses on ``device`` (:meth:`pytest_eagle3.engine.variants.Variant.own_engine`)."""
+        return self.variant is not None and self.variant.own_engine(device)
 
 
 @dataclass(frozen=True)
@@ -188,13 +198,23 @@ def user_draft_need() -> EngineNeed:
 
 
 def variant_needs(variants: "Sequence[Variant]") -> list[EngineNeed]:
-    """A need per path variant; plain-engine variants share the wide case's engine."""
+    """A need per path variant; variants without an engine of their own share the
+    wide case's engine (the sort groups them with it on cpu, where every shared
+    variant shares it; on cuda a variant with server args sorts by its name)."""
     out = []
     for v in variants:
-        own = bool(v.server_args) or v.ids is not None
+        own = v.own_engine("cpu")
         out.append(EngineNeed(v.name, cases.WIDE_CASE, variant=v, every_tp=True,
                               group=f"variant-{v.name}" if own else cases.WIDE_CASE))
     return out
+
+
+def with_capture_only(need: EngineNeed, name: str = "capture-only") -> EngineNeed:
+    """``need`` with the capture-only engine of its case added to its engine set
+    (the wide case's engine, shared with the capture tests)."""
+    from dataclasses import replace
+
+    return replace(need, also=(*need.also, (name, EngineNeed(name, need.case, every_tp=True))))
 
 
 def acceptance_need(*, portable: bool = False, variant: str = "") -> EngineNeed:

@@ -24,6 +24,7 @@ from pytest_eagle3.contracts.idfix import plan_fix
 from pytest_eagle3.contracts.unread_ids import installed_top_level_trap
 from pytest_eagle3.draft import shipped_draft_dir
 from pytest_eagle3.draft.random_draft import capture_draft_dir
+from pytest_eagle3.engine.variants import shared_engine_args
 from pytest_eagle3.errors import Eagle3ConfigError
 from pytest_eagle3.planning import cases
 from pytest_eagle3.planning.declare import PORTABLE_SUFFIX, USER_DRAFT, EngineNeed, EngineRequest, NeedContext
@@ -102,11 +103,13 @@ def resolve(need: EngineNeed, ctx: NeedContext) -> EngineRequest:
     if need.acceptance:
         return acceptance_request(ctx, portable=need.portable_draft, variant=need.draft_variant)
     case = cases.resolve(need.case, L, H, rule)
+    shared = wide_engine_args(need, ctx)
     if v is not None:
         ids = tuple(v.ids(L, ctx.facts.first_k_dense_replace)) if v.ids is not None else _ids(case.ids)
         predicted = tuple(predict(list(ids) if ids is not None else None, L, rule).snapshots)
         req = dict(v.request)
-        return EngineRequest(ids, v.args_for(ctx.install, ctx.tp), decode_steps=int(req.get("decode_steps", 0)),
+        args = v.args_for(ctx.install, ctx.tp) if v.own_engine(ctx.settings.device) else shared
+        return EngineRequest(ids, args, decode_steps=int(req.get("decode_steps", 0)),
                              batch=bool(req.get("batch")), repeat=int(req.get("repeat", 1)),
                              expected=predicted, predicted=predicted,
                              draft=capture_draft(ctx, ids) if case_uses_draft_path(ctx, ids) else None)
@@ -115,15 +118,24 @@ def resolve(need: EngineNeed, ctx: NeedContext) -> EngineRequest:
     draft = capture_draft(ctx, ids) if case_uses_draft_path(ctx, ids) else None
     if case.contract is None:
         # The capture-order test checks SGLang's own rule, which needs no contract.
-        return EngineRequest(ids, expected=predicted, predicted=predicted, draft=draft,
+        return EngineRequest(ids, shared, expected=predicted, predicted=predicted, draft=draft,
                              note=NO_CONTRACT.format(case=need.case, L=L, error=case.error))
     expected = tuple(case.contract.to_snapshot_indices(L))
     xfail = None
     if expected != predicted and predicted:
         xfail = known_incompatibility(need.case, case.contract, ids, predicted, L, ctx.install,
                                       ctx.facts.architecture)
-    return EngineRequest(ids, expected=expected, predicted=predicted, xfail_reason=xfail, contract=str(case.contract),
-                         draft=draft)
+    return EngineRequest(ids, shared, expected=expected, predicted=predicted, xfail_reason=xfail,
+                         contract=str(case.contract), draft=draft)
+
+
+def wide_engine_args(need: EngineNeed, ctx: NeedContext) -> dict[str, Any]:
+    """The server args of ``need``'s engine beyond the capture ones: the wide
+    case's engine takes the shared paths (:func:`pytest_eagle3.engine.variants.shared_engine_args`:
+    radix-cache hits, chunked prefill on cpu); every other case's engine none."""
+    if need.case != cases.WIDE_CASE or need.acceptance or ctx.install is None:
+        return {}
+    return shared_engine_args(ctx.install, ctx.settings.device, ctx.tp)
 
 
 NOT_SERVABLE = (

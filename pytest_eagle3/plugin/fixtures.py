@@ -191,6 +191,7 @@ def eagle3_engine_pool(request: pytest.FixtureRequest, eagle3_settings: Settings
         lease=eagle3_gpu_lease,
         upcoming=_engine_order(request.session, eagle3_settings, eagle3_sglang),
     )
+    run.pool = pool
     yield pool
     try:
         pool.close()
@@ -246,6 +247,19 @@ def eagle3_need(request: pytest.FixtureRequest) -> "EngineNeed":
         f"{request.node.nodeid} uses eagle3_need but declares no engines: add "
         "@pytest.mark.eagle3_engines(*needs) (pytest_eagle3.planning.declare)"
     )
+
+
+@pytest.fixture
+def eagle3_engine_set(eagle3_need: "EngineNeed", eagle3_engine_request: "EngineRequest", eagle3_tp: int,
+                      eagle3_settings: Settings, eagle3_sglang: "SGLangInstall",
+                      eagle3_model_config: "TargetFacts") -> "dict[str, EngineRequest]":
+    """The test's engine set resolved: name -> :class:`~pytest_eagle3.planning.declare.EngineRequest`
+    (``main``: ``eagle3_engine_request``; the others from the need's ``also``,
+    :meth:`~pytest_eagle3.planning.declare.EngineNeed.engine_set`), the engines
+    ``--eagle3-plan`` lists for the test."""
+    ctx = NeedContext(eagle3_settings, eagle3_tp, eagle3_sglang, eagle3_model_config)
+    return {name: (eagle3_engine_request if member is eagle3_need else resolve(member, ctx))
+            for name, member in eagle3_need.engine_set().items()}
 
 
 @pytest.fixture

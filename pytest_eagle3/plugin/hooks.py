@@ -28,7 +28,7 @@ import pytest
 from pytest_eagle3.plugin import families, hookspec, plan, resolve, workers
 from pytest_eagle3.plugin import gpu_workers
 from pytest_eagle3.planning import collect, declare
-from pytest_eagle3.errors import Eagle3Error
+from pytest_eagle3.errors import Eagle3Error, Eagle3StartCauseSeen
 from pytest_eagle3.plugin.bisect import BisectPlugin, mark_untestable
 from pytest_eagle3.plugin.figures import Figures
 from pytest_eagle3.plugin.header import collection_lines, header_lines
@@ -294,6 +294,10 @@ def _fail_without_traceback(exc: Eagle3Error, item: pytest.Item | None = None) -
     # ``except`` block: raised inside it, the failure would chain to ``exc`` and
     # pytest would print both ("During handling of the above exception ...").
     __tracebackhide__ = True
+    if item is not None and isinstance(exc, Eagle3StartCauseSeen):
+        # One root cause, one failure: the test that reported this start failure
+        # in full carries the log tail; this one says so in one line.
+        item.stash[ENGINE_LOGS_KEY] = []
     if item is not None and get_settings(item.config).bisect:
         mark_untestable(item, type(exc).__name__, str(exc))
     pytest.fail(f"{type(exc).__name__}: {exc}", pytrace=False)

@@ -218,13 +218,17 @@ def build_plan(items: Sequence[pytest.Item], settings: Settings, *,
             continue
         tp = eagle3_session.item_tp(item)
         try:
-            request = resolve(need, NeedContext(settings, tp, install, facts))
-            config = engine_config(install, settings, model_path=str(plan.model_path), tp=tp, ids=request.ids,
-                                   extra_args=request.extra_args, facts=facts, draft=request.draft)
+            configs = []
+            for member in need.engine_set().values():  # the test's engine set, in order
+                request = resolve(member, NeedContext(settings, tp, install, facts))
+                configs.append(engine_config(install, settings, model_path=str(plan.model_path), tp=tp,
+                                             ids=request.ids, extra_args=request.extra_args, facts=facts,
+                                             draft=request.draft))
         except Eagle3Error as exc:
             plan.runtime.append((nodeid, f"{type(exc).__name__}: {exc}"))
             continue
-        plan.engine_for(config).tests.append(nodeid)
+        for config in configs:
+            plan.engine_for(config).tests.append(nodeid)
     return plan
 
 

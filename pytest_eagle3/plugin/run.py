@@ -39,6 +39,7 @@ SUMMARY_TITLE = "eagle3 engines"
 LEFT_OUT_TITLE = "eagle3 left out (not generated: this run cannot execute them; -v lists them)"
 LEFT_OUT_LINE = "{count} left out: {reason}"
 SUMMARY_LINE = "{description}: ready in {seconds:.1f} s"
+START_FAILURES_TITLE = "eagle3 engines that could not start"
 
 
 @dataclass
@@ -74,6 +75,8 @@ class Eagle3Run:
             (``suite/outcome.py``: one root cause, one failure).
         tp1_accept_length: acceptance engine name -> its accept length at TP 1
             (the TP > 1 acceptance tests compare with it).
+        pool: this process's engine pool once the ``eagle3_engine_pool`` fixture
+            made it (its start failures by cause close the terminal summary).
     """
 
     config: pytest.Config
@@ -91,6 +94,7 @@ class Eagle3Run:
     figures: Any = None
     causes: dict[str, str] = field(default_factory=dict)
     tp1_accept_length: dict[str, float] = field(default_factory=dict)
+    pool: Any = None
 
     def leave_out(self, test_id: str, reason: str) -> None:
         """Record a test not generated in this run, and why (terminal summary)."""
@@ -133,6 +137,13 @@ class Eagle3Run:
     def summary_lines(self) -> list[str]:
         return [SUMMARY_LINE.format(description=e.description, seconds=e.start_seconds) for e in self.engines]
 
+    def start_failure_lines(self) -> list[str]:
+        """One line per cause of failed engine starts, with how many of the run's
+        engine configurations it stopped (:mod:`pytest_eagle3.engine.start_failures`)."""
+        if self.pool is None:
+            return []
+        return self.pool.start_failures.summary_lines(self.pool.configurations())
+
     def left_out_lines(self, verbose: bool = False) -> list[str]:
         """One line per reason (``N left out: reason``), each test id under it when ``verbose``."""
         lines = []
@@ -148,6 +159,11 @@ class Eagle3Run:
         if lines:
             terminalreporter.section(SUMMARY_TITLE, sep="-")
             for line in lines:
+                terminalreporter.line(line)
+        failed = self.start_failure_lines()
+        if failed:
+            terminalreporter.section(START_FAILURES_TITLE, sep="-")
+            for line in failed:
                 terminalreporter.line(line)
         left = self.left_out_lines(verbose=self.config.get_verbosity() > 0)
         if left:

@@ -44,6 +44,20 @@ def evidence(checkpoint: Path, prompts: Sequence[Sequence[int]], facts: "TargetF
                                fused_allreduce=fused_allreduce)
 
 
+def returned_rows(cap, ref, ev=None):
+    """``(reference rows, evidence)`` at the prompt positions of ``cap.prefill``.
+
+    SGLang returns the last rows of a prompt: all ``T`` of them, the last chunk
+    under chunked prefill (the wide case's engine on cpu chunks the longer
+    suite prompts), the uncached tail on a radix-cache hit
+    (:mod:`pytest_eagle3.engine.variant_proof`).  ``ref``: ``[L+2, T, H]``;
+    ``ev``: a lazy evidence callable or ``None``."""
+    T, n = len(cap.prompt), int(cap.prefill.shape[0])
+    if n >= T:
+        return ref, ev
+    return ref[:, T - n:T], (None if ev is None else (lambda: ev().rows(T - n, T)))
+
+
 def attention_tp(tp: int, server_args: dict | None) -> int:
     """The attention-TP size of an engine: ``tp / attn_dp_size`` under DP attention."""
     args = server_args or {}

@@ -36,18 +36,17 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_eagle3.planning.declare import MLA_VARIANTS, acceptance_need
+from pytest_eagle3.planning.declare import MAIN, MLA_VARIANTS, acceptance_need, with_capture_only
 from pytest_eagle3.plugin.run import get_run
 from pytest_eagle3.draft.power import load_examples, offline_power, read_gates, with_captures
 from pytest_eagle3.capture.spec_metrics import aggregate
 from pytest_eagle3.draft.wiring import CORRECT, MISWIRINGS
 from pytest_eagle3.target.reference import ensure_reference
 from pytest_eagle3.capture.api import CAPTURE_ONLY, Eagle3CaptureUnsupported, select_method
-from pytest_eagle3.capture.draft_path import compare_captures
 from pytest_eagle3.suite.outcome import conclude, recorded_causes
 from pytest_eagle3.suite.support import tolerance
 from pytest_eagle3.verdicts.acceptance import check_gate, check_output, check_power, check_relative
-from pytest_eagle3.verdicts.paths import check_methods_agree
+from pytest_eagle3.verdicts.paths import check_methods_agree, compare_captures
 
 NO_CONTINUATIONS = "{draft} ships no continuations.json: replaying the suite prompts for {n} tokens each"
 USER_TOKENS = 32
@@ -145,20 +144,21 @@ def test_acceptance_gate_has_power(eagle3_engine_request, eagle3_capture, eagle3
 
 @pytest.mark.gpu
 @pytest.mark.tp(1)
-@pytest.mark.eagle3_engines(acceptance_need())
-def test_draft_path_agrees_with_capture_only(eagle3_engine_request, eagle3_capture, eagle3_sglang, eagle3_settings,
+@pytest.mark.eagle3_engines(with_capture_only(acceptance_need()))
+def test_draft_path_agrees_with_capture_only(eagle3_engine_set, eagle3_capture, eagle3_sglang, eagle3_settings,
                                              eagle3_prompts):
     """The acceptance engine's draft-path prefill captures equal the capture-only
-    engine's for the same ids (the wide case's engine, shared with the capture tests)."""
+    engine's for the same ids (the wide case's engine, shared with the capture
+    tests): the test's engine set is ``{"main": acceptance, "capture-only": wide case}``."""
 
     try:
         select_method(eagle3_sglang, prefer=CAPTURE_ONLY)
     except Eagle3CaptureUnsupported as exc:
         pytest.skip(f"only the draft path here: {exc}")
-    req = eagle3_engine_request
+    req, wide = eagle3_engine_set[MAIN], eagle3_engine_set["capture-only"]
     ids = list(req.ids) if req.ids is not None else None
     # One token each: the prefill rows only, from the acceptance engine (same config as speculate()).
     via_draft = eagle3_capture(ids, draft=req.draft)
-    only = eagle3_capture(ids)
+    only = eagle3_capture(list(wide.ids) if wide.ids is not None else None, extra_args=wide.extra_args)
     conclude(check_methods_agree((compare_captures(a, b) for a, b in zip(via_draft, only)),
                                  rel_tol=tolerance(eagle3_settings)))

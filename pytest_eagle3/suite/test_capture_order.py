@@ -20,7 +20,7 @@ import pytest
 from pytest_eagle3.planning import cases
 from pytest_eagle3.planning.declare import case_needs
 from pytest_eagle3.suite.outcome import conclude
-from pytest_eagle3.suite.support import evidence, tolerance
+from pytest_eagle3.suite.support import evidence, returned_rows, tolerance
 from pytest_eagle3.verdicts.compare import compare_slots
 from pytest_eagle3.verdicts.order import check_capture_order, check_width
 
@@ -47,6 +47,7 @@ def test_capture_order(eagle3_engine_request, eagle3_capture, eagle3_reference, 
         n = len(req.predicted) if rule.known else cap.width // H
         conclude(check_width(cap.width, slots=n, hidden_size=H, ids=ids, sglang=eagle3_sglang.describe()))
         expected = list(req.predicted) if rule.known else [0] * n
+        ref, ev = returned_rows(cap, ref, ev)
         report = compare_slots(cap.prefill, ref, expected=expected, num_layers=L, hidden_size=H,
                                tol=tolerance(eagle3_settings), side_names=("SGLang", "id rule"), evidence=ev,
                                diagnose=rule.known)

@@ -19,7 +19,7 @@ import pytest
 
 from pytest_eagle3.planning.declare import case_needs, user_draft_need
 from pytest_eagle3.suite.outcome import conclude
-from pytest_eagle3.suite.support import evidence, tolerance
+from pytest_eagle3.suite.support import evidence, returned_rows, tolerance
 from pytest_eagle3.verdicts.compare import compare_slots
 from pytest_eagle3.verdicts.contract import check_contract
 from pytest_eagle3.verdicts.order import follows_measured, measured_snapshots
@@ -39,6 +39,7 @@ def test_draft_receives_its_training_contract(eagle3_engine_request, eagle3_capt
     candidates = evidence(eagle3_checkpoint, eagle3_capture.prompts, eagle3_model_config, eagle3_tp,
                           fused_allreduce=eagle3_capture.fused_allreduce)
     for cap, ref, ev in zip(captures, eagle3_reference, candidates):
+        ref, ev = returned_rows(cap, ref, ev)
         report = compare_slots(cap.prefill, ref, expected=list(req.expected), num_layers=L, hidden_size=H,
                                tol=tol, side_names=("SGLang", "contract"), evidence=ev)
         as_predicted = None

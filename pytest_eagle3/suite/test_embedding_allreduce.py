@@ -16,7 +16,7 @@ import pytest
 from pytest_eagle3.planning import cases
 from pytest_eagle3.planning.declare import case_needs
 from pytest_eagle3.suite.outcome import conclude, fail_if_bad
-from pytest_eagle3.suite.support import tolerance
+from pytest_eagle3.suite.support import returned_rows, tolerance
 from pytest_eagle3.verdicts.compare import compare_slots
 from pytest_eagle3.verdicts.embedding import check_embedding_complete, check_embedding_slot, check_shards_covered
 
@@ -38,6 +38,8 @@ def test_embedding_rows_complete_on_every_shard(eagle3_engine_request, eagle3_ca
     source = eagle3_sglang.id_rule(facts.architecture).source
     worst = 0.0
     for cap, ref in zip(captures, eagle3_reference):
+        ref, _ = returned_rows(cap, ref)
+        tokens = list(cap.prompt)[len(cap.prompt) - cap.prefill.shape[0]:]
         slots = compare_slots(cap.prefill, ref, expected=list(req.predicted), num_layers=facts.num_layers,
                               hidden_size=H, tol=tolerance(eagle3_settings), diagnose=False)
         # The rule said slot {slot} is the embedding; where SGLang captured other
@@ -45,7 +47,7 @@ def test_embedding_rows_complete_on_every_shard(eagle3_engine_request, eagle3_ca
         conclude(check_embedding_slot(slots, ids=req.ids, predicted=req.predicted,
                                       rule_source=source))
         report = check_embedding_complete(
-            cap.prefill[:, slot * H:(slot + 1) * H], ref[0], cap.prompt,
+            cap.prefill[:, slot * H:(slot + 1) * H], ref[0], tokens,
             vocab_size=facts.vocab_size, tp=eagle3_tp, tol=tolerance(eagle3_settings),
         )
         fail_if_bad(report, config=pytestconfig)

@@ -30,7 +30,7 @@ WIDE_EMBEDDING = case_needs([cases.WIDE_CASE], needs_embedding=True)
 def rank_captures(eagle3_capture, eagle3_engine_request):
     """``(request, captures, records)`` of the wide case, with the recorder on."""
     req = eagle3_engine_request
-    captures, records = eagle3_capture.with_ranks(req.ids, draft=req.draft)
+    captures, records = eagle3_capture.with_ranks(req.ids, draft=req.draft, extra_args=req.extra_args)
     return req, captures, records
 
 

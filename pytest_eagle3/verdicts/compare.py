@@ -20,6 +20,8 @@ torch is imported inside the functions only.
 
 from __future__ import annotations
 
+from pytest_eagle3.verdicts.distance import rel_err
+
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -309,11 +311,6 @@ def slot_errors(captured: Any, reference: Any, hidden_size: int) -> list[list[fl
     slots = cap.reshape(T, -1, hidden_size).transpose(0, 1).to(torch.float64)  # [K, T, H]
     out = torch.empty(slots.shape[0], ref.shape[0], dtype=torch.float64)
     for r in range(ref.shape[0]):
-        b = ref[r].to(torch.float64)
-        diff = torch.linalg.vector_norm(slots - b, dim=(1, 2))  # [K]
-        norm = torch.linalg.vector_norm(b)
-        if norm > 0:
-            out[:, r] = (diff / norm).cpu()
-        else:
-            out[:, r] = torch.where(diff.cpu() == 0, 0.0, math.inf)
+        b = ref[r].to(torch.float64).expand_as(slots)
+        out[:, r] = rel_err(slots, b, dim=(1, 2)).cpu()  # [K]
     return out.tolist()

@@ -33,7 +33,8 @@ Pure functions on tensors; torch is imported inside the functions.
 
 from __future__ import annotations
 
-import math
+from pytest_eagle3.verdicts.distance import rel_err
+
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -112,14 +113,7 @@ class Diagnosis:
 
 
 def _rel(a: "torch.Tensor", b: "torch.Tensor") -> float:
-    import torch
-
-    a, b = a.to(torch.float64), b.to(torch.float64)
-    norm = float(torch.linalg.vector_norm(b))
-    diff = float(torch.linalg.vector_norm(a - b))
-    if norm == 0:
-        return 0.0 if diff == 0 else math.inf
-    return diff / norm
+    return float(rel_err(a, b))
 
 
 

@@ -12,7 +12,8 @@ torch is imported inside the functions only.
 
 from __future__ import annotations
 
-import math
+from pytest_eagle3.verdicts.distance import rel_err
+
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -175,9 +176,7 @@ def check_embedding_complete(
         return EmbeddingReport(**base, problem=f"{len(ids)} token ids for {cap.shape[0]} rows")
     a, b = cap.to(torch.float64), ref.to(torch.float64)
     zero = (a == 0).all(dim=1).tolist()
-    diff = torch.linalg.vector_norm(a - b, dim=1)
-    norm = torch.linalg.vector_norm(b, dim=1)
-    err = torch.where(norm > 0, diff / norm.clamp_min(1e-300), torch.where(diff == 0, 0.0, math.inf)).tolist()
+    err = rel_err(a, b, dim=1).tolist()
     rows = tuple(
         EmbeddingRow(row=i, token=t, shard=vocab_shard(t, vocab_size, tp), zero=bool(z), err=float(e))
         for i, (t, z, e) in enumerate(zip(ids, zero, err))

@@ -17,6 +17,8 @@ Pure functions with named sides returning a report with ``.ok`` and
 
 from __future__ import annotations
 
+from pytest_eagle3.verdicts.distance import rel_err
+
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -67,8 +69,7 @@ class RankReport:
 
 
 def _rel(a: "torch.Tensor", b: "torch.Tensor") -> float:
-    denom = float(b.double().norm())
-    return float((a.double() - b.double()).norm()) / denom if denom else float(a.double().norm())
+    return float(rel_err(a, b))
 
 
 def check_ranks_agree(records: Mapping[int, Sequence["Record"]], *, hidden_size: int,

@@ -1,8 +1,8 @@
 """End to end on CPU: every path variant SGLang 0.5.23 supports on CPU passes.
 
-Runs ``pytest_eagle3.suite.test_paths --tp 2 --eagle3-slow`` once (engines of
-their own for chunked prefill, radix cache, DP attention and the two id
-variants); about 4 minutes on 2 cores.  The variant matrix and its skip reasons
+Runs ``pytest_eagle3.suite.test_paths --tp 2 --eagle3-slow`` once (chunked
+prefill and radix-cache hits on the wide case's engines; engines of their own
+for DP attention and the two id variants); about 4 minutes on 2 cores.  The variant matrix and its skip reasons
 come from :mod:`pytest_eagle3.engine.variants`.
 """
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.e2e
 RUNS_ON_CPU = {
     1: ("plain", "decode", "batch", "chunked-prefill", "radix-cache-hit", "ids-at-first-k-dense",
         "ids-last-capturable"),
-    2: ("plain", "decode", "batch", "dp-attention"),
+    2: ("plain", "decode", "batch", "chunked-prefill", "radix-cache-hit", "dp-attention"),
 }
 GPU_ONLY = ("allreduce-fusion-on", "allreduce-fusion-off", "cuda-graph-on", "cuda-graph-off",
             "attn-tp-input-scattered", "two-batch-overlap")
@@ -61,5 +61,5 @@ def test_gpu_only_variant_left_out_with_reason(run: InnerRun, outcomes, variant:
 
 
 def test_own_engine_variants_run_at_tp1_only_on_cpu(run: InnerRun, outcomes) -> None:
-    assert _name(2, "chunked-prefill") not in outcomes
-    assert "run at TP 1 only on cpu" in _left_out(run, _name(2, "chunked-prefill"))
+    assert _name(2, "ids-at-first-k-dense") not in outcomes
+    assert "run at TP 1 only on cpu" in _left_out(run, _name(2, "ids-at-first-k-dense"))

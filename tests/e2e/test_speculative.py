@@ -30,10 +30,10 @@ from pytest_eagle3.capture.api import capture, capture_server_args
 from pytest_eagle3.capture.draft_path import (
     DraftPathCaptures,
     capture_draft_path,
-    compare_captures,
     draft_path_server_args,
 )
 from pytest_eagle3.capture.spec_metrics import aggregate
+from pytest_eagle3.verdicts.paths import compare_captures
 from pytest_eagle3.contracts.draft import eagle_config_ids, read_draft_config
 from pytest_eagle3.engine.config import build_engine_config
 from pytest_eagle3.sglang_source.install import probe

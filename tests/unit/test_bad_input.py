@@ -348,6 +348,7 @@ from pytest_eagle3.errors import Eagle3EngineError
 
 class Config:
     name = "tp1-capture"
+    model_path, tp, device, server_args, env = "/m", 1, "cpu", (), ()
 
     def args(self):
         return []
@@ -397,17 +398,91 @@ def test_engine_that_failed_to_start_is_reported_once(pytester: pytest.Pytester)
     result.assert_outcomes(failed=6)
     text = result.stdout.str()
     assert text.count("log line 299") == 2  # the message's tail and the log section, first test only
-    assert text.count(LOG_SECTION.format(title="tp1-capture")) == 6
-    assert text.count(LOG_SHOWN_BEFORE.format(nodeid="test_engine_that_failed_to_start_is_reported_once.py::test_capture[0]")) == 5
+    # The others point to the first in one line: no log section at all.
+    assert text.count(LOG_SECTION.format(title="tp1-capture")) == 1
     log = pytester.path / "runpytest-0" / "sglang-logs0" / "tp1-capture.log"
     first_line = ("SGLang server tp1-capture exited with code 1 during startup: RuntimeError: Found no NVIDIA "
                   f"driver on your system. (sglang/srt/utils/common.py:3614) (log: {log})")
     assert ("Eagle3EngineError: " + first_line) in result.outlines, text
-    repeat = "Eagle3EngineError: " + FAILED_BEFORE.format(
+    repeat = "Eagle3StartCauseSeen: " + FAILED_BEFORE.format(
         name="tp1-capture", who="test_engine_that_failed_to_start_is_reported_once.py::test_capture[0]",
         error=first_line)
     assert result.outlines.count(repeat) == 5, text
     assert len(result.outlines) < 350, text
+
+
+ENGINES_FAILING_FOR_ONE_CAUSE = '''
+import pytest
+from pytest_eagle3.plugin import session
+from pytest_eagle3.plugin.run import get_run
+from pytest_eagle3.engine import server, server_log
+from pytest_eagle3.engine.config import EngineConfig
+from pytest_eagle3.engine.pool import EnginePool
+from pytest_eagle3.errors import Eagle3EngineError
+
+
+def config(tp, ids, draft=None):
+    args = [("tp_size", tp), ("return_aux_hidden_state_layer_ids", ids)]
+    if draft:
+        args.append(("speculative_draft_model_path", draft))
+    return EngineConfig(model_path="/m", tp=tp, device="cpu", server_args=tuple(sorted(args)), env=())
+
+
+CONFIGS = [config(1, (0, 3, 5)), config(1, (1, 3, 4)), config(1, (2, 4, 5)), config(2, (0, 3, 5)),
+           config(1, (0, 3, 5), draft="/d")]
+
+
+def moe_type_error(self, progress=None):
+    self.log_path.write_text("Traceback (most recent call last):\\n"
+                             '  File "/venv/site-packages/sglang/srt/layers/moe/fused_moe_triton/layer.py", line 321, in __init__\\n'
+                             "    self.quant_method.create_weights(layer=self, **extra)\\n"
+                             "TypeError: create_weights() got an unexpected keyword argument 'with_bias'\\n"
+                             + "".join(f"log line {i}\\n" for i in range(300)))
+    cause = server_log.startup_cause(self.log_path)
+    raise Eagle3EngineError(server.STARTUP_FAILED.format(
+        name=self.name, code=1, log=self.log_path, n=server_log.LOG_TAIL_LINES,
+        tail=server_log.log_tail(self.log_path), cause=cause), cause=cause.removeprefix(": "))
+
+
+@pytest.fixture(scope="session")
+def pool(tmp_path_factory, pytestconfig):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(server.SGLangServer, "spawn", lambda self: self)
+        mp.setattr(server.SGLangServer, "wait_ready", moe_type_error)
+        p = EnginePool(log_dir=tmp_path_factory.mktemp("sglang-logs"), upcoming=CONFIGS)
+        get_run(pytestconfig).pool = p
+        yield p
+
+
+@pytest.mark.parametrize("n", range(len(CONFIGS)))
+def test_capture(pool, request, n):
+    session.attach_log(request.node, CONFIGS[n].name, pool.log_path(CONFIGS[n]))
+    pool.get(CONFIGS[n], who=request.node.nodeid)
+'''
+
+
+def test_engines_failing_to_start_for_one_cause_report_it_once(pytester: pytest.Pytester) -> None:
+    # A fork whose MoE layer raises while the model is built: five engine
+    # configurations (three differ only in the capture ids), one cause.  The
+    # first test shows it with the log tail, every other test one line, the
+    # summary one line; the two configurations that share the first one's
+    # startup path are not started.
+    pytester.makepyfile(ENGINES_FAILING_FOR_ONE_CAUSE)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=5)
+    text = result.stdout.str()
+    first = "test_engines_failing_to_start_for_one_cause_report_it_once.py::test_capture[0]"
+    cause = ("TypeError: create_weights() got an unexpected keyword argument 'with_bias' "
+             "(sglang/srt/layers/moe/fused_moe_triton/layer.py:321)")
+    assert text.count("log line 299") == 2, text  # the first test's message and its log section only
+    assert text.count("Captured sglang log") == 1, text
+    one_liners = [line for line in result.outlines if line.startswith("E   Eagle3StartCauseSeen: ")
+                  or line.startswith("Eagle3StartCauseSeen: ")]
+    assert len(one_liners) == 4 and all(first in line for line in one_liners), text
+    assert sum("was not started" in line for line in one_liners) == 2, text
+    assert sum("already reported" in line and cause in line for line in one_liners) == 2, text
+    assert f"SGLang could not start on this tier: {cause}, in 5 of 5 engine configurations" in result.outlines, text
+    assert "  2 of them not started: same startup path as one that failed" in result.outlines, text
 
 
 XDIST_STUB_SGLANG = '''

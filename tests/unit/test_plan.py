@@ -324,7 +324,8 @@ def test_acceptance_engine_sorts_next_to_the_capture_engine_of_its_ids(pytester:
     agree = ids.index("test_draft_path_agrees_with_capture_only[tp1-acceptance]")
     acceptance = [i for i, name in enumerate(ids) if name.endswith("[tp1-acceptance]")]
     assert acceptance == list(range(agree - len(acceptance) + 1, agree + 1)), ids
-    wide_engine = {"[tp1-kimi-embedding-first]", "[tp1-plain]", "[tp1-decode]", "[tp1-batch]"}
+    wide_engine = {"[tp1-kimi-embedding-first]", "[tp1-plain]", "[tp1-decode]", "[tp1-batch]", "[tp1-chunked-prefill]",
+                   "[tp1-radix-cache-hit]"}
     assert any(ids[agree + 1].endswith(tag) for tag in wide_engine), ids
     # Every engine group is contiguous: no group resumes after another started.
     wide_names = {tag.split("-", 1)[1] for tag in wide_engine}

@@ -306,3 +306,65 @@ def test_a_server_s_temporary_folder_is_short_enough_for_ipc_sockets(tmp_path: P
     finally:
         server.stop()
     assert not server.tmp_dir.exists()
+
+
+# --- one failure per root cause of failed starts (engine/start_failures.py) ---
+
+MOE_CAUSE = "TypeError: forward() got an unexpected keyword argument 'x' (sglang/srt/layers/moe/ep_moe/layer.py:42)"
+
+
+def ids_engine(ids: tuple[int, ...], tp: int = 1, draft: str | None = None) -> EngineConfig:
+    args = [("tp_size", tp), ("return_aux_hidden_state_layer_ids", ids)]
+    if draft:
+        args.append(("speculative_draft_model_path", draft))
+    return EngineConfig(model_path="/m", tp=tp, device="cpu", server_args=tuple(sorted(args)), env=())
+
+
+def test_one_cause_of_failed_starts_is_reported_once(tmp_path: Path, fake, monkeypatch) -> None:
+    from pytest_eagle3.errors import Eagle3StartCauseSeen
+
+    def wait_ready(self, progress=None):
+        raise Eagle3EngineError(f"SGLang server {self.name} exited with code 1 during startup: {MOE_CAUSE}\n"
+                                "--- last 60 lines of the SGLang log ---\n...", cause=MOE_CAUSE)
+
+    monkeypatch.setattr(FakeServer, "wait_ready", wait_ready)
+    first, same_path, tp2, other_draft = (ids_engine((0, 3, 5)), ids_engine((1, 3, 4)), ids_engine((0, 3, 5), tp=2),
+                                          ids_engine((0, 3, 5), draft="/d"))
+    pool = pool_module.EnginePool(log_dir=tmp_path, upcoming=[first, same_path, tp2, other_draft])
+    with pytest.raises(Eagle3EngineError) as full:
+        pool.get(first, who="test_a")
+    assert not isinstance(full.value, Eagle3StartCauseSeen) and "last 60 lines" in str(full.value)
+    # Same startup path (only the ids differ): not started again to find out.
+    with pytest.raises(Eagle3StartCauseSeen) as skipped:
+        pool.get(same_path, who="test_b")
+    assert "was not started" in str(skipped.value) and "test_a" in str(skipped.value)
+    assert "return_aux_hidden_state_layer_ids" in str(skipped.value) and "\n" not in str(skipped.value)
+    # Another startup path: started, and its failure with the same cause is one line.
+    for config, who in ((tp2, "test_c"), (other_draft, "test_d")):
+        with pytest.raises(Eagle3StartCauseSeen) as same:
+            pool.get(config, who=who)
+        assert MOE_CAUSE in str(same.value) and "test_a" in str(same.value) and "\n" not in str(same.value)
+    # same_path was prefetched while `first` started; stopped once `first` failed.
+    assert [s.name for s in fake.started] == [first.name, same_path.name, tp2.name, other_draft.name]
+    assert all(s.stopped for s in fake.started if s.name == same_path.name)
+    assert pool.start_failures.summary_lines(pool.configurations()) == [
+        f"SGLang could not start on this tier: {MOE_CAUSE}, in 4 of 4 engine configurations",
+        "  1 of them not started: same startup path as one that failed",
+        "  full error and log tail: test_a",
+    ]
+
+
+def test_start_failures_without_a_traceback_are_never_merged(tmp_path: Path, fake, monkeypatch) -> None:
+    from pytest_eagle3.errors import Eagle3StartCauseSeen
+
+    def wait_ready(self, progress=None):
+        raise Eagle3EngineError(f"SGLang server {self.name} was not ready after 600 s")
+
+    monkeypatch.setattr(FakeServer, "wait_ready", wait_ready)
+    a, b = ids_engine((0, 3, 5)), ids_engine((1, 3, 4))
+    pool = pool_module.EnginePool(log_dir=tmp_path)
+    for config in (a, b):
+        with pytest.raises(Eagle3EngineError) as err:
+            pool.get(config)
+        assert not isinstance(err.value, Eagle3StartCauseSeen)
+    assert pool.start_failures.summary_lines(2) == []

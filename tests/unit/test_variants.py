@@ -123,7 +123,7 @@ def test_missing_flag_is_named() -> None:
     install = fake_install(FLAGS_0523 - {"chunked-prefill-size"}, version="0.4.0")
     reason = V.get_variant("chunked-prefill").requirements(install, "cpu", 1)
     assert reason == (
-        "chunked prefill (chunk 8) needs --chunked-prefill-size; the installed sglang 0.4.0 "
+        "chunked prefill (chunk 16) needs --chunked-prefill-size; the installed sglang 0.4.0 "
         "(/fake/sglang) has no --chunked-prefill-size server argument"
     )
     # Flags are checked before hardware: a fork without the flag says so even on CPU.
@@ -313,3 +313,19 @@ def test_cuda_graphs_must_be_engaged_not_only_asked_for() -> None:
     off = V.get_variant("cuda-graph-off")
     assert path_not_taken(off.name, {}, info, off.engaged) is not None
     assert path_not_taken(on.name, {}, {}, on.engaged) is None  # an SGLang that does not report it
+
+
+def test_radix_hits_and_chunked_prefill_ride_on_the_wide_case_s_engine() -> None:
+    # The default run takes both paths on an engine it starts anyway: on cpu the
+    # wide case's engine chunks and keeps its radix cache; on cuda (page sizes up
+    # to 64 reject chunk 16) only the radix cache is shared.
+    install = fake_install(FLAGS_0523)
+    assert V.shared_engine_args(install, "cpu", 2) == {"disable_radix_cache": False,
+                                                        "chunked_prefill_size": V.CHUNK_SIZE}
+    assert V.shared_engine_args(install, "cuda", 2) == {"disable_radix_cache": False}
+    assert not V.get_variant("radix-cache-hit").own_engine("cpu")
+    assert not V.get_variant("chunked-prefill").own_engine("cpu")
+    assert V.get_variant("chunked-prefill").own_engine("cuda")
+    assert V.get_variant("ids-at-first-k-dense").own_engine("cpu")
+    assert V.shared_engine_args(fake_install(FLAGS_0523 - {"chunked-prefill-size"}), "cpu", 1) == {
+        "disable_radix_cache": False}
