@@ -63,19 +63,24 @@ def test_server_info_proves_the_plain_path(eagle3_case, eagle3_capture, eagle3_m
     from pytest_eagle3.planning.declare import EngineRequest
     from pytest_eagle3.engine.variant_proof import path_not_taken, prefill_rows
 
+    from pytest_eagle3.engine.variants import shared_engine_args
+
     f = eagle3_model_config
     ids = tuple(cases.resolve(eagle3_case, f.num_layers, f.hidden_size, eagle3_sglang.id_rule()).ids)
-    caps = eagle3_capture(list(ids))
-    info = eagle3_capture.server_info(EngineRequest(ids=ids))
+    # The wide case's engine: radix cache on, chunked prefill (shared with the suite).
+    extra = shared_engine_args(eagle3_sglang, "cpu", 1)
+    caps = eagle3_capture(list(ids), extra_args=extra)
+    info = eagle3_capture.server_info(EngineRequest(ids=ids, extra_args=extra))
     assert [c.prefill.shape[0] for c in caps] == [prefill_rows(len(c.prompt), info) for c in caps]
-    assert path_not_taken("plain", {"disable_radix_cache": True}, info) is None
+    assert any(c.prefill.shape[0] < len(c.prompt) for c in caps)  # the longer prompts were chunked
+    assert path_not_taken("plain", extra, info) is None
     msg = path_not_taken("chunked-prefill", {"chunked_prefill_size": 8}, info)
     assert msg is not None and "but SGLang's /server_info reports chunked_prefill_size=" in msg, msg
 '''
 
 #: Per-rank detectors must fire on a deliberately wrong tensor recorded inside a
 #: real TP worker (the recorder's fault switch), through the checks the suite uses.
-#: Shares the suite's TP 2 engine of the wide case.
+#: Shares the suite's TP 2 engine of the wide case (its shared paths' server args).
 FAULT_TEST = '''
 import pytest
 from pytest_eagle3.suite.outcome import fail_if_bad
@@ -98,7 +103,10 @@ def test_fault_fires(check, fault, eagle3_case, eagle3_capture, eagle3_reference
     f = eagle3_model_config
     ids = list(cases.resolve(eagle3_case, f.num_layers, f.hidden_size, eagle3_sglang.id_rule()).ids)
     expected = list(predict(ids, f.num_layers, eagle3_sglang.id_rule()).snapshots)
-    _, records = eagle3_capture.with_ranks(ids, fault=FAULTS[fault])
+    from pytest_eagle3.engine.variants import shared_engine_args
+
+    _, records = eagle3_capture.with_ranks(ids, fault=FAULTS[fault],
+                                           extra_args=shared_engine_args(eagle3_sglang, "cpu", 2))
     if check == "embedding":
         report = check_rank_embeddings(records, eagle3_reference, slot=0, hidden_size=f.hidden_size,
                                        vocab_size=f.vocab_size)
