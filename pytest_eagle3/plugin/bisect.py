@@ -33,7 +33,7 @@ from pytest_eagle3.plugin.run import get_run, get_settings
 GOOD, BAD, UNTESTABLE = 0, 1, 125
 #: Class names of errors that mean "this commit cannot be tested".
 UNTESTABLE_ERRORS = ("Eagle3SGLangMissing", "Eagle3CaptureUnsupported", "Eagle3LeaseTimeout", "ReferenceFailed",
-                     "Eagle3EngineError", "Eagle3ConfigError")
+                     "Eagle3EngineError", "Eagle3StartCauseSeen", "Eagle3ConfigError")
 #: An engine that dies on these words died of the capture wiring itself.
 CAPTURE_FAILURE = re.compile(r"aux_hidden|layers_to_capture|captured \d+ of \d+|hidden_states_to_capture")
 #: ``user_properties`` entry of a test that could not exercise the commit (survives xdist).
