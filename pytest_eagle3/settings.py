@@ -91,6 +91,9 @@ class Settings:
             packaged ones (token ids or text: :mod:`pytest_eagle3.target.prompts`).
         prefetch: on cpu, start the run's next engine while the current one starts
             and serves (``--eagle3-no-prefetch`` turns it off; :mod:`pytest_eagle3.engine.pool`).
+        id_switch: on cpu, one capture-only engine per TP size serves every id list,
+            switching ids between requests (``--eagle3-no-id-switch`` turns it off;
+            :mod:`pytest_eagle3.worker.id_switch`).
         cpu_norm: ``--eagle3-cpu-norm`` (env ``PYTEST_EAGLE3_CPU_NORM_PATH``): ``auto`` (SGLang's
             in-place AMX norm branch where the installed layernorm.py has one), ``inplace``,
             ``native`` (:mod:`pytest_eagle3.sglang_source.norm_code`).
@@ -119,6 +122,7 @@ class Settings:
     min_accept_length: float | None = None
     min_accept_rate: float | None = None
     prefetch: bool = True
+    id_switch: bool = True
     prompts: Path | None = None
     cpu_norm: str = CPU_NORM_DEFAULT
     cpu_allreduce_fusion: bool = False

@@ -35,7 +35,7 @@ from pytest_eagle3.engine.gpus import PLAN_GPU_ARCH, detect_gpu_arch
 from pytest_eagle3.capture.draft_path import draft_path_server_args
 from pytest_eagle3.capture.response import Captures, parse_response
 from pytest_eagle3.settings import Settings
-from pytest_eagle3.worker.env import FAULT_ENV
+from pytest_eagle3.worker.env import FAULT_ENV, ID_SWITCH_ENV
 
 if TYPE_CHECKING:
     from pytest_eagle3.engine.config import EngineConfig
@@ -118,15 +118,40 @@ def engine_config(install: SGLangInstall, settings: Settings, *, model_path: str
         Eagle3CaptureUnsupported: this SGLang cannot return captures this way.
     """
 
-    args = capture_server_args(install, list(ids) if ids is not None else None, draft_path=draft)
+    switch = switches_ids(install, settings, facts, ids, draft)
+    args = capture_server_args(install, list(ids) if ids is not None and not switch else None, draft_path=draft)
     args.update(extra_args or {})
     cuda = cuda_recipe_for(install, settings, facts) if settings.device == "cuda" else None
-    extra_env = {}
+    extra_env = {ID_SWITCH_ENV: "1"} if switch else {}
     if settings.fault:
         extra_env[FAULT_ENV] = str(settings.fault)
     return build_engine_config(install, model_path=model_path, tp=tp, device=settings.device,
                                test_args=args, user_args=settings.sglang_args, cuda=cuda, extra_env=extra_env,
                                norm_path=settings.cpu_norm, allreduce_fusion=bool(settings.cpu_allreduce_fusion))
+
+
+#: Architectures whose capture the id switch serves (``DeepseekV2ForCausalLM.set_eagle3_layers_to_capture``).
+SWITCH_ARCHITECTURES = ("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM")
+#: Ids per list the switch serves: the length of SGLang's default list, whose
+#: packer width the engine starts with (``[2, L//2, L-3]``).
+SWITCH_IDS = 3
+
+
+def switches_ids(install: SGLangInstall, settings: Settings, facts: "TargetFacts | None",
+                 ids: Sequence[int] | None, draft: str | None) -> bool:
+    """Whether the engine for ``ids`` is the run's one capture-only engine at its TP
+    size that switches ids between requests (:mod:`pytest_eagle3.worker.id_switch`):
+    on cpu (no CUDA graph keeps the layers it was captured with), capture-only
+    (a draft's ids come from its ``config.json``), a DeepSeek-V3-layout target,
+    an SGLang with ``HookRegistry`` (``srt/plugins/hook_registry.py``), and
+    :data:`SWITCH_IDS` ids (or SGLang's default)."""
+    if settings.device != "cpu" or draft is not None or not settings.id_switch:
+        return False
+    if facts is None or facts.architecture not in SWITCH_ARCHITECTURES:
+        return False
+    if ids is not None and len(ids) != SWITCH_IDS:
+        return False
+    return bool(install.location) and install.source("srt/plugins/hook_registry.py") is not None
 
 
 def cuda_recipe_for(install: SGLangInstall, settings: Settings, facts: "TargetFacts | None") -> "CudaRecipe":

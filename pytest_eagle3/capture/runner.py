@@ -9,16 +9,28 @@ per-TP-rank recorder (:mod:`pytest_eagle3.engine.recordings`).
 
 from __future__ import annotations
 
+import json
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 from pytest_eagle3.capture.api import capture, engine_config
+from pytest_eagle3.worker.env import ID_SWITCH_ENV
+from pytest_eagle3.worker.id_switch import APPLIED_FILE, IDS_FILE
 from pytest_eagle3.settings import Settings
 from pytest_eagle3.capture.draft_path import capture_draft_path
 from pytest_eagle3.worker.cpu.allreduce_fusion import FUSION_ENV
 from pytest_eagle3.engine.standin_proof import NOT_TAKEN, configured, not_taken
-from pytest_eagle3.engine.recordings import Recorder, prefill_records
+from pytest_eagle3.engine.recordings import Recorder, decode_records, prefill_records, request_forwards
 from pytest_eagle3.errors import Eagle3EngineError
+
+#: An engine that switches ids did not apply a request's ids on every rank.
+IDS_NOT_SWITCHED = (
+    "SGLang engine {engine}: TP rank {rank} did not switch its aux layer ids to {ids} before the "
+    "request (it last applied {applied}); the captures would be another list's "
+    "(pytest_eagle3/worker/id_switch.py; --eagle3-no-id-switch starts one engine per list; log: {log})"
+)
 
 if TYPE_CHECKING:
     from pytest_eagle3.capture.draft_path import DraftPathCaptures
@@ -151,6 +163,29 @@ class CaptureRunner:
         self._prove_standin_paths(server)
         return list(self.pool.results[key])
 
+    def speculate_ranks(self, request: "CaptureRequest", prompts: Sequence[Sequence[int]],
+                        max_new_tokens: Sequence[int]) -> "tuple[list[DraftPathCaptures], dict[int, list[Record]]]":
+        """:meth:`speculate` once more with the per-rank recorder on: each request's
+        output and, per rank, every forward holding the requests' rows (prefill,
+        verify), in order (:func:`pytest_eagle3.engine.recordings.request_forwards`;
+        the requests carry no rid of ours, so every forward of the run is kept).
+
+        Raises:
+            Eagle3Error: a rank recorded nothing.
+        """
+        assert request.draft is not None, "speculate_ranks() needs a request that loads a draft"
+        server = self._server(request.ids, request.extra_args, request.draft)
+        assert self.last_config is not None
+        recorder = Recorder(self.pool.record_dir(self.last_config))
+        self._flush(server)
+        with recorder.recording():
+            out = []
+            for prompt, n in zip(prompts, max_new_tokens):
+                out += capture_draft_path(server, [prompt], decode_steps=max(0, int(n) - 1))
+            records = recorder.read(self.tp)
+        self._prove_standin_paths(server)
+        return out, records
+
     def __call__(self, layer_ids: Sequence[int] | None, *, prompts: Sequence[Sequence[int]] | None = None,
                  decode_steps: int = 0, extra_args: Mapping[str, Any] | None = None,
                  batch: bool = False, draft: str | None = None, fresh: bool = True) -> "list[Captures]":
@@ -171,6 +206,7 @@ class CaptureRunner:
             self._flush(server)
         out = capture(server, self.prompts if prompts is None else prompts, decode_steps=decode_steps,
                       batch=batch)
+        self._prove_ids_switched(layer_ids)
         self._prove_standin_paths(server)
         return out
 
@@ -211,7 +247,38 @@ class CaptureRunner:
         self.last_config = config
         if self.on_engine is not None:
             self.on_engine(config, self.pool.log_path(config))
-        return self.pool.get(config, who=self.who)
+        server = self.pool.get(config, who=self.who)
+        if config.env_dict().get(ID_SWITCH_ENV) == "1":
+            # The ids the next request captures (worker/id_switch.py), written while idle.
+            directory = self.pool.record_dir(config)
+            directory.mkdir(parents=True, exist_ok=True)
+            tmp = directory / (IDS_FILE + ".tmp")
+            tmp.write_text(json.dumps(list(layer_ids) if layer_ids is not None else None))
+            os.replace(tmp, directory / IDS_FILE)
+        return server
+
+    def _prove_ids_switched(self, layer_ids: Sequence[int] | None) -> None:
+        """On an engine that switches ids, every TP rank must have applied ``layer_ids``
+        (its ``IDS.applied.rank<r>``), else the captures are another list's.
+
+        Raises:
+            Eagle3EngineError: a rank did not apply them (:data:`IDS_NOT_SWITCHED`).
+        """
+        config = self.last_config
+        if config is None or config.env_dict().get(ID_SWITCH_ENV) != "1":
+            return
+        want = list(layer_ids) if layer_ids is not None else None
+        directory = self.pool.record_dir(config)
+        for rank in range(config.tp):
+            path = directory / APPLIED_FILE.format(rank=rank)
+            try:
+                applied = json.loads(path.read_text())
+            except (OSError, ValueError) as exc:
+                applied = {"ids": f"nothing readable ({exc})"}
+            if applied.get("ids") != want:
+                raise Eagle3EngineError(IDS_NOT_SWITCHED.format(
+                    engine=config.name, rank=rank, ids=want, applied=applied.get("ids"),
+                    log=self.pool.log_path(config)))
 
     def with_ranks(self, layer_ids: Sequence[int] | None, *, prompts: Sequence[Sequence[int]] | None = None,
                    decode_steps: int = 0, extra_args: Mapping[str, Any] | None = None,
@@ -219,7 +286,8 @@ class CaptureRunner:
                    draft: str | None = None) -> "tuple[list[Captures], dict[int, list[Record]]]":
         """Like calling the runner, plus what every TP rank captured: per rank, the
         prefill rows of each prompt's request, in prompt order
-        (:func:`pytest_eagle3.engine.recordings.prefill_records`).
+        (:func:`pytest_eagle3.engine.recordings.prefill_records`); :meth:`ranks`
+        gives the decode rows and every forward too.
 
         ``fault`` (self-tests only) makes one rank's recorder store a wrong copy:
         see :data:`pytest_eagle3.worker.recorder_hook.FAULTS`.
@@ -227,7 +295,19 @@ class CaptureRunner:
         Raises:
             Eagle3Error: a rank recorded nothing (the SGLang plugin is not loaded).
         """
+        got = self.ranks(layer_ids, prompts=prompts, decode_steps=decode_steps, extra_args=extra_args,
+                         fault=fault, draft=draft)
+        return got.captures, got.prefill
 
+    def ranks(self, layer_ids: Sequence[int] | None, *, prompts: Sequence[Sequence[int]] | None = None,
+              decode_steps: int = 0, extra_args: Mapping[str, Any] | None = None,
+              fault: Mapping[str, Any] | None = None, draft: str | None = None) -> "RankCaptures":
+        """The captures of the suite prompts and what every TP rank captured for
+        them, per forward mode (:class:`RankCaptures`).
+
+        Raises:
+            Eagle3Error: a rank recorded nothing (the SGLang plugin is not loaded).
+        """
         server = self._server(layer_ids, extra_args, draft)
         assert self.last_config is not None
         recorder = Recorder(self.pool.record_dir(self.last_config))
@@ -235,7 +315,30 @@ class CaptureRunner:
         with recorder.recording(fault=fault):
             captures = capture(server, self.prompts if prompts is None else prompts, decode_steps=decode_steps)
             records = recorder.read(self.tp)
+        self._prove_ids_switched(layer_ids)
         self._prove_standin_paths(server)
-        # Only the test's own requests, one prefill record per prompt in order
-        # (a readiness probe's or another client's forward never shifts them).
-        return captures, prefill_records(records, [c.rid for c in captures])
+        # Only the test's own requests, in prompt order (a readiness probe's or
+        # another client's forward never shifts them).
+        rids = [c.rid for c in captures]
+        return RankCaptures(captures, prefill_records(records, rids),
+                            decode_records(records, rids) if decode_steps else {},
+                            request_forwards(records, rids))
+
+
+@dataclass(frozen=True)
+class RankCaptures:
+    """What one request set captured, through the API and on every TP rank.
+
+    Attributes:
+        captures: per prompt, the API's captures (rank 0's view).
+        prefill: rank -> per prompt, its prefill rows over every chunk (``[T, K*H]``).
+        decode: rank -> per prompt, its decode rows (``[d, K*H]``, positions ``T .. T+d-1``);
+            ``{}`` without decode steps.
+        forwards: rank -> every forward holding the prompts' rows, in order (what
+            the ranks must agree on, bitwise on cpu).
+    """
+
+    captures: "list[Captures]"
+    prefill: "dict[int, list[Record]]"
+    decode: "dict[int, list[Record]]"
+    forwards: "dict[int, list[Record]]"

@@ -96,16 +96,106 @@ def prefill_records(records: Mapping[int, Sequence[Record]], rids: Sequence[str 
             if not parts:
                 seen = sorted({x for r in recs for x in r.rids})
                 raise Eagle3Error(NO_PREFILL.format(rank=rank, rid=rid, n=len(recs), seen=seen[:6]))
-            if len(parts) == 1:
-                mine.append(parts[0])
-                continue
-            import torch  # chunked prefill: the request's rows over several forwards
+            mine.append(_joined(parts, rank, str(rid)))  # chunked prefill: rows over several forwards
+        out[rank] = mine
+    return out
 
-            pos = [p.positions for p in parts]
-            mine.append(Record(rank, parts[0].seq, parts[0].mode, torch.cat([p.aux for p in parts]),
-                               torch.cat([p.input_ids for p in parts]),
-                               torch.cat(pos) if all(x is not None for x in pos) else None, parts[0].shard,
-                               (str(rid),), (sum(p.lens[0] for p in parts),)))
+
+def _joined(parts: "list[Record]", rank: int, rid: str) -> "Record":
+    """One record of ``rid``'s rows over several forwards, in forward order."""
+    if len(parts) == 1:
+        return parts[0]
+    import torch
+
+    pos = [p.positions for p in parts]
+    return Record(rank, parts[0].seq, parts[0].mode, torch.cat([p.aux for p in parts]),
+                  torch.cat([p.input_ids for p in parts]),
+                  torch.cat(pos) if all(x is not None for x in pos) else None, parts[0].shard,
+                  (rid,), (sum(p.lens[0] for p in parts),))
+
+
+def decode_records(records: Mapping[int, Sequence[Record]], rids: Sequence[str | None]
+                   ) -> dict[int, list[Record]]:
+    """Per rank, the decode (``DECODE``) rows of each request in ``rids``, in ``rids``
+    order, one row per decode forward (positions ``T .. T+d-1``), joined into one
+    record per request; a request with no decode forward gets an empty record.
+    ``{}`` when the records carry no request ids (nothing can be attributed)."""
+    import torch
+
+    out: dict[int, list[Record]] = {}
+    for rank, recs in records.items():
+        decode = [r for r in recs if r.mode == "DECODE"]
+        if not any(r.rids for r in decode) or any(rid is None for rid in rids):
+            return {}
+        mine = []
+        for rid in rids:
+            parts = [part for r in decode if (part := r.for_request(str(rid))) is not None]
+            if parts:
+                mine.append(_joined(parts, rank, str(rid)))
+            else:
+                width = recs[0].aux.shape[1] if recs else 0
+                mine.append(Record(rank, -1, "DECODE", torch.zeros(0, width), torch.zeros(0, dtype=torch.long),
+                                   torch.zeros(0, dtype=torch.long), None, (str(rid),), (0,)))
+        out[rank] = mine
+    return out
+
+
+def request_forwards(records: Mapping[int, Sequence[Record]], rids: Sequence[str | None]
+                     ) -> dict[int, list[Record]]:
+    """Per rank, every forward (prefill chunks, decode, verify) that holds rows of one
+    of ``rids``, restricted to those rows, in forward order: what the ranks must
+    agree on.  Records without request ids are kept whole."""
+    wanted = [str(r) for r in rids if r is not None]
+    out: dict[int, list[Record]] = {}
+    for rank, recs in records.items():
+        mine = []
+        for r in recs:
+            if not r.rids:
+                mine.append(r)
+                continue
+            mine += [part for rid in wanted if (part := r.for_request(rid)) is not None]
+        out[rank] = mine
+    return out
+
+
+def verified_rows(record: Record, sequence: Sequence[int]) -> list[int]:
+    """Rows of a verify forward (``TARGET_VERIFY``, one request) whose input chain is
+    the request's final token sequence: row ``k`` counts when the inputs of rows
+    ``0 .. k`` are the tokens at their positions (a rejected draft token and
+    everything after it are not the sequence the reference computes).  A record
+    without positions gives ``[]``."""
+    if record.positions is None:
+        return []
+    rows = []
+    for k, (pos, tok) in enumerate(zip(record.positions.tolist(), record.input_ids.tolist())):
+        if not 0 <= pos < len(sequence) or int(sequence[pos]) != int(tok):
+            break
+        rows.append(k)
+    return rows
+
+
+def verify_records(records: Mapping[int, Sequence[Record]], sequences: Mapping[str, Sequence[int]]
+                   ) -> dict[int, list[Record]]:
+    """Per rank, each verify forward (``TARGET_VERIFY``) of a request in
+    ``sequences`` (rid -> its final token sequence, prompt and output), cut to its
+    :func:`verified_rows`, in forward order; forwards with no such row are dropped
+    on every rank alike (the ranks see the same inputs)."""
+    out: dict[int, list[Record]] = {}
+    for rank, recs in records.items():
+        mine = []
+        for rec in recs:
+            if rec.mode != "TARGET_VERIFY":
+                continue
+            for rid in rec.rids:
+                part = rec.for_request(rid)
+                if part is None or rid not in sequences:
+                    continue
+                rows = verified_rows(part, sequences[rid])
+                if not rows:
+                    continue
+                pos = part.positions[rows] if part.positions is not None else None
+                mine.append(Record(rank, part.seq, part.mode, part.aux[rows], part.input_ids[rows], pos,
+                                   part.shard, (rid,), (len(rows),)))
         out[rank] = mine
     return out
 

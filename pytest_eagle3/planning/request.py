@@ -103,7 +103,7 @@ def resolve(need: EngineNeed, ctx: NeedContext) -> EngineRequest:
     if need.acceptance:
         return acceptance_request(ctx, portable=need.portable_draft, variant=need.draft_variant)
     case = cases.resolve(need.case, L, H, rule)
-    shared = wide_engine_args(need, ctx)
+    shared = capture_engine_args(need, ctx)
     if v is not None:
         ids = tuple(v.ids(L, ctx.facts.first_k_dense_replace)) if v.ids is not None else _ids(case.ids)
         predicted = tuple(predict(list(ids) if ids is not None else None, L, rule).snapshots)
@@ -129,11 +129,13 @@ def resolve(need: EngineNeed, ctx: NeedContext) -> EngineRequest:
                          contract=str(case.contract), draft=draft)
 
 
-def wide_engine_args(need: EngineNeed, ctx: NeedContext) -> dict[str, Any]:
-    """The server args of ``need``'s engine beyond the capture ones: the wide
-    case's engine takes the shared paths (:func:`pytest_eagle3.engine.variants.shared_engine_args`:
-    radix-cache hits, chunked prefill on cpu); every other case's engine none."""
-    if need.case != cases.WIDE_CASE or need.acceptance or ctx.install is None:
+def capture_engine_args(need: EngineNeed, ctx: NeedContext) -> dict[str, Any]:
+    """The server args of ``need``'s capture engine beyond the capture ones: the
+    shared paths (:func:`pytest_eagle3.engine.variants.shared_engine_args`:
+    radix-cache hits, chunked prefill on cpu), so every id list's tests take
+    them, on one engine per TP size where the engine switches ids
+    (:func:`pytest_eagle3.capture.api.switches_ids`).  Acceptance engines: none."""
+    if need.acceptance or ctx.install is None:
         return {}
     return shared_engine_args(ctx.install, ctx.settings.device, ctx.tp)
 

@@ -94,6 +94,12 @@ def add_options(parser: pytest.Parser) -> None:
         "tests and by the acceptance test of a draft without continuations.json",
     )
     group.addoption(
+        "--eagle3-no-id-switch", dest="eagle3_id_switch", action="store_false", default=True,
+        help="on cpu, start one capture-only engine per aux layer id list, each given its ids as a "
+        "server argument (default: one engine per TP size switches ids between requests through "
+        "SGLang's own set_eagle3_layers_to_capture)",
+    )
+    group.addoption(
         "--eagle3-no-prefetch", dest="eagle3_prefetch", action="store_false", default=True,
         help="on cpu, start each engine only when a test needs it (default: the next engine of "
         "the run starts in the background while the current one serves, if memory allows)",

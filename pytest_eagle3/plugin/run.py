@@ -77,6 +77,8 @@ class Eagle3Run:
             (the TP > 1 acceptance tests compare with it).
         pool: this process's engine pool once the ``eagle3_engine_pool`` fixture
             made it (its start failures by cause close the terminal summary).
+        engine_names: ``(need name, case, group, tp)`` -> the engine it resolves to
+            (the collection sort, :func:`pytest_eagle3.plugin.session.engine_group`).
     """
 
     config: pytest.Config
@@ -95,6 +97,7 @@ class Eagle3Run:
     causes: dict[str, str] = field(default_factory=dict)
     tp1_accept_length: dict[str, float] = field(default_factory=dict)
     pool: Any = None
+    engine_names: dict = field(default_factory=dict)
 
     def leave_out(self, test_id: str, reason: str) -> None:
         """Record a test not generated in this run, and why (terminal summary)."""

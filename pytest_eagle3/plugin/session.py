@@ -138,23 +138,57 @@ def uses_eagle3(fixturenames: Iterable[str]) -> bool:
 
 def engine_group(item: pytest.Item) -> tuple[int, int, str, int, int, str]:
     """Sort key grouping tests that use the same engine: engine-free tests first,
-    then by TP size, then by engine need (or capture case) name.
+    then by TP size, then by the engine a declared need resolves to (its
+    :class:`~pytest_eagle3.engine.config.EngineConfig` name, as ``--eagle3-plan``
+    resolves it: needs sharing an engine, e.g. every id list of a switching
+    capture engine, sort together), else by the need's group or capture case name.
 
-    An acceptance need sorts just before the capture-only engine of its case
-    (the draft's ids): a test that uses both (draft path vs capture-only) then
-    sits between the two groups, and with one engine alive at a time each
+    An acceptance need sorts just before the capture engine of its case (the
+    draft's ids): a test whose engine set holds both (draft path vs capture-only)
+    then sits between the two groups, and with one engine alive at a time each
     engine starts once.  Draft variants of the same case (the MLA drafts) come
     first, each group together."""
     params = getattr(getattr(item, "callspec", None), "params", {})
     if not ({TP_ARGNAME, CASE_ARGNAME, NEED_ARGNAME} & set(params)) and item.get_closest_marker("tp") is None:
         return (0, 0, "", 0, 0, "")
     need = params.get(NEED_ARGNAME)
+    tp = item_tp(item)
     if need is not None and need.acceptance:
-        return (1, item_tp(item), str(need.case), 0, 0 if need.draft_variant else 1, str(need.engine_group))
+        anchor = _engine_name(item, declare.EngineNeed(need.case, need.case, every_tp=True), tp)
+        return (1, tp, anchor, 0, 0 if need.draft_variant else 1, str(need.engine_group))
     if need is not None:
-        return (1, item_tp(item), str(need.engine_group), 1, 0, "")
+        return (1, tp, _engine_name(item, need, tp), 1, 0, "")
     case = params.get(CASE_ARGNAME)
-    return (1, item_tp(item), str(getattr(case, "name", case or "")), 1, 0, "")
+    return (1, tp, str(getattr(case, "name", case or "")), 1, 0, "")
+
+
+def _engine_name(item: pytest.Item, need: "declare.EngineNeed", tp: int) -> str:
+    """The name of the engine ``need`` resolves to at ``tp`` in this run (cached per
+    run), or the need's group where it cannot be resolved here (no SGLang, a bad
+    target, a need whose request fails: those tests report it themselves)."""
+    run = get_run(item.config)
+    key = (need.name, need.case, need.engine_group, tp)
+    cache = run.engine_names
+    if key not in cache:
+        cache[key] = str(need.engine_group)
+        install, facts = run.collect_context()
+        if install is not None and facts is not None:
+            from pytest_eagle3.capture.api import engine_config
+            from pytest_eagle3.errors import Eagle3Error
+            from pytest_eagle3.planning.request import resolve
+            from pytest_eagle3.target.checkpoint.cache import entry_dir
+            from pytest_eagle3.target.spec import LocalTarget, resolve_target
+
+            settings = get_settings(item.config)
+            try:
+                target = resolve_target(settings.target)
+                model = str(target.path if isinstance(target, LocalTarget) else entry_dir(target, settings.cache_dir))
+                request = resolve(need, declare.NeedContext(settings, tp, install, facts))
+                cache[key] = engine_config(install, settings, model_path=model, tp=tp, ids=request.ids,
+                                           extra_args=request.extra_args, facts=facts, draft=request.draft).name
+            except (Eagle3Error, ValueError):
+                pass
+    return cache[key]
 
 
 def item_tp(item: pytest.Item) -> int:

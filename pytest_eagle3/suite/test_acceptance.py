@@ -43,9 +43,10 @@ from pytest_eagle3.capture.spec_metrics import aggregate
 from pytest_eagle3.draft.wiring import CORRECT, MISWIRINGS
 from pytest_eagle3.target.reference import ensure_reference
 from pytest_eagle3.capture.api import CAPTURE_ONLY, Eagle3CaptureUnsupported, select_method
-from pytest_eagle3.suite.outcome import conclude, recorded_causes
+from pytest_eagle3.suite.outcome import conclude, fail_if_bad, recorded_causes
 from pytest_eagle3.suite.support import tolerance
 from pytest_eagle3.verdicts.acceptance import check_gate, check_output, check_power, check_relative
+from pytest_eagle3.verdicts.rankcheck import check_request_count, check_verify_recorded
 from pytest_eagle3.verdicts.paths import check_methods_agree, compare_captures
 
 NO_CONTINUATIONS = "{draft} ships no continuations.json: replaying the suite prompts for {n} tokens each"
@@ -162,3 +163,36 @@ def test_draft_path_agrees_with_capture_only(eagle3_engine_set, eagle3_capture, 
     only = eagle3_capture(list(wide.ids) if wide.ids is not None else None, extra_args=wide.extra_args)
     conclude(check_methods_agree((compare_captures(a, b) for a, b in zip(via_draft, only)),
                                  rel_tol=tolerance(eagle3_settings)))
+
+
+@pytest.mark.gpu
+@pytest.mark.tp(2, 4, 8)
+@pytest.mark.eagle3_engines(acceptance_need())
+def test_every_rank_agrees_in_verify(eagle3_engine_request, eagle3_capture, eagle3_checkpoint, eagle3_settings,
+                                     eagle3_model_config, eagle3_prompts, pytestconfig):
+    """Speculative decoding on every TP rank: all ranks capture the same in every
+    forward (prefill and verify, bitwise on cpu), and the verify rows whose inputs
+    are the final sequence hold the snapshots the id rule predicts, on every rank
+    (the per-rank recorder during the acceptance workload)."""
+    from pathlib import Path
+
+    from pytest_eagle3.engine.recordings import verify_records
+    from pytest_eagle3.verdicts.rankcheck import check_rank_slots, check_ranks_agree
+
+    req = eagle3_engine_request
+    facts = eagle3_model_config
+    tol = tolerance(eagle3_settings)
+    _, prompts, lengths, _ = _workload(Path(req.draft), eagle3_prompts)
+    runs, records = eagle3_capture.speculate_ranks(req, prompts, lengths)
+    fail_if_bad(check_ranks_agree(records, hidden_size=facts.hidden_size, exact=eagle3_settings.device == "cpu",
+                                  tol=tol), config=pytestconfig)
+    # Each request was sent alone: its rid is the next new one in forward order.
+    rids = list(dict.fromkeys(rid for rec in records[0] for rid in rec.rids))
+    conclude(check_request_count(rids, len(runs)))
+    sequences = {rid: list(p) + list(r.output_ids) for rid, p, r in zip(rids, prompts, runs)}
+    verify = verify_records(records, sequences)
+    conclude(check_verify_recorded(len(verify[0]), draft=Path(req.draft).name))
+    full = dict(zip(rids, ensure_reference(eagle3_checkpoint, list(sequences.values()))))
+    references = [full[rec.rids[0]][:, rec.positions] for rec in verify[0]]
+    fail_if_bad(check_rank_slots(verify, references, expected=list(req.predicted), num_layers=facts.num_layers,
+                                 hidden_size=facts.hidden_size, tol=tol), config=pytestconfig)

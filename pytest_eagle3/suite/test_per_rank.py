@@ -1,4 +1,6 @@
-"""Every TP rank captures the same, complete, fully reduced hidden states.
+"""Every TP rank captures the same, complete, fully reduced hidden states, in
+every forward mode: prefill (every chunk: the wide case's engine prefills the
+longer prompts in chunks on cpu) and decode.
 
 SGLang's public API returns rank 0's captures only.  The per-rank recorder
 (``worker/recorder_hook.py``, loaded into each TP worker through SGLang's
@@ -6,10 +8,13 @@ SGLang's public API returns rank 0's captures only.  The per-rank recorder
 forward; these tests compare all of them with the reference:
 
 * the embedding slot is complete on every rank (VocabParallelEmbedding's
-  all-reduce reached each rank);
-* all ranks hold identical captures (bitwise in fp32 on CPU);
-* every rank's slots hold the expected snapshots, and a slot that equals k/tp
-  of its snapshot is named as a partial sum on that rank.
+  all-reduce reached each rank), for prompt and decode tokens;
+* all ranks hold identical captures, forward by forward (bitwise in fp32 on CPU);
+* every rank's slots hold the expected snapshots in prefill and decode rows,
+  and a slot that equals k/tp of its snapshot is named as a partial sum on that rank.
+
+Verify forwards (speculative decoding) are checked on every rank by
+``test_acceptance.py::test_every_rank_agrees_in_verify``.
 """
 
 from __future__ import annotations
@@ -20,39 +25,52 @@ from pytest_eagle3.planning import cases
 from pytest_eagle3.planning.declare import case_needs
 from pytest_eagle3.suite.outcome import fail_if_bad
 from pytest_eagle3.suite.support import evidence, tolerance
+from pytest_eagle3.target.reference import ensure_reference
 from pytest_eagle3.verdicts.rankcheck import check_rank_embeddings, check_rank_slots, check_ranks_agree
 
 WIDE = case_needs([cases.WIDE_CASE])
 WIDE_EMBEDDING = case_needs([cases.WIDE_CASE], needs_embedding=True)
+#: Decode forwards per prompt the per-rank tests record.
+DECODE_STEPS = 3
 
 
 @pytest.fixture
 def rank_captures(eagle3_capture, eagle3_engine_request):
-    """``(request, captures, records)`` of the wide case, with the recorder on."""
+    """``(request, RankCaptures)`` of the wide case with the recorder on: prefill
+    and :data:`DECODE_STEPS` decode forwards per prompt."""
     req = eagle3_engine_request
-    captures, records = eagle3_capture.with_ranks(req.ids, draft=req.draft, extra_args=req.extra_args)
-    return req, captures, records
+    got = eagle3_capture.ranks(req.ids, draft=req.draft, extra_args=req.extra_args, decode_steps=DECODE_STEPS)
+    return req, got
+
+
+def decode_references(checkpoint, got):
+    """Per prompt, the reference ``[L+2, d, H]`` at the decode positions ``T .. T+d-1``
+    of the prompt extended by its generated tokens."""
+    seqs = [list(c.prompt) + list(c.output_ids[:-1]) for c in got.captures]
+    refs = ensure_reference(checkpoint, seqs)
+    return [ref[:, len(c.prompt):len(c.prompt) + DECODE_STEPS] for ref, c in zip(refs, got.captures)]
 
 
 @pytest.mark.gpu
 @pytest.mark.tp(2, 4, 8)
 @pytest.mark.eagle3_engines(*WIDE_EMBEDDING)
 def test_every_rank_embedding_complete(rank_captures, eagle3_reference, eagle3_model_config, eagle3_settings,
-                                       pytestconfig):
-    req, _, records = rank_captures
+                                       eagle3_checkpoint, pytestconfig):
+    req, got = rank_captures
     facts = eagle3_model_config
-    report = check_rank_embeddings(records, eagle3_reference, slot=req.predicted.index(0),
-                                   hidden_size=facts.hidden_size, vocab_size=facts.vocab_size,
-                                   tol=tolerance(eagle3_settings))
-    fail_if_bad(report, config=pytestconfig)
+    kwargs = dict(slot=req.predicted.index(0), hidden_size=facts.hidden_size, vocab_size=facts.vocab_size,
+                  tol=tolerance(eagle3_settings))
+    fail_if_bad(check_rank_embeddings(got.prefill, eagle3_reference, **kwargs), config=pytestconfig)
+    fail_if_bad(check_rank_embeddings(got.decode, decode_references(eagle3_checkpoint, got), **kwargs),
+                config=pytestconfig)
 
 
 @pytest.mark.gpu
 @pytest.mark.tp(2, 4, 8)
 @pytest.mark.eagle3_engines(*WIDE)
 def test_ranks_hold_identical_captures(rank_captures, eagle3_model_config, eagle3_settings, pytestconfig):
-    _, captures, records = rank_captures
-    report = check_ranks_agree(records, hidden_size=eagle3_model_config.hidden_size,
+    _, got = rank_captures
+    report = check_ranks_agree(got.forwards, hidden_size=eagle3_model_config.hidden_size,
                                exact=eagle3_settings.device == "cpu", tol=tolerance(eagle3_settings))
     fail_if_bad(report, config=pytestconfig)
 
@@ -63,11 +81,13 @@ def test_ranks_hold_identical_captures(rank_captures, eagle3_model_config, eagle
 @pytest.mark.eagle3_catches("partial-sum", "before-fused-allreduce", need=cases.WIDE_CASE)
 def test_every_rank_fully_reduced(rank_captures, eagle3_reference, eagle3_model_config, eagle3_settings,
                                   eagle3_checkpoint, eagle3_capture, eagle3_tp, pytestconfig):
-    req, _, records = rank_captures
+    req, got = rank_captures
     facts = eagle3_model_config
-    report = check_rank_slots(records, eagle3_reference, expected=list(req.predicted),
-                              num_layers=facts.num_layers, hidden_size=facts.hidden_size,
-                              tol=tolerance(eagle3_settings),
+    kwargs = dict(expected=list(req.predicted), num_layers=facts.num_layers, hidden_size=facts.hidden_size,
+                  tol=tolerance(eagle3_settings))
+    report = check_rank_slots(got.prefill, eagle3_reference, **kwargs,
                               evidence=evidence(eagle3_checkpoint, eagle3_capture.prompts, facts, eagle3_tp,
                                                 fused_allreduce=eagle3_capture.fused_allreduce))
     fail_if_bad(report, config=pytestconfig)
+    fail_if_bad(check_rank_slots(got.decode, decode_references(eagle3_checkpoint, got), **kwargs),
+                config=pytestconfig)

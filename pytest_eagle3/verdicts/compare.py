@@ -20,8 +20,6 @@ torch is imported inside the functions only.
 
 from __future__ import annotations
 
-from pytest_eagle3.verdicts.distance import rel_err
-
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +27,7 @@ from typing import Any
 
 from pytest_eagle3.verdicts.snapshots import ERR_DEFINITION, describe, fmt_err, grid, label, nan_last
 from pytest_eagle3.verdicts.diagnose import diagnose_slots
+from pytest_eagle3.verdicts.distance import rel_err
 
 #: A slot whose best match is farther than this (and than ``2 * tol``) "matches no snapshot".
 NO_MATCH_TOL = 0.05

@@ -33,8 +33,6 @@ Pure functions on tensors; torch is imported inside the functions.
 
 from __future__ import annotations
 
-from pytest_eagle3.verdicts.distance import rel_err
-
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -43,6 +41,7 @@ from pytest_eagle3.verdicts.evidence import Evidence, EvidenceLike, resolve
 from pytest_eagle3.verdicts.patterns import pattern_lines
 from pytest_eagle3.verdicts.snapshots import fmt_err, full_label, label
 from pytest_eagle3.verdicts.shards import vocab_shard, vocab_shard_ranges
+from pytest_eagle3.verdicts.distance import rel_err
 
 if TYPE_CHECKING:
     import torch

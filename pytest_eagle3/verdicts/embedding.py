@@ -12,8 +12,6 @@ torch is imported inside the functions only.
 
 from __future__ import annotations
 
-from pytest_eagle3.verdicts.distance import rel_err
-
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +20,7 @@ from pytest_eagle3.verdicts.order import follows_measured, measured_snapshots
 from pytest_eagle3.verdicts.outcome import Verdict
 from pytest_eagle3.verdicts.shards import vocab_shard, vocab_shard_ranges
 from pytest_eagle3.verdicts.snapshots import ERR_DEFINITION, fmt_err, grid, nan_last
+from pytest_eagle3.verdicts.distance import rel_err
 
 EMB_OK = "embedding: all {tokens} rows match the {reference_side} embedding (worst rel.err {worst})"
 EMB_BAD = "embedding: {zero} of {tokens} rows are exact zeros, {off} off the {reference_side} (rel.err > {tol})"

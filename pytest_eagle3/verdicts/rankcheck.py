@@ -17,14 +17,14 @@ Pure functions with named sides returning a report with ``.ok`` and
 
 from __future__ import annotations
 
-from pytest_eagle3.verdicts.distance import rel_err
-
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from pytest_eagle3.verdicts.compare import compare_slots
 from pytest_eagle3.verdicts.embedding import check_embedding_complete
 from pytest_eagle3.verdicts.snapshots import fmt_err, full_label
+from pytest_eagle3.verdicts.distance import rel_err
+from pytest_eagle3.verdicts.outcome import Verdict
 
 if TYPE_CHECKING:
     import torch
@@ -186,3 +186,24 @@ def check_rank_slots(records: Mapping[int, Sequence["Record"]], references: Sequ
     if lines:
         return RankReport(False, lines, slot_reports=failed if plain else [])
     return RankReport(True, [ALL_RANKS_OK.format(tp=tp, message="every slot holds its expected snapshot")])
+
+
+REQUESTS_UNMATCHED = ("per-rank recorder: {seen} request ids in the recorded forwards for {sent} requests sent one "
+                      "at a time (another client used the engine?)")
+NO_VERIFY = ("per-rank recorder: no TARGET_VERIFY forward recorded while the {draft} draft decoded: speculative "
+             "decoding did not run on the target (or this SGLang names the mode differently)")
+
+
+def check_request_count(rids: Sequence[str], sent: int) -> Verdict:
+    """Passed when the recorded forwards hold exactly ``sent`` requests."""
+    if len(rids) != sent:
+        return Verdict.failed(REQUESTS_UNMATCHED.format(seen=len(rids), sent=sent))
+    return Verdict.passed()
+
+
+def check_verify_recorded(count: int, *, draft: str) -> Verdict:
+    """Passed when at least one verify forward was recorded: a check of verify
+    rows over none would pass without checking anything."""
+    if count == 0:
+        return Verdict.failed(NO_VERIFY.format(draft=draft))
+    return Verdict.passed()

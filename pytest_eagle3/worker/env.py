@@ -15,3 +15,5 @@ HOOKS_ENV = "PYTEST_EAGLE3_SGLANG_HOOKS"
 FAULT_ENV = "PYTEST_EAGLE3_FAULT"
 #: The upstream fix to apply (:mod:`pytest_eagle3.worker.upstream_fixes`).
 FIX_ENV = "PYTEST_EAGLE3_UPSTREAM_FIX"
+#: ``1``: the engine switches its aux layer ids between requests (:mod:`pytest_eagle3.worker.id_switch`).
+ID_SWITCH_ENV = "PYTEST_EAGLE3_ID_SWITCH"

@@ -38,7 +38,7 @@ import logging
 import os
 from pathlib import Path
 
-from pytest_eagle3.worker.env import FAULT_ENV, FIX_ENV, HOOKS_ENV
+from pytest_eagle3.worker.env import FAULT_ENV, FIX_ENV, HOOKS_ENV, ID_SWITCH_ENV
 
 logger = logging.getLogger("pytest_eagle3.sglang_hooks")
 
@@ -93,6 +93,11 @@ def load() -> None:
 
         fix = upstream_fixes.install()
         logger.warning("pytest-eagle3: upstream fix %s installed (pid %d)", fix, os.getpid())
+    if os.environ.get(ID_SWITCH_ENV) == "1":
+        from pytest_eagle3.worker import id_switch
+
+        id_switch.install()
+        logger.info("pytest-eagle3: aux layer id switch installed (pid %d)", os.getpid())
     if "record" in sets:
         from pytest_eagle3.worker import recorder_hook
 
