@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 from pytest_eagle3.planning.selftest import self_test_args, self_test_plan
+from pytest_eagle3.worker.faults import named_as
 
 #: Verdicts of one kind.
 CAUGHT = "caught"
@@ -165,10 +166,10 @@ def judge(kind: str | None, tests: Sequence[str], run: ChildRun) -> tuple[str, s
             return MISSED, f"{t} passed with the fault on"
         if outcome != "failed":
             return NOT_RUN, f"{t} {outcome}: {_first_line(run.messages[t])}"
-        if f"[{kind}]" not in run.messages[t]:
-            return UNNAMED, f"{t} failed without naming [{kind}]: {_first_line(run.messages[t])}"
+        if f"[{named_as(kind)}]" not in run.messages[t]:
+            return UNNAMED, f"{t} failed without naming [{named_as(kind)}]: {_first_line(run.messages[t])}"
     first = tests[0]
-    return CAUGHT, f"{first}: {_tagged_line(run.messages[first], kind)}"
+    return CAUGHT, f"{first}: {_tagged_line(run.messages[first], named_as(kind))}"
 
 
 def self_test(work: Path, *, no_tp: int = 1, kinds: Sequence[str] | None = None, extra: Sequence[str] = (),

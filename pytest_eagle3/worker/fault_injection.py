@@ -18,8 +18,11 @@ faulted tensor.  :data:`pytest_eagle3.worker.faults.CATALOG` lists every kind wi
 reproduces; the functions below say which SGLang function each one changes.
 
 Options besides ``kind``: ``rank`` (only this TP rank writes the faulted
-capture) and ``slots`` (the packed slots ``dp-gather-scaled`` touches), as
-:mod:`pytest_eagle3.worker.faults` describes them.
+capture; ``"last"``: the last one), ``slots`` (the packed slots
+``dp-gather-scaled`` touches) and ``when`` (the forwards a layer fault runs in:
+``cache-hit``, ``later-chunk``, ``decode-verify``), as
+:mod:`pytest_eagle3.worker.faults` describes them; the confined kinds
+(:data:`pytest_eagle3.worker.faults.CONFINED`) are a layer fault with ``when``.
 
 SGLang 0.5.23 layout facts used here (``srt/models/deepseek_v2.py``):
 ``DeepseekV2Model.forward`` hands an ``AuxHiddenStatePacker`` to layer ``i``
@@ -39,7 +42,7 @@ import os
 import threading
 from typing import Any, Callable
 
-from pytest_eagle3.worker.faults import FaultError, describe, read_fault
+from pytest_eagle3.worker.faults import CONFINED, FaultError, describe, read_fault
 
 
 logger = logging.getLogger("pytest_eagle3.faults")
@@ -80,7 +83,44 @@ def _tp() -> tuple[int, int]:
 
 def _writes_here(fault: dict[str, Any]) -> bool:
     rank = fault.get("rank")
-    return rank is None or int(rank) == _tp()[0]
+    here, size = _tp()
+    if rank == "last":
+        return here == size - 1
+    return rank is None or int(rank) == here
+
+
+# --- which forwards a confined fault runs in (faults.CONFINED) ----------------
+
+_EXTENDS: dict[str, int] = {}  # rid -> extend forwards seen
+
+
+def _forward_matches(fault: dict[str, Any], forward_batch: Any) -> bool:
+    """Whether this forward is one the fault is confined to (``when``; none: every
+    forward).  Decided from the forward batch alone, so every rank decides alike
+    (a fault's collectives then run on all ranks or on none)."""
+    when = fault.get("when")
+    mode = getattr(forward_batch, "forward_mode", None)
+    if mode is None:
+        return when is None
+    if when is None:
+        return True
+    if when == "decode-verify":
+        return bool(mode.is_decode() or mode.is_target_verify())
+    if not mode.is_extend() or mode.is_target_verify():
+        return False
+    rids = [str(r) for r in (getattr(forward_batch, "rids", None) or [])]
+    prefixes = list(getattr(forward_batch, "extend_prefix_lens_cpu", None) or [0] * len(rids))
+    hit = False
+    for rid, prefix in zip(rids, prefixes):
+        seen = _EXTENDS.get(rid, 0)
+        _EXTENDS[rid] = seen + 1
+        if when == "cache-hit" and seen == 0 and int(prefix) > 0:
+            hit = True
+        if when == "later-chunk" and seen >= 1:
+            hit = True
+    if len(_EXTENDS) > 10000:
+        _EXTENDS.clear()
+    return hit
 
 
 # --- ids: DeepseekV2ForCausalLM.set_eagle3_layers_to_capture ----------------
@@ -163,6 +203,8 @@ def _around_model_forward(original: Callable, model: Any, *args: Any, **kwargs: 
     and the input ids at hand for the layer hooks; rotates decode rows after."""
     _CTX.model = model
     _CTX.input_ids = args[0] if args else kwargs.get("input_ids")
+    if _FAULT is not None:
+        _CTX.active = _forward_matches(_FAULT, args[2] if len(args) > 2 else kwargs.get("forward_batch"))
     try:
         result = original(model, *args, **kwargs)
     finally:
@@ -258,7 +300,7 @@ def _around_layer(original: Callable, layer: Any, *args: Any, **kwargs: Any) -> 
     """
     fault = _FAULT
     packer = _packer_of(args, kwargs)
-    if fault is None or packer is None or fault["kind"] not in _LAYER_FAULTS:
+    if fault is None or packer is None or fault["kind"] not in _LAYER_FAULTS or not getattr(_CTX, "active", True):
         return original(layer, *args, **kwargs)
     kind = fault["kind"]
     forward_batch = _forward_batch_of(args, kwargs)
@@ -358,6 +400,10 @@ def install(fault: dict[str, Any] | None = None) -> dict[str, Any] | None:
     fault = read_fault() if fault is None else fault
     if fault is None:
         return None
+    named = fault["kind"]
+    if named in CONFINED:
+        base, options = CONFINED[named]
+        fault = {**options, **fault, "kind": base, "confined": named}
     _FAULT = fault
     try:
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType
@@ -381,5 +427,6 @@ def install(fault: dict[str, Any] | None = None) -> dict[str, Any] | None:
         HookRegistry.register(MODEL_FORWARD, _around_model_forward, HookType.AROUND)
         if kind in _LAYER_FAULTS:
             HookRegistry.register(LAYER_FORWARD, _around_layer, HookType.AROUND)
-    logger.warning("pytest-eagle3 FAULT INJECTION ON (pid %d): %s", os.getpid(), describe(fault))
+    logger.warning("pytest-eagle3 FAULT INJECTION ON (pid %d): %s", os.getpid(),
+                   describe({**fault, "kind": named}) if named != fault["kind"] else describe(fault))
     return fault

@@ -86,10 +86,43 @@ CATALOG: dict[str, tuple[str, str]] = {
         "in a decode forward of >= 2 requests, request j's rows hold request j+1's (cyclic)",
         "SGLang issue #26163 (a batch's hidden states attributed to the wrong request)",
     ),
+    "no-residual-on-cache-hit": (
+        "no-residual, only in prefill forwards that extend a prefix the radix cache held (the cached-prefix "
+        "path captures without the residual; fresh prefills, later chunks and decode are right)",
+        "a capture bug confined to radix-cache hits (the cached-prefix extend path)",
+    ),
+    "no-residual-on-later-chunk": (
+        "no-residual, only in the second and later chunks of a chunked prefill (the first chunk, "
+        "unchunked prompts and decode are right)",
+        "SGLang PR #26329 (a chunk-boundary capture bug)",
+    ),
+    "partial-sum-on-rank-decode": (
+        "partial-sum on the last TP rank only, only in decode and verify forwards (prefill and the other "
+        "ranks are right)",
+        "a capture bug confined to one TP rank's decode/verify path",
+    ),
 }
 
+#: Kinds confined to one path, as ``(the kind whose computation they run, its options)``.
+#: ``when``: ``cache-hit`` (an extend forward of a request whose first prefill reused
+#: a cached prefix), ``later-chunk`` (a request's second or later extend forward),
+#: ``decode-verify`` (decode and target-verify forwards); ``rank: "last"``: TP size - 1.
+CONFINED: dict[str, tuple[str, dict[str, Any]]] = {
+    "no-residual-on-cache-hit": ("no-residual", {"when": "cache-hit"}),
+    "no-residual-on-later-chunk": ("no-residual", {"when": "later-chunk"}),
+    "partial-sum-on-rank-decode": ("partial-sum", {"when": "decode-verify", "rank": "last"}),
+}
+
+
+def named_as(kind: str) -> str:
+    """The kind a diagnosis names for ``kind``: a confined kind is named by the
+    computation it runs (``no-residual``); which path it is confined to is
+    what the run's evidence across paths shows, not one test's captures."""
+    return CONFINED[kind][0] if kind in CONFINED else kind
+
 #: Kinds that need TP > 1 to change anything.
-NEEDS_TP = ("unreduced-embedding", "partial-sum", "dp-gather-scaled", "before-fused-allreduce")
+NEEDS_TP = ("unreduced-embedding", "partial-sum", "dp-gather-scaled", "before-fused-allreduce",
+            "partial-sum-on-rank-decode")
 #: Kinds that change nothing unless SGLang's norms run in place (the CPU tier's
 #: ``--eagle3-cpu-norm inplace``, every GPU and Xeon AMX server).
 NEEDS_INPLACE_NORM = ("aliased-capture",)

@@ -74,9 +74,12 @@ def _before_forward(*args: Any, **kwargs: Any) -> None:
 
     rank, _ = _tp_rank_and_size()
     out = Path(directory) / APPLIED_FILE.format(rank=rank)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"ids": ids, "layers_to_capture": layers}))
-    os.replace(tmp, out)
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")  # one per rank: ranks write at once
+    try:
+        tmp.write_text(json.dumps({"ids": ids, "layers_to_capture": layers}))
+        os.replace(tmp, out)
+    except OSError as exc:  # the host then refuses the captures, naming this rank
+        logger.error("pytest-eagle3 id switch (rank %d): could not write %s: %s", rank, out, exc)
     logger.warning("pytest-eagle3 id switch (rank %d): ids %s -> layers_to_capture %s", rank, ids, layers)
     return None
 

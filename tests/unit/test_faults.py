@@ -20,7 +20,7 @@ from pytest_eagle3.planning.selftest import self_test_plan
 PUBLIC_KINDS = (
     "offset-twice", "offset-missing", "ids-ignored", "reversed-order", "normalized-input", "no-residual",
     "unreduced-embedding", "partial-sum", "dp-gather-scaled", "aliased-capture", "before-fused-allreduce",
-    "wrong-request-rows",
+    "wrong-request-rows", "no-residual-on-cache-hit", "no-residual-on-later-chunk", "partial-sum-on-rank-decode",
 )
 
 
@@ -41,7 +41,9 @@ def test_catalog_lists_every_public_bug_class_with_its_source() -> None:
 def test_diagnosis_tags_cover_the_catalog() -> None:
     from pytest_eagle3.verdicts.diagnose import KINDS
 
-    assert set(CATALOG) <= set(KINDS)
+    assert set(CATALOG) - set(faults.CONFINED) <= set(KINDS)
+    # A confined kind is named by the computation it runs (the path is the run's evidence).
+    assert {faults.named_as(k) for k in faults.CONFINED} <= set(KINDS)
 
 
 @pytest.mark.parametrize("raw", ["", "  "])
@@ -212,3 +214,39 @@ def test_before_fused_allreduce_changes_nothing_where_sglang_does_not_fuse(monke
     """The fault reads SGLang's own gate; on a CPU without the fusion stand-in it is false."""
     pytest.importorskip("sglang.srt.layers.layer_boundary.residual.add_norm", exc_type=ImportError)
     assert fault_injection._fusion_applies(8) is False
+
+
+def _batch(mode: str, rids=(), prefixes=()):
+    forward_mode = SimpleNamespace(is_decode=lambda: mode == "DECODE", is_target_verify=lambda: mode == "VERIFY",
+                                   is_extend=lambda: mode in ("EXTEND", "VERIFY"))
+    return SimpleNamespace(forward_mode=forward_mode, rids=list(rids), extend_prefix_lens_cpu=list(prefixes))
+
+
+def test_confined_faults_run_only_in_their_forwards(monkeypatch) -> None:
+    monkeypatch.setattr(fault_injection, "_EXTENDS", {})
+    hit, chunk, decode = ({"when": "cache-hit"}, {"when": "later-chunk"}, {"when": "decode-verify"})
+    match = fault_injection._forward_matches
+    # A fresh prefill (no cached prefix), then its second chunk: a later chunk, not a hit.
+    assert not match(hit, _batch("EXTEND", ["a"], [0]))
+    assert match(chunk, _batch("EXTEND", ["a"], [16]))
+    # A repeat of a prompt whose prefix the radix cache held: a hit, not a later chunk.
+    assert match(hit, _batch("EXTEND", ["b"], [39]))
+    monkeypatch.setattr(fault_injection, "_EXTENDS", {})
+    assert not match(chunk, _batch("EXTEND", ["c"], [39]))
+    assert match(decode, _batch("DECODE", ["a"])) and match(decode, _batch("VERIFY", ["a"], [40]))
+    assert not match(hit, _batch("VERIFY", ["d"], [40])) and not match(decode, _batch("EXTEND", ["e"], [0]))
+    assert match({}, _batch("EXTEND", ["f"], [0]))
+
+
+def test_a_confined_kind_installs_its_computation_with_its_options(registry) -> None:
+    fault = fault_injection.install({"kind": "partial-sum-on-rank-decode"})
+    assert fault == {"kind": "partial-sum", "when": "decode-verify", "rank": "last",
+                     "confined": "partial-sum-on-rank-decode"}
+    assert faults.named_as("partial-sum-on-rank-decode") == "partial-sum"
+
+
+def test_rank_last_is_the_last_tp_rank(monkeypatch) -> None:
+    monkeypatch.setattr(fault_injection, "_tp", lambda: (1, 2))
+    assert fault_injection._writes_here({"rank": "last"})
+    monkeypatch.setattr(fault_injection, "_tp", lambda: (0, 2))
+    assert not fault_injection._writes_here({"rank": "last"})

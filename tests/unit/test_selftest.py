@@ -3,6 +3,8 @@ the child pytest (the real children run in ``tests/e2e/test_fault_self_test.py``
 
 from __future__ import annotations
 
+from pytest_eagle3.worker.faults import named_as
+
 from pathlib import Path
 
 import pytest
@@ -51,7 +53,7 @@ def fake_runner(missed: str | None = None, control_fails: bool = False):
             return child({t: "failed" if control_fails else "passed" for t in tests}, rc=int(control_fails))
         if fault == missed:
             return child({t: "passed" for t in tests}, rc=0)
-        return child({t: "failed" for t in tests}, {t: f"slot 0 [{fault}]" for t in tests})
+        return child({t: "failed" for t in tests}, {t: f"slot 0 [{named_as(fault)}]" for t in tests})
 
     run.calls = calls
     return run

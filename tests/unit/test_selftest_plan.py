@@ -35,6 +35,10 @@ def plan_by_id(no_tp: int) -> dict[str, tuple[int, tuple[str, ...]]]:
         "wrong-request-rows": (no_tp, (f"test_captures_identical_through_path[tp{no_tp}-batch]",)),
         "aliased-capture": (no_tp, (order(no_tp),)),
         "before-fused-allreduce": (2, (order(2), f"test_every_rank_fully_reduced[tp2-{WIDE}]")),
+        # Confined to one path (added with the markers): the default run's paths catch them.
+        "no-residual-on-cache-hit": (no_tp, (f"test_captures_identical_through_path[tp{no_tp}-radix-cache-hit]",)),
+        "no-residual-on-later-chunk": (no_tp, (f"test_captures_identical_through_path[tp{no_tp}-chunked-prefill]",)),
+        "partial-sum-on-rank-decode": (2, (f"test_every_rank_fully_reduced[tp2-{WIDE}]",)),
     }
 
 
