@@ -23,12 +23,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if in_e2e != marked:
             problem = "in tests/e2e without the e2e mark" if in_e2e else "marked e2e outside tests/e2e"
             raise pytest.UsageError(MSG_MARK_AND_FOLDER.format(nodeid=item.nodeid, problem=problem))
-    if not config.getoption("--run-slow"):
+    # One meaning of slow: the plugin's marker and option (``--eagle3-slow``), for
+    # the project's own tests too.  The plugin skips its own slow items; these are the rest.
+    if not config.getoption("eagle3_slow"):
         for item in items:
             slow = item.get_closest_marker("slow")
-            if slow is not None:
+            if slow is not None and not any(name.startswith("eagle3_") for name in getattr(item, "fixturenames", ())):
                 why = slow.kwargs.get("reason", "")
-                item.add_marker(pytest.mark.skip(reason=f"slow ({why}): run with --run-slow"))
+                item.add_marker(pytest.mark.skip(reason=f"slow ({why}): run with --eagle3-slow"))
 
 
 @pytest.fixture
@@ -45,10 +47,6 @@ def clean_eagle3_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("pytest-eagle3 project tests")
-    group.addoption("--run-slow", action="store_true", default=False,
-                    help="also run the tests marked slow (the acceptance gate's negative controls, the family "
-                         "suites, random interrupts, the draft rebuild: about 35 more minutes on 2 cores); "
-                         "CI leaves them out")
     group.addoption("--interrupts", type=int, default=10, metavar="N",
                     help="interrupts sent by tests/e2e/test_interrupts.py (default 10)")
     group.addoption("--interrupt-seed", type=int, default=None, metavar="SEED",

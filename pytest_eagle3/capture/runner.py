@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 from pytest_eagle3.capture.api import capture, engine_config
-from pytest_eagle3.worker.env import ID_SWITCH_ENV
+from pytest_eagle3.worker.env import FUSION_ENV, ID_SWITCH_ENV
 from pytest_eagle3.worker.id_switch import APPLIED_FILE, IDS_FILE
 from pytest_eagle3.settings import Settings
 from pytest_eagle3.capture.draft_path import capture_draft_path
-from pytest_eagle3.worker.cpu.allreduce_fusion import FUSION_ENV
 from pytest_eagle3.engine.standin_proof import NOT_TAKEN, configured, not_taken
 from pytest_eagle3.engine.recordings import Recorder, decode_records, prefill_records, request_forwards
 from pytest_eagle3.errors import Eagle3EngineError

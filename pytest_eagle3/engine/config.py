@@ -19,7 +19,7 @@ from pytest_eagle3.engine.cpu import recipe
 from pytest_eagle3.engine.cuda.recipe import CudaRecipe
 from pytest_eagle3.sglang_source.install import SGLangInstall
 from pytest_eagle3.sglang_source.norm_code import AUTO, resolve_norm_path
-from pytest_eagle3.worker.recorder_hook import RECORD_TARGET_ENV
+from pytest_eagle3.worker.env import RECORD_TARGET_ENV
 from pytest_eagle3.worker.recorder_hook import TARGET as RECORD_TARGET
 from pytest_eagle3.worker.env import HOOKS_ENV
 from pytest_eagle3.worker.sglang_hooks import SITE_HOOK_DIR

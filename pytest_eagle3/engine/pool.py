@@ -32,7 +32,7 @@ from typing import Callable, Sequence
 
 from pytest_eagle3.engine.config import EngineConfig
 from pytest_eagle3.engine.lease import GpuLeaser
-from pytest_eagle3.worker.recorder_hook import RECORD_DIR_ENV
+from pytest_eagle3.worker.env import RECORD_DIR_ENV
 from pytest_eagle3.engine.server import SGLangServer
 from pytest_eagle3.engine.start_failures import StartFailures
 from pytest_eagle3.errors import Eagle3EngineError, Eagle3StartCauseSeen

@@ -15,8 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-from pytest_eagle3.worker.cpu.allreduce_fusion import FUSION_ENV
-from pytest_eagle3.worker.cpu.norms import NORM_PATH_ENV
+from pytest_eagle3.worker.env import FUSION_ENV, NORM_PATH_ENV
 
 NOT_TAKEN = ("{engine}: {path} was configured ({env}) but {what}: the path did not run, so this test "
              "proves nothing about it (log: {log})")

@@ -51,7 +51,8 @@ MARKERS = (
     "the same tests run on the CPU tier",
     "tp(*sizes): needs that many tensor-parallel ranks; tp(4) runs at TP 4, tp(1, 2, 4) "
     "runs at each size (parameter eagle3_tp); sizes above --tp are skipped",
-    "slow: starts an engine of its own or a TP 8 engine on cpu (minutes); skipped unless --eagle3-slow",
+    "slow: minutes on cpu (an SGLang engine of its own, a TP 8 engine, a long end-to-end test); skipped unless "
+    "--eagle3-slow",
     "eagle3_engines(*needs): the engines a pytest-eagle3 test needs (pytest_eagle3.planning.declare.EngineNeed); "
     "the test is generated only for the TP sizes and needs this run can execute",
     "eagle3_catches(*kinds, need, tp=None): the injected fault kinds this pytest-eagle3 test must fail naming, "

@@ -58,6 +58,7 @@ from pytest_eagle3.engine.server import SGLangServer
 from pytest_eagle3.engine import gpu_blocks, lease
 from pytest_eagle3.plugin import gpu_workers
 from pytest_eagle3.sglang_source import install as sglang_install
+from pytest_eagle3.worker.env import ID_SWITCH_ENV
 
 if TYPE_CHECKING:
     from pytest_eagle3.engine.config import EngineConfig
@@ -85,6 +86,7 @@ MSG_WORKERS = (
     "-n auto would run {auto} worker(s)"
 )
 MSG_ENGINE = "engine {n}: {name} (TP {tp}) for {count} test(s)"
+MSG_ENGINE_IDS = "  ids, switched between requests (pytest_eagle3/worker/id_switch.py): {ids}"
 MSG_ENGINE_GPUS = (
     "  GPUs: CUDA_VISIBLE_DEVICES = the worker's block ({blocks}); TP {tp} uses the first {tp} "
     "GPU(s) of it"
@@ -106,6 +108,8 @@ class PlannedEngine:
 
     config: "EngineConfig"
     tests: list[str] = field(default_factory=list)
+    #: The aux layer id lists its tests capture (``None``: SGLang's default), in order.
+    ids: list = field(default_factory=list)
 
 
 @dataclass
@@ -221,14 +225,17 @@ def build_plan(items: Sequence[pytest.Item], settings: Settings, *,
             configs = []
             for member in need.engine_set().values():  # the test's engine set, in order
                 request = resolve(member, NeedContext(settings, tp, install, facts))
-                configs.append(engine_config(install, settings, model_path=str(plan.model_path), tp=tp,
-                                             ids=request.ids, extra_args=request.extra_args, facts=facts,
-                                             draft=request.draft))
+                configs.append((engine_config(install, settings, model_path=str(plan.model_path), tp=tp,
+                                              ids=request.ids, extra_args=request.extra_args, facts=facts,
+                                              draft=request.draft), request.ids))
         except Eagle3Error as exc:
             plan.runtime.append((nodeid, f"{type(exc).__name__}: {exc}"))
             continue
-        for config in configs:
-            plan.engine_for(config).tests.append(nodeid)
+        for config, ids in configs:
+            planned = plan.engine_for(config)
+            planned.tests.append(nodeid)
+            if ids not in planned.ids:
+                planned.ids.append(ids)
     return plan
 
 
@@ -283,6 +290,9 @@ def render(plan: Plan) -> list[str]:
         config = planned.config
         lines.append(MSG_ENGINE.format(n=n, name=config.name, tp=config.tp, count=len(planned.tests)))
         lines.append(f"  chosen: {config.describe()}")
+        if config.env_dict().get(ID_SWITCH_ENV) == "1":
+            lines.append(MSG_ENGINE_IDS.format(ids="; ".join(
+                str(list(i)) if i is not None else "SGLang's default" for i in planned.ids)))
         if blocks:
             lines.append(MSG_ENGINE_GPUS.format(blocks=gpu_blocks.describe_blocks(blocks), tp=config.tp))
             if nccl:

@@ -63,6 +63,11 @@ def requested_target(config: pytest.Config) -> str | None:
     return option_with_source(config, dest="eagle3_target", env=ENV_TARGET, ini=INI_TARGET)[0] or None
 
 
+#: The run's GPU probe (``nvidia-smi`` / ``/dev/nvidia<N>``), made once per pytest config:
+#: ``-n auto``, ``--eagle3-list-variants`` and ``pytest_configure`` each resolve settings.
+GPU_PROBE_KEY = pytest.StashKey[GpuProbe]()
+
+
 def resolve_settings(config: pytest.Config, *, validate: bool = True) -> Settings:
     """Resolve every eagle3 value once (CLI > env > ini > default).
 
@@ -76,7 +81,9 @@ def resolve_settings(config: pytest.Config, *, validate: bool = True) -> Setting
 
     tp, sources["tp"] = option_with_source(config, dest="eagle3_tp", default=1)
 
-    gpu = detect_gpus(os.environ)
+    gpu = config.stash.get(GPU_PROBE_KEY, None)
+    if gpu is None:  # probed once per run, however many hooks resolve settings
+        gpu = config.stash[GPU_PROBE_KEY] = detect_gpus(os.environ)
     plan = bool(getattr(opt, "eagle3_plan", False))
     plan_gpus = getattr(opt, "eagle3_plan_gpus", None)
     if plan_gpus is not None and validate and not plan:

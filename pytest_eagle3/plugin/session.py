@@ -17,7 +17,12 @@ from typing import Iterable
 
 import pytest
 
+from pytest_eagle3.capture.api import engine_config
+from pytest_eagle3.errors import Eagle3Error
 from pytest_eagle3.planning import declare
+from pytest_eagle3.planning.request import resolve
+from pytest_eagle3.target.checkpoint.cache import entry_dir
+from pytest_eagle3.target.spec import LocalTarget, resolve_target
 from pytest_eagle3.plugin.run import get_run, get_settings
 from pytest_eagle3.settings import TP_CHOICES
 
@@ -173,12 +178,6 @@ def _engine_name(item: pytest.Item, need: "declare.EngineNeed", tp: int) -> str:
         cache[key] = str(need.engine_group)
         install, facts = run.collect_context()
         if install is not None and facts is not None:
-            from pytest_eagle3.capture.api import engine_config
-            from pytest_eagle3.errors import Eagle3Error
-            from pytest_eagle3.planning.request import resolve
-            from pytest_eagle3.target.checkpoint.cache import entry_dir
-            from pytest_eagle3.target.spec import LocalTarget, resolve_target
-
             settings = get_settings(item.config)
             try:
                 target = resolve_target(settings.target)

@@ -46,7 +46,10 @@ from pytest_eagle3.capture.api import CAPTURE_ONLY, Eagle3CaptureUnsupported, se
 from pytest_eagle3.suite.outcome import conclude, fail_if_bad, recorded_causes
 from pytest_eagle3.suite.support import tolerance
 from pytest_eagle3.verdicts.acceptance import check_gate, check_output, check_power, check_relative
-from pytest_eagle3.verdicts.rankcheck import check_request_count, check_verify_recorded
+from pytest_eagle3.engine.recordings import verify_records
+from pytest_eagle3.verdicts.rankcheck import (
+    check_rank_slots, check_ranks_agree, check_request_count, check_verify_recorded,
+)
 from pytest_eagle3.verdicts.paths import check_methods_agree, compare_captures
 
 NO_CONTINUATIONS = "{draft} ships no continuations.json: replaying the suite prompts for {n} tokens each"
@@ -175,9 +178,6 @@ def test_every_rank_agrees_in_verify(eagle3_engine_request, eagle3_capture, eagl
     are the final sequence hold the snapshots the id rule predicts, on every rank
     (the per-rank recorder during the acceptance workload)."""
     from pathlib import Path
-
-    from pytest_eagle3.engine.recordings import verify_records
-    from pytest_eagle3.verdicts.rankcheck import check_rank_slots, check_ranks_agree
 
     req = eagle3_engine_request
     facts = eagle3_model_config

@@ -17,3 +17,16 @@ FAULT_ENV = "PYTEST_EAGLE3_FAULT"
 FIX_ENV = "PYTEST_EAGLE3_UPSTREAM_FIX"
 #: ``1``: the engine switches its aux layer ids between requests (:mod:`pytest_eagle3.worker.id_switch`).
 ID_SWITCH_ENV = "PYTEST_EAGLE3_ID_SWITCH"
+#: Where the per-rank recorder writes (``rank<r>/``) and the id switch reads ``IDS``
+#: (:mod:`pytest_eagle3.worker.recorder_hook`, :mod:`pytest_eagle3.worker.id_switch`).
+RECORD_DIR_ENV = "PYTEST_EAGLE3_RECORD_DIR"
+#: The dotted path of the forward whose loop captures, read from the installed model file.
+RECORD_TARGET_ENV = "PYTEST_EAGLE3_RECORD_TARGET"
+#: ``1``: the engine runs on ``intel_amx`` attention (:mod:`pytest_eagle3.worker.cpu.patches`).
+AMX_ATTENTION_ENV = "PYTEST_EAGLE3_CPU_AMX_ATTENTION"
+#: ``1``: SGLang's fused all-reduce + add + RMSNorm path (:mod:`pytest_eagle3.worker.cpu.allreduce_fusion`).
+FUSION_ENV = "PYTEST_EAGLE3_CPU_ALLREDUCE_FUSION"
+#: ``inplace`` / ``native``: the norm branch SGLang takes in the workers
+#: (:mod:`pytest_eagle3.worker.cpu.norms`); resolved by the host from the user's
+#: ``--eagle3-cpu-norm`` (env ``PYTEST_EAGLE3_CPU_NORM_PATH``, an option, not this).
+NORM_PATH_ENV = "PYTEST_EAGLE3_WORKER_NORM_BRANCH"

@@ -33,7 +33,8 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from pytest_eagle3.worker.recorder_hook import RECORD_DIR_ENV, RECORD_TARGET_ENV
+from pytest_eagle3.worker.env import RECORD_DIR_ENV, RECORD_TARGET_ENV
+from pytest_eagle3.worker import recorder_hook
 from pytest_eagle3.worker.recorder_hook import TARGET as MODEL_FORWARD
 
 IDS_FILE = "IDS"
@@ -70,9 +71,7 @@ def _before_forward(*args: Any, **kwargs: Any) -> None:
     ids = json.loads(raw.decode())
     model.set_eagle3_layers_to_capture(list(ids) if ids is not None else None)
     layers = list(getattr(getattr(model, "model", None), "layers_to_capture", []) or [])
-    from pytest_eagle3.worker.recorder_hook import _tp_rank_and_size
-
-    rank, _ = _tp_rank_and_size()
+    rank, _ = recorder_hook._tp_rank_and_size()
     out = Path(directory) / APPLIED_FILE.format(rank=rank)
     tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")  # one per rank: ranks write at once
     try:

@@ -33,13 +33,12 @@ import logging
 import os
 from pathlib import Path
 from typing import Any
+from pytest_eagle3.worker.env import RECORD_DIR_ENV, RECORD_TARGET_ENV
 
-RECORD_DIR_ENV = "PYTEST_EAGLE3_RECORD_DIR"
 ENABLED_FILE = "ENABLED"
 FAULT_FILE = "FAULT"
 TARGET = "sglang.srt.models.deepseek_v2.DeepseekV2Model.forward"
 #: Set by the engine host to the architecture's capturing ``forward`` (dotted path).
-RECORD_TARGET_ENV = "PYTEST_EAGLE3_RECORD_TARGET"
 
 #: Fault kinds a test may ask the recorder to apply to its copy on one rank:
 #: ``unreduced-embedding``: slot ``slot`` keeps only the rows of tokens in this

@@ -315,7 +315,7 @@ def test_speculative_server_args_and_missing_flags():
 def test_cpu_recipe_switches_attention_only_for_a_draft():
     from pytest_eagle3.capture.draft_path import draft_path_server_args
     from pytest_eagle3.engine.config import build_engine_config
-    from pytest_eagle3.worker.cpu.patches import AMX_ATTENTION_ENV
+    from pytest_eagle3.worker.env import AMX_ATTENTION_ENV
 
     inst = _install(*SPEC_FLAGS)
     plain = build_engine_config(inst, model_path="/m", tp=2, device="cpu")

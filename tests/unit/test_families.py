@@ -256,7 +256,7 @@ def test_the_recorder_hooks_the_forward_that_captures(tmp_path: Path, monkeypatc
     from pytest_eagle3.engine.config import build_engine_config
     from pytest_eagle3.sglang_source.install import SGLangInstall
     from pytest_eagle3.sglang_source.model_code import read_rules
-    from pytest_eagle3.worker.recorder_hook import RECORD_TARGET_ENV
+    from pytest_eagle3.worker.env import RECORD_TARGET_ENV
     from pytest_eagle3.target.spec import targets_dir
 
     location = str(Path(sglang.__file__).parent)

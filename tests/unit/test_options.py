@@ -281,3 +281,17 @@ def test_cpu_norm_path_from_env_and_its_bad_value(pytester: pytest.Pytester,
     monkeypatch.setenv("PYTEST_EAGLE3_CPU_NORM_PATH", "fast")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--collect-only")
     result.stderr.fnmatch_lines(["*PYTEST_EAGLE3_CPU_NORM_PATH='fast': expected auto, inplace*native*"])
+
+
+def test_the_gpu_probe_runs_once_per_run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    # -n auto, --eagle3-list-variants and pytest_configure each resolve settings;
+    # the GPU probe (nvidia-smi) behind them runs once.
+    from pytest_eagle3.plugin import resolve
+    from pytest_eagle3.settings import GpuProbe
+
+    calls = []
+    monkeypatch.setattr(resolve, "detect_gpus", lambda env: calls.append(1) or GpuProbe(0, "test"))
+    config = pytester.parseconfig("--eagle3-device", "cpu")
+    first = resolve.resolve_settings(config, validate=False)
+    second = resolve.resolve_settings(config, validate=False)
+    assert first.gpu is second.gpu and len(calls) == 1

@@ -13,11 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pytest_eagle3.worker.cpu.allreduce_fusion import FUSION_ENV
-from pytest_eagle3.worker.cpu.norms import NORM_PATH_ENV
-from pytest_eagle3.worker.cpu.patches import AMX_ATTENTION_ENV
+from pytest_eagle3.worker.env import AMX_ATTENTION_ENV, FUSION_ENV, HOOKS_ENV, NORM_PATH_ENV
 from pytest_eagle3.worker.cpu import SHIM_DIR
-from pytest_eagle3.worker.env import HOOKS_ENV
 
 
 #: A path that does not exist: PyNCCL fails softly and SGLang all-reduces with gloo.

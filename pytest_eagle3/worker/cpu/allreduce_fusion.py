@@ -42,9 +42,9 @@ from __future__ import annotations
 import logging
 import os
 from typing import Any
+from pytest_eagle3.worker.env import FUSION_ENV
 
 #: Engine env var: ``1`` runs the fused path with the stand-in.
-FUSION_ENV = "PYTEST_EAGLE3_CPU_ALLREDUCE_FUSION"
 #: Logged by each process at its first fused call (the suite reads it back).
 CALLED_LINE = ("pytest-eagle3 all-reduce fusion stand-in: flashinfer_allreduce_residual_rmsnorm called "
                "(pid {pid}, input {shape}, use_attn_tp_group={attn})")

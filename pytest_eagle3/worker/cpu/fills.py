@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from pytest_eagle3.worker.cpu import allreduce_fusion, forks, norms, older_releases, patches
-from pytest_eagle3.worker.cpu.patches import AMX_ATTENTION_ENV
+from pytest_eagle3.worker.env import AMX_ATTENTION_ENV
 from pytest_eagle3.worker.post_import import when_imported
 
 

@@ -27,9 +27,9 @@ from __future__ import annotations
 import logging
 import os
 from typing import Any
+from pytest_eagle3.worker.env import NORM_PATH_ENV
 
 #: Engine env var: ``inplace`` runs SGLang's AMX norm branch; anything else, the native one.
-NORM_PATH_ENV = "PYTEST_EAGLE3_CPU_NORM"
 #: Logged by every process that switched the gate (read back by the suite).
 GATE_LINE = ("pytest-eagle3: in-place norm path: {classes} dispatch as on an AMX CPU, "
              "layernorm._is_cpu_amx_available set True (pid {pid})")

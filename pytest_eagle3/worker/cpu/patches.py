@@ -13,10 +13,6 @@ import logging
 
 logger = logging.getLogger("pytest_eagle3.cpu")
 
-#: Set (to ``1``) by :func:`pytest_eagle3.engine.cpu.recipe.cpu_env` for engines
-#: that run the ``intel_amx`` attention backend (EAGLE/EAGLE-3 speculative decoding).
-AMX_ATTENTION_ENV = "PYTEST_EAGLE3_CPU_AMX_ATTENTION"
-
 
 def amx_attention_platform() -> None:
     """Let ``--attention-backend intel_amx`` stand on a CPU without AMX.
