@@ -76,6 +76,8 @@ class EnginePool:
     start_failures: StartFailures = field(default_factory=StartFailures)
     #: Every config asked for, in order (with :attr:`upcoming`: the run's configurations).
     requested: list[EngineConfig] = field(default_factory=list)
+    #: Names of failed configs whose error is already a one-line pointer to another's report.
+    _pointers: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         atexit.register(self.close)
@@ -91,11 +93,14 @@ class EnginePool:
             self.requested.append(config)
         if config in self._failed:
             error, first = self._failed[config]
+            if config.name in self._pointers:  # already one line pointing to the first report
+                raise Eagle3StartCauseSeen(error)
             first_line = (error.splitlines() or [""])[0]
             raise Eagle3StartCauseSeen(FAILED_BEFORE.format(name=config.name, who=first, error=first_line))
         skip = self.start_failures.skip(config)
         if skip is not None:
             self._failed[config] = (skip, who or "the first test that used it")
+            self._pointers.add(config.name)
             raise Eagle3StartCauseSeen(skip)
         server = self._alive.get(config)
         if server is not None and server.alive:
@@ -125,6 +130,7 @@ class EnginePool:
                 self._starting.pop(blocked).stop()  # prefetched, and would fail the same way
             if line is not None:
                 self._failed[config] = (line, who)
+                self._pointers.add(config.name)
                 raise Eagle3StartCauseSeen(line, cause=exc.cause) from None
             raise
         if self.progress:
