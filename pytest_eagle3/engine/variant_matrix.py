@@ -7,7 +7,7 @@ Nothing here imports torch or sglang.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from pytest_eagle3.engine.gpus import normalize_arch
 from pytest_eagle3.engine.variants import TP, VARIANTS, Variant
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 LIST_HEADER = "eagle3 variants for {sglang}, device {device}, tp {tp}{arch}:"
 LIST_RUNS = "runs"
 LIST_SKIPPED = "skipped: {reason}"
+LIST_LEFT_OUT = "left out of this run: {reason}"
 
 
 def matrix(install: "SGLangInstall", device: str, tp: int,
@@ -36,17 +37,28 @@ def _format_args(variant: Variant, install: "SGLangInstall", tp: int) -> str:
 
 
 def format_matrix(install: "SGLangInstall", device: str, tp: int,
-                  gpu_arch: str | Sequence[int] | None = None) -> str:
-    """The matrix as text: a header, then ``name  args  runs|skipped: reason`` per variant."""
+                  gpu_arch: str | Sequence[int] | None = None,
+                  left_out: "Callable[[Variant], str | None] | None" = None) -> str:
+    """The matrix as text: a header, then ``name  args  runs|skipped: reason`` per variant.
+
+    ``left_out``: why collection leaves a variant this machine can run out of the
+    run (``--eagle3-slow`` not given, ...), or ``None``; such a variant does not
+    count as running (``runs`` says only what collection keeps)."""
     rows = matrix(install, device, tp, gpu_arch)
     arch = normalize_arch(gpu_arch)
     lines = [LIST_HEADER.format(sglang=install.describe(), device=device, tp=tp,
                                 arch=f", {arch}" if device == "cuda" and arch else "")]
     width = max(len(v.name) for v, _ in rows)
+    runs = 0
     for variant, reason in rows:
-        verdict = LIST_RUNS if reason is None else LIST_SKIPPED.format(reason=reason)
+        dropped = left_out(variant) if reason is None and left_out is not None else None
+        if reason is not None:
+            verdict = LIST_SKIPPED.format(reason=reason)
+        elif dropped is not None:
+            verdict = LIST_LEFT_OUT.format(reason=dropped)
+        else:
+            verdict, runs = LIST_RUNS, runs + 1
         lines.append(f"  {variant.name:<{width}}  {_format_args(variant, install, tp)}")
         lines.append(f"  {'':<{width}}  -> {verdict}")
-    runs = sum(1 for _, reason in rows if reason is None)
     lines.append(f"{runs} of {len(rows)} variants run here")
     return "\n".join(lines) + "\n"

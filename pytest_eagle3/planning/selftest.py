@@ -3,25 +3,27 @@
 The faults themselves live in :mod:`pytest_eagle3.worker.faults` (injected into
 SGLang's own computation); each packaged test names the kinds it must catch with
 ``@pytest.mark.eagle3_catches(*kinds, need=..., tp=None)``, and this module
-reads those markers from the suite's source (``pytest_eagle3/suite/test_*.py``,
-parsed, not imported: the suite sits above every other package) to pick the
-smallest part of ``pytest_eagle3.suite`` that must fail naming each kind.
+reads those markers from pytest's own collection of the suite (a child
+``pytest --collect-only``: the suite sits above every other package, so it is
+never imported here) to pick the smallest part of ``pytest_eagle3.suite`` that
+must fail naming each kind.
 """
 
 from __future__ import annotations
 
-import ast
+import json
+import os
+import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from pytest_eagle3.worker.faults import CATALOG, NEEDS_FUSED_ALLREDUCE, NEEDS_INPLACE_NORM, NEEDS_TP
-from pytest_eagle3.planning import cases
 
 __all__ = ["NEEDS_TP", "Catch", "suite_catches", "self_test_args", "self_test_plan"]
 
-#: The packaged suite's test modules.
-SUITE_DIR = Path(__file__).resolve().parent.parent / "suite"
 #: The marker a packaged test names the fault kinds it must catch with.
 CATCHES_MARK = "eagle3_catches"
 
@@ -42,46 +44,50 @@ class Catch:
         return f"{self.test}[tp{tp}-{self.need}]"
 
 
-def _value(node: ast.expr, where: str) -> object:
-    """A marker argument: a literal, or a constant of :mod:`pytest_eagle3.planning.cases`."""
-    if isinstance(node, ast.Constant):
-        return node.value
-    name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
-    if name is not None and hasattr(cases, name):
-        return getattr(cases, name)
-    raise ValueError(f"{where}: {CATCHES_MARK} takes literals or pytest_eagle3.planning.cases constants, "
-                     f"not {ast.unparse(node)}")
-
-
-def _catches_of(path: Path) -> list[Catch]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    found = []
-    for fn in tree.body:
-        if not isinstance(fn, ast.FunctionDef) or not fn.name.startswith("test"):
-            continue
-        for dec in fn.decorator_list:
-            if not (isinstance(dec, ast.Call) and isinstance(dec.func, ast.Attribute)
-                    and dec.func.attr == CATCHES_MARK):
-                continue
-            where = f"{path.name}:{dec.lineno}"
-            kw = {k.arg: _value(k.value, where) for k in dec.keywords}
-            if "need" not in kw:
-                raise ValueError(f"{where}: {CATCHES_MARK} needs need=")
-            found.append(Catch(fn.name, tuple(str(_value(a, where)) for a in dec.args), str(kw["need"]),
-                               None if kw.get("tp") is None else int(kw["tp"])))  # type: ignore[call-overload]
-    return found
+#: The child pytest that collects the packaged suite with the markers plugin.
+COLLECT_ARGS = ("--pyargs", "pytest_eagle3.suite", "--collect-only", "-q", "--tp", "8", "--device", "cpu",
+                "--eagle3-slow", "-p", "no:cacheprovider", "-p", "pytest_eagle3.plugin.catches")
+NO_NEED = "{test}: {mark} needs need="
+COLLECT_FAILED = "collecting the packaged suite for its {mark} markers failed (exit {rc}): {tail}"
 
 
 @lru_cache(maxsize=None)
-def suite_catches(suite_dir: Path = SUITE_DIR) -> tuple[Catch, ...]:
-    """Every ``eagle3_catches`` marker of the suite's test modules, in file
-    order, then in the order the decorators are written.
+def suite_catches() -> tuple[Catch, ...]:
+    """Every ``eagle3_catches`` marker of the packaged suite as pytest collects it
+    (a child ``pytest --collect-only`` with :mod:`pytest_eagle3.plugin.catches`:
+    markers on a function, its class and its module ``pytestmark`` alike), in
+    collection order, then in the order the decorators are written.
 
     Raises:
-        ValueError: a marker without ``need=`` or with an argument that is
-            neither a literal nor a constant of :mod:`pytest_eagle3.planning.cases`.
+        ValueError: a marker without ``need=``, or the collection failed (its last line).
     """
-    return tuple(c for path in sorted(Path(suite_dir).glob("test_*.py")) for c in _catches_of(path))
+    with tempfile.TemporaryDirectory(prefix="eagle3-catches-") as tmp:
+        out = Path(tmp) / "catches.json"
+        env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+        proc = subprocess.run([sys.executable, "-m", "pytest", *COLLECT_ARGS, "--eagle3-catches-out", str(out),
+                               "--rootdir", tmp], cwd=tmp, env=env, capture_output=True, text=True)
+        if not out.is_file():
+            tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or ["no output"]
+            raise ValueError(COLLECT_FAILED.format(mark=CATCHES_MARK, rc=proc.returncode, tail=tail[0]))
+        collected = json.loads(out.read_text())
+    return parse_catches(collected)
+
+
+def parse_catches(collected: dict) -> tuple[Catch, ...]:
+    """:class:`Catch` entries from :mod:`pytest_eagle3.plugin.catches`'s JSON (test name ->
+    its markers' ``kinds``, ``need``, ``tp``).
+
+    Raises:
+        ValueError: a marker without ``need=`` (:data:`NO_NEED`).
+    """
+    found = []
+    for test, marks in collected.items():
+        for mark in marks:
+            if mark["need"] is None:
+                raise ValueError(NO_NEED.format(test=test, mark=CATCHES_MARK))
+            found.append(Catch(test, tuple(mark["kinds"]), str(mark["need"]),
+                               None if mark["tp"] is None else int(mark["tp"])))
+    return tuple(found)
 
 
 def self_test_plan(no_tp: int = 1) -> dict[str, tuple[int, tuple[str, ...]]]:

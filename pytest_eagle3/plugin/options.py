@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from pytest_eagle3.contracts.stacks import STACKS
 from pytest_eagle3.plugin.parsers import (
     parse_accept_length, parse_accept_rate, parse_device, parse_plan_gpus, parse_sglang_arg, parse_timeout, parse_tp,
 )
@@ -111,8 +112,8 @@ def add_options(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--eagle3-stack", dest="eagle3_stack", metavar="NAME", default=None,
-        help="training stack of --eagle3-draft: speculators, specforge (0.2), specforge-hf (older SpecForge), "
-        "specforge-sglang, eagle, vllm or raw",
+        help="training stack of --eagle3-draft: one of " + ", ".join(STACKS)
+        + " (specforge: SpecForge 0.2; specforge-hf: older SpecForge)",
     )
     group.addoption(
         "--eagle3-list-variants", dest="eagle3_list_variants", action="store_true", default=False,

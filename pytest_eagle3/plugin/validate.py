@@ -25,6 +25,7 @@ import pytest
 from pytest_eagle3.contracts.draft import NO_DIR_MSG
 from pytest_eagle3.draft.validate import read_config
 from pytest_eagle3.errors import Eagle3Error
+from pytest_eagle3.contracts.stacks import STACKS
 from pytest_eagle3.plugin.options import ENV_CACHE, ENV_TARGET, INI_TARGET
 from pytest_eagle3.plugin.parsers import MSG_BAD_TP, join
 from pytest_eagle3.settings import TP_CHOICES, Settings
@@ -33,7 +34,7 @@ from pytest_eagle3.target.spec import LocalTarget, resolve_target
 
 MSG_DRAFT_NEEDS_STACK = (
     "--eagle3-draft and --eagle3-stack go together: name the draft directory and the "
-    "stack that trained it (speculators, specforge, specforge-hf, specforge-sglang, eagle, vllm, raw)"
+    "stack that trained it (" + ", ".join(STACKS) + ")"
 )
 MSG_NO_GPU = (
     "--device cuda: no GPU is visible ({probe}); run with --device cpu, or fix CUDA_VISIBLE_DEVICES"

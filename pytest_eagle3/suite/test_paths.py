@@ -12,6 +12,12 @@ shape.  Every returned row is compared with the reference row at its position:
 * decode: row ``j`` is position ``T+j`` of the prompt extended by the generated
   tokens, compared with the reference of that extended sequence.
 
+Pairs that must agree are also compared with each other, at the positions both
+returned (:func:`~pytest_eagle3.verdicts.paths.check_pair`): a radix-cache hit
+with the fresh send of the same prompt, a batched request with the same prompt
+sent alone.  Chunked prefill and radix-cache hits run on the capture engine
+every other capture test uses (on cpu), so the default run takes them.
+
 Every path proves it was taken: each server arg the variant set must be in
 effect in SGLang's ``/server_info`` (its resolved server args); a flag SGLang
 resolved away, or a row-shaping path that changed no prompt's rows (every
@@ -91,6 +97,13 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_request, eag
                                    evidence=lambda i=i, T=T, d=d: _decode_evidence(
                                        extended_candidates, extended, captures, i, T, d))
             fail_if_bad(report, config=pytestconfig)
+    if req.batch:
+        # The pair that must agree: each request of the batch against the same
+        # prompt sent alone to the same engine (same ids, decode steps), after the
+        # reference comparison whose diagnosis names what the batch got wrong.
+        alone = eagle3_capture(req.ids, decode_steps=req.decode_steps, extra_args=req.extra_args, draft=req.draft)
+        conclude(check_pair((compare_captures(b, a) for b, a in zip(captures, alone)), what=name,
+                            a_name="the batched request", b_name="the prompt sent alone", rel_tol=tol))
     if len(sends) > 1:
         # The pair that must agree: each repeat (a radix-cache hit) against the
         # fresh send of the same prompt, at the positions both returned (after

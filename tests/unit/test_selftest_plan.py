@@ -4,7 +4,7 @@ plan named tests by id (:mod:`pytest_eagle3.planning.selftest`)."""
 
 from __future__ import annotations
 
-import ast
+import json
 from pathlib import Path
 
 import pytest
@@ -58,27 +58,31 @@ def test_every_marked_kind_is_a_catalog_kind() -> None:
     assert {k for c in suite_catches() for k in c.kinds} <= set(CATALOG)
 
 
-def test_the_marker_is_read_from_source(tmp_path: Path) -> None:
-    (tmp_path / "test_a.py").write_text(
+def test_markers_are_read_from_pytest_s_collection(pytester: pytest.Pytester) -> None:
+    # Function, class and module (pytestmark) markers alike: what pytest itself sees.
+    pytester.makepyfile(test_a=(
         "import pytest\nfrom pytest_eagle3.planning import cases\n\n"
+        f"pytestmark = pytest.mark.{CATCHES_MARK}('module-kind', need='m')\n\n"
         "@pytest.mark.gpu\n"
         f"@pytest.mark.{CATCHES_MARK}('scaled', 'zero-rows', need=cases.WIDE_CASE)\n"
         f"@pytest.mark.{CATCHES_MARK}('offset-missing', need='other', tp=1)\n"
         "def test_x():\n    pass\n\n"
-        "def helper():\n    pass\n")
-    assert suite_catches(tmp_path) == (Catch("test_x", ("scaled", "zero-rows"), WIDE),
-                                       Catch("test_x", ("offset-missing",), "other", 1))
-    bad = tmp_path / "bad"
-    bad.mkdir()
-    (bad / "test_b.py").write_text(
-        f"import pytest\n\n@pytest.mark.{CATCHES_MARK}('scaled', need=NAME)\ndef test_y():\n    pass\n")
-    with pytest.raises(ValueError, match="test_b.py:3: eagle3_catches takes literals"):
-        suite_catches(bad)
+        f"@pytest.mark.{CATCHES_MARK}('class-kind', need='c')\n"
+        "class TestY:\n    def test_y(self):\n        pass\n"))
+    out = pytester.path / "catches.json"
+    result = pytester.runpytest_subprocess("--collect-only", "-q", "-p", "pytest_eagle3.plugin.catches",
+                                           "--eagle3-catches-out", str(out))
+    assert result.ret == 0, result.stdout.str()
+    catches = selftest.parse_catches(json.loads(out.read_text()))
+    assert set(catches) == {Catch("test_x", ("scaled", "zero-rows"), WIDE), Catch("test_x", ("offset-missing",), "other", 1),
+                            Catch("test_x", ("module-kind",), "m"), Catch("test_y", ("class-kind",), "c"),
+                            Catch("test_y", ("module-kind",), "m")}
+    with pytest.raises(ValueError, match="test_z: eagle3_catches needs need="):
+        selftest.parse_catches({"test_z": [{"kinds": ["scaled"], "need": None, "tp": None}]})
 
 
 def test_every_suite_marker_is_registered() -> None:
     """The marker names the packaged tests use are the ones the plugin registers."""
     hooks = Path(selftest.__file__).parent.parent / "plugin" / "hooks.py"
     assert f'"{CATCHES_MARK}(' in hooks.read_text() or f"'{CATCHES_MARK}(" in hooks.read_text()
-    for path in sorted(selftest.SUITE_DIR.glob("test_*.py")):
-        ast.parse(path.read_text())  # the reader parses every suite module
+    assert suite_catches()  # pytest collects the suite and its markers
