@@ -143,10 +143,14 @@ def switches_ids(install: SGLangInstall, settings: Settings, facts: "TargetFacts
     size that switches ids between requests (:mod:`pytest_eagle3.worker.id_switch`):
     on cpu (no CUDA graph keeps the layers it was captured with), capture-only
     (a draft's ids come from its ``config.json``), a DeepSeek-V3-layout target,
-    an SGLang with ``HookRegistry`` (``srt/plugins/hook_registry.py``), and
-    :data:`SWITCH_IDS` ids (or SGLang's default)."""
+    an SGLang with ``HookRegistry`` (``srt/plugins/hook_registry.py``),
+    :data:`SWITCH_IDS` ids (or SGLang's default), and no
+    ``--sglang-arg return_aux_hidden_state_layer_ids`` (the user's ids win, as a
+    bisect that feeds a wrong list expects)."""
     if settings.device != "cpu" or draft is not None or not settings.id_switch:
         return False
+    if any(name.replace("-", "_") == "return_aux_hidden_state_layer_ids" for name, _ in settings.sglang_args):
+        return False  # the user's --sglang-arg names the ids: SGLang captures those, as the user asked
     if facts is None or facts.architecture not in SWITCH_ARCHITECTURES:
         return False
     if ids is not None and len(ids) != SWITCH_IDS:

@@ -15,9 +15,8 @@ How a test maps to an engine: a packaged test declares its engines once
 and is generated with an ``eagle3_need`` parameter; the plan resolves that need
 with :func:`~pytest_eagle3.planning.request.resolve` and builds its engine with
 :func:`~pytest_eagle3.capture.api.engine_config`, exactly what the
-``eagle3_engine_request`` and ``eagle3_capture`` fixtures do at run time.  A
-test with an ``eagle3_case`` parameter instead (a hand-written test, like the
-project's own) is planned as that contract fixture's id list.  What the run
+``eagle3_engine_request`` and ``eagle3_capture`` fixtures do at run time, for
+every engine of the test's engine set.  What the run
 leaves out at collection is not in the plan; a test with a skip marker is
 listed as skipped; a test that uses an engine fixture without a declaration,
 or whose engine cannot be composed here, is listed under "engine determined at
@@ -50,9 +49,8 @@ from pytest_eagle3.plugin.run import get_run
 from pytest_eagle3.settings import Settings
 from pytest_eagle3.target.spec import LocalTarget, resolve_target
 from pytest_eagle3.target.checkpoint.cache import entry_dir
-from pytest_eagle3.planning import cases
 from pytest_eagle3.capture.api import cuda_recipe_for, engine_config
-from pytest_eagle3.planning.declare import EngineNeed, NeedContext
+from pytest_eagle3.planning.declare import NeedContext
 from pytest_eagle3.planning.request import resolve
 from pytest_eagle3.engine.server import SGLangServer
 from pytest_eagle3.engine import gpu_blocks, lease
@@ -95,8 +93,7 @@ MSG_ENGINE_NCCL = "  nccl_port: from the block's window ({windows})"
 MSG_NO_ENGINE_SECTION = "skipped, no engine starts for them ({count}):"
 MSG_RUNTIME_SECTION = "engine determined at run time:"
 MSG_NO_SGLANG = "SGLang: {error}"
-RUNTIME_NO_CASE = "uses {fixture} but declares no engine (no eagle3_engines marker, no eagle3_case parameter)"
-RUNTIME_UNKNOWN_CASE = "eagle3_case {case!r} is not a contract fixture"
+RUNTIME_NO_CASE = "uses {fixture} but declares no engine (no eagle3_engines marker)"
 PORT_PLACEHOLDER = "<free port>"
 NCCL_PLACEHOLDER = "<port from the block window>"
 BLOCK_PLACEHOLDER = "<the worker block>"
@@ -208,15 +205,8 @@ def build_plan(items: Sequence[pytest.Item], settings: Settings, *,
         params = getattr(getattr(item, "callspec", None), "params", {})
         need = params.get(eagle3_session.NEED_ARGNAME)
         if need is None:
-            case = params.get(eagle3_session.CASE_ARGNAME)
-            if case is None:
-                plan.runtime.append((nodeid, RUNTIME_NO_CASE.format(fixture=engine_fixture)))
-                continue
-            case = str(getattr(case, "name", case))
-            if case not in cases.case_files():
-                plan.runtime.append((nodeid, RUNTIME_UNKNOWN_CASE.format(case=case)))
-                continue
-            need = EngineNeed(case, case, every_tp=True)
+            plan.runtime.append((nodeid, RUNTIME_NO_CASE.format(fixture=engine_fixture)))
+            continue
         if problem is not None or install is None or facts is None:
             plan.runtime.append((nodeid, problem or "SGLang not probed"))
             continue

@@ -126,8 +126,6 @@ def tp_marker_values(marker: pytest.Mark, nodeid: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(values))
 
 
-#: Parameter naming the capture case; tests with equal (tp, case) share an engine.
-CASE_ARGNAME = "eagle3_case"
 #: Parameter holding a declared :class:`~pytest_eagle3.planning.declare.EngineNeed`.
 NEED_ARGNAME = declare.NEED_ARGNAME
 
@@ -141,12 +139,17 @@ def uses_eagle3(fixturenames: Iterable[str]) -> bool:
     return any(name.startswith("eagle3_") for name in fixturenames)
 
 
+#: Sort name of tests that declare no engines: after every engine name.
+UNDECLARED = "\uffff"
+
+
 def engine_group(item: pytest.Item) -> tuple[int, int, str, int, int, str]:
     """Sort key grouping tests that use the same engine: engine-free tests first,
     then by TP size, then by the engine a declared need resolves to (its
     :class:`~pytest_eagle3.engine.config.EngineConfig` name, as ``--eagle3-plan``
     resolves it: needs sharing an engine, e.g. every id list of a switching
-    capture engine, sort together), else by the need's group or capture case name.
+    capture engine, sort together), else by the need's group; a test that
+    declares no engines sorts last within its TP size.
 
     An acceptance need sorts just before the capture engine of its case (the
     draft's ids): a test whose engine set holds both (draft path vs capture-only)
@@ -154,7 +157,7 @@ def engine_group(item: pytest.Item) -> tuple[int, int, str, int, int, str]:
     engine starts once.  Draft variants of the same case (the MLA drafts) come
     first, each group together."""
     params = getattr(getattr(item, "callspec", None), "params", {})
-    if not ({TP_ARGNAME, CASE_ARGNAME, NEED_ARGNAME} & set(params)) and item.get_closest_marker("tp") is None:
+    if not ({TP_ARGNAME, NEED_ARGNAME} & set(params)) and item.get_closest_marker("tp") is None:
         return (0, 0, "", 0, 0, "")
     need = params.get(NEED_ARGNAME)
     tp = item_tp(item)
@@ -163,8 +166,9 @@ def engine_group(item: pytest.Item) -> tuple[int, int, str, int, int, str]:
         return (1, tp, anchor, 0, 0 if need.draft_variant else 1, str(need.engine_group))
     if need is not None:
         return (1, tp, _engine_name(item, need, tp), 1, 0, "")
-    case = params.get(CASE_ARGNAME)
-    return (1, tp, str(getattr(case, "name", case or "")), 1, 0, "")
+    # An undeclared test: its engines are known only when it runs; after the
+    # declared groups of its TP size, so it never splits one.
+    return (1, tp, UNDECLARED, 1, 0, "")
 
 
 def _engine_name(item: pytest.Item, need: "declare.EngineNeed", tp: int) -> str:

@@ -41,9 +41,8 @@ DRAFTS = json.loads(open("drafts.json").read())
 
 
 @pytest.mark.tp({tp})
-@pytest.mark.parametrize("eagle3_case", ["kimi-embedding-first"])
 @pytest.mark.parametrize("control", sorted(DRAFTS))
-def test_control(control, eagle3_case, eagle3_capture, record_property):
+def test_control(control, eagle3_capture, record_property):
     draft = DRAFTS[control]
     examples = load_examples(draft)
     runs = eagle3_capture.speculate(EngineRequest(None, draft=draft), [list(e.prompt) for e in examples],

@@ -17,13 +17,16 @@ pytestmark = pytest.mark.e2e
 
 #: A test whose contract is off by one: it reads the vllm-first-id-1 ids
 #: [1, L//2, L-2] as SGLang's own "input of layer v" while SGLang adds +1 to a
-#: list starting with 1 (PR #25454).  It shares that case's TP 1 engine.  The
-#: comparison must fire and name the snapshot each slot really holds.
+#: list starting with 1 (PR #25454).  It declares no engine: it runs on a capture
+#: engine without the suite's shared paths, which it shares with the inspect-fix
+#: test (the id switch serves both lists).  The comparison must fire and name the
+#: snapshot each slot really holds.
 WRONG_LAYER_TEST = '''
 import pytest
 from pytest_eagle3.suite.outcome import fail_if_bad
 from pytest_eagle3.verdicts.compare import compare_slots
 from pytest_eagle3.planning import cases
+from pytest_eagle3.planning.declare import case_needs
 
 
 @pytest.mark.tp(1)
@@ -56,24 +59,19 @@ def test_inspect_fix_is_what_sglang_captures(eagle3_case, eagle3_capture, eagle3
 
 
 @pytest.mark.tp(1)
-@pytest.mark.parametrize("eagle3_case", ["kimi-embedding-first"])
-def test_server_info_proves_the_plain_path(eagle3_case, eagle3_capture, eagle3_model_config, eagle3_sglang):
-    """The path proof on the real engine's /server_info: the plain engine returns
-    every prompt row, and a variant flag this engine does not have is named."""
-    from pytest_eagle3.planning.declare import EngineRequest
+@pytest.mark.eagle3_engines(*case_needs([cases.WIDE_CASE]))
+def test_server_info_proves_the_plain_path(eagle3_engine_request, eagle3_capture):
+    """The path proof on the real engine's /server_info: the capture engine returns
+    the rows its settings imply (the last chunk of the longer prompts), and a
+    variant flag this engine does not have is named."""
     from pytest_eagle3.engine.variant_proof import path_not_taken, prefill_rows
 
-    from pytest_eagle3.engine.variants import shared_engine_args
-
-    f = eagle3_model_config
-    ids = tuple(cases.resolve(eagle3_case, f.num_layers, f.hidden_size, eagle3_sglang.id_rule()).ids)
-    # The wide case's engine: radix cache on, chunked prefill (shared with the suite).
-    extra = shared_engine_args(eagle3_sglang, "cpu", 1)
-    caps = eagle3_capture(list(ids), extra_args=extra)
-    info = eagle3_capture.server_info(EngineRequest(ids=ids, extra_args=extra))
+    req = eagle3_engine_request  # the capture engine: radix cache on, chunked prefill (shared with the suite)
+    caps = eagle3_capture.run(req)
+    info = eagle3_capture.server_info(req)
     assert [c.prefill.shape[0] for c in caps] == [prefill_rows(len(c.prompt), info) for c in caps]
     assert any(c.prefill.shape[0] < len(c.prompt) for c in caps)  # the longer prompts were chunked
-    assert path_not_taken("plain", extra, info) is None
+    assert path_not_taken("plain", req.extra_args, info) is None
     msg = path_not_taken("chunked-prefill", {"chunked_prefill_size": 8}, info)
     assert msg is not None and "but SGLang's /server_info reports chunked_prefill_size=" in msg, msg
 '''
@@ -180,7 +178,7 @@ def test_what_did_not_run_is_one_line_per_reason(inner: InnerRun) -> None:
 
 def test_plan_and_run_agree_engine_for_engine(inner: InnerRun, tmp_path) -> None:
     """``--eagle3-plan`` of the packaged suite lists exactly the engines the run
-    started for it (the run also started one for its inspect-fix test)."""
+    started for it (the run also started one for its two hand-written id-list tests)."""
     import re
 
     plan = run_inner(tmp_path, ["--pyargs", "pytest_eagle3.suite", "--tp", "2", "--eagle3-plan"])
@@ -266,7 +264,7 @@ def test_faults_stay_in_the_recorder(inner: InnerRun) -> None:
 
 
 def test_path_proof_reads_the_real_server_info(inner: InnerRun) -> None:
-    name = "test_server_info_proves_the_plain_path[kimi-embedding-first]"
+    name = "test_server_info_proves_the_plain_path[tp1-kimi-embedding-first]"
     assert inner.outcomes[name] == "passed", inner.messages[name]
 
 

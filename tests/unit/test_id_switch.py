@@ -36,6 +36,9 @@ FACTS = TargetSpec.preset("tiny-dsv3").facts
     (Settings(device="cpu"), FakeInstall(), [1, 3, 4], "/draft", False),  # a draft's ids come from its config
     (Settings(device="cpu"), FakeInstall(), [1, 3], None, False),  # the packer width is the default list's
     (Settings(device="cpu"), FakeInstall(registry=False), [1, 3, 4], None, False),  # no HookRegistry
+    # The user's own ids (--sglang-arg) win: SGLang must capture what they name.
+    (Settings(device="cpu", sglang_args=(("return_aux_hidden_state_layer_ids", [1, 4, 6]),)), FakeInstall(),
+     [0, 3, 5], None, False),
 ])
 def test_which_engines_switch_ids(settings, install, ids, draft, switches) -> None:
     assert api.switches_ids(install, settings, FACTS, ids, draft) is switches

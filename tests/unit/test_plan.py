@@ -146,25 +146,22 @@ def test_plan_ignores_n_and_starts_no_worker(pytester: pytest.Pytester) -> None:
 
 INNER = """
 import pytest
+from pytest_eagle3.planning.declare import case_needs
 
 def test_no_engine():
     pass
 
 @pytest.mark.skip(reason="not today")
-@pytest.mark.parametrize("eagle3_case", ["kimi-embedding-first"])
-def test_skipped(eagle3_case, eagle3_capture):
+@pytest.mark.eagle3_engines(*case_needs(["kimi-embedding-first"]))
+def test_skipped(eagle3_need, eagle3_capture):
     pass
 
 def test_engine_without_case(eagle3_capture):
     pass
 
-@pytest.mark.parametrize("eagle3_case", ["no-such-case"])
-def test_unknown_case(eagle3_case, eagle3_capture):
-    pass
-
 @pytest.mark.tp(1)
-@pytest.mark.parametrize("eagle3_case", ["kimi-embedding-first"])
-def test_mapped(eagle3_case, eagle3_capture):
+@pytest.mark.eagle3_engines(*case_needs(["kimi-embedding-first"]))
+def test_mapped(eagle3_need, eagle3_capture):
     pass
 """
 
@@ -175,19 +172,17 @@ def test_unmapped_tests_are_decided_at_run_time(pytester: pytest.Pytester) -> No
     result = pytester.runpytest_subprocess("--eagle3-plan", "--device", "cpu", f"--eagle3-cache={CACHE}")
     assert result.ret == 0, result.stdout.str() + result.stderr.str()
     result.stdout.fnmatch_lines([
-        "nothing was started: 1 engine(s) for 1 selected test(s); 1 skipped; 2 decided at run time; "
+        "nothing was started: 1 engine(s) for 1 selected test(s); 1 skipped; 1 decided at run time; "
         "1 without an engine",
         "GPUs: none (--device cpu: no lease; *)",
         "engine 1: tp1-cpu-* (TP 1) for 1 test(s)",
         "  env: * SGLANG_USE_CPU_ENGINE=1 *",
-        "    test_inner.py::test_mapped[[]kimi-embedding-first[]]",
+        "    test_inner.py::test_mapped[[]tp1-kimi-embedding-first[]]",
         "skipped, no engine starts for them (1):",
         "  not today:",
         "    test_inner.py::test_skipped[[]kimi-embedding-first[]]",
         "engine determined at run time:",
         "  test_inner.py::test_engine_without_case: " + plan.RUNTIME_NO_CASE.format(fixture="eagle3_capture"),
-        "  test_inner.py::test_unknown_case[[]no-such-case[]]: "
-        + plan.RUNTIME_UNKNOWN_CASE.format(case="no-such-case"),
     ])
 
 
@@ -244,11 +239,9 @@ def test_without_sglang_every_engine_is_decided_at_run_time(pytester: pytest.Pyt
     result = pytester.runpytest("--eagle3-plan", "--device", "cuda", "--tp", "2", f"--eagle3-cache={pytester.path / 'cache'}")
     assert result.ret == 0
     result.stdout.fnmatch_lines([
-        "nothing was started: 0 engine(s) for 0 selected test(s); 1 skipped; 3 decided at run time; *",
+        "nothing was started: 0 engine(s) for 0 selected test(s); 1 skipped; 2 decided at run time; *",
         "run: device cuda, --tp 2, target gpu-dsv3, SGLang: SGLang is not installed in this environment (test)",
-        "  test_inner.py::test_mapped[[]kimi-embedding-first[]]: SGLang: SGLang is not installed *",
-        "  test_inner.py::test_unknown_case[[]no-such-case[]]: "
-        + plan.RUNTIME_UNKNOWN_CASE.format(case="no-such-case"),
+        "  test_inner.py::test_mapped[[]tp1-kimi-embedding-first[]]: SGLang: SGLang is not installed *",
     ])
 
 
