@@ -16,10 +16,14 @@ Each stage goes through the package functions the suite itself uses:
    engine start (the config the acceptance test uses: ``capture.api.engine_config``
    with ``draft=``), and the acceptance run (greedy speculative decoding of the
    draft's learnt prompts, ``capture_draft_path``) with its accept length;
-5. the main job: ``python -m pytest --pyargs pytest_eagle3.suite --tp 2 -q
+5. the main job: ``python -m pytest --pyargs pytest_eagle3.suite --tp 2
    -p no:cacheprovider --eagle3-cache <cache>`` with the cache warmed above (~5 min),
    once per ``--main-job-paths`` entry (``inplace``, ``native``: SGLang's norm path;
-   ``fused``: the all-reduce fusion path), one after the other.
+   ``fused``: the all-reduce fusion path), one after the other; or, with
+   ``--main-job-first-and-warm``, on a new empty cache (a new machine's first
+   run) and again on that cache (warm).  Each main job reports its engine starts,
+   their summed start time and how long the tests waited for engines (from the
+   run's ``[eagle3] SGLang ... ready in`` lines).
 
 Run from the repository root in the dev environment, e.g.
 ``python benchmarks/bench_core.py --tp 1 2 4 8 --json /tmp/bench.json``.
@@ -32,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -232,9 +237,23 @@ MAIN_JOB_PATHS = {
 }
 
 
-def run_main_job(cache: Path, path: str = "default") -> dict[str, Any]:
+READY = re.compile(r"\[eagle3\] SGLang (\S+) ready in (\d+) s(?: \(prefetched: this run waited (\d+) s for it\))?")
+
+
+def engine_stats(lines: list[str]) -> dict[str, Any]:
+    """From the main job's progress lines: engine starts, their summed start time,
+    and how long the tests waited for engines (a prefetched engine's wait; the
+    whole start of one that was not prefetched), in seconds."""
+    starts = [(m.group(1), int(m.group(2)), m.group(3)) for line in lines if (m := READY.search(line))]
+    return {"engine_starts": len(starts), "start_s_sum": sum(s for _, s, _ in starts),
+            "wait_s_sum": sum(int(w) if w is not None else s for _, s, w in starts),
+            "engines": [name for name, _, _ in starts]}
+
+
+def run_main_job(cache: Path, path: str = "default", label: str = "") -> dict[str, Any]:
+    # Verbosity 0 (not -q): the progress lines say when each engine was ready.
     cmd = [sys.executable, "-m", "pytest", "--pyargs", "pytest_eagle3.suite", "--tp",
-           str(MAIN_JOB_TP), "-q", "-p", "no:cacheprovider", "--eagle3-cache", str(cache),
+           str(MAIN_JOB_TP), "-p", "no:cacheprovider", "--eagle3-cache", str(cache),
            *MAIN_JOB_PATHS[path]]
     log("main job: $ " + " ".join(cmd))
     lines: list[str] = []
@@ -249,7 +268,7 @@ def run_main_job(cache: Path, path: str = "default") -> dict[str, Any]:
         rc = proc.wait()
     summary = next((ln.strip("= ") for ln in reversed(lines) if ln.strip()), "")
     return {"seconds": time.perf_counter() - t0, "returncode": rc, "summary": summary,
-            "command": cmd, "skipped": False, "path": path}
+            "command": cmd, "skipped": False, "path": path, "label": label, **engine_stats(lines)}
 
 
 def fmt(value: float | None) -> str:
@@ -279,8 +298,13 @@ def print_table(r: dict[str, Any]) -> None:
                      f"{a['tokens']} tokens, {a['verifies']} verifies, accept length {a['accept_length']}"))
     for m in r.get("main_jobs") or [r["main_job"]]:
         path = "" if m.get("path", "default") == "default" else f", {m['path']}"
-        rows.append((f"main job (suite --tp {MAIN_JOB_TP}{path})", m["seconds"],
+        label = f", {m['label']}" if m.get("label") else ""
+        rows.append((f"main job (suite --tp {MAIN_JOB_TP}{path}{label})", m["seconds"],
                      "skipped" if m["skipped"] else f"rc {m['returncode']}: {m['summary']}"))
+        if not m["skipped"]:
+            rows.append(("  engines", m.get("start_s_sum"),
+                         f"{m.get('engine_starts')} starts (summed start time); tests waited "
+                         f"{m.get('wait_s_sum')} s for engines"))
     print(f"\n{'stage':<30} {'time_s':>8}  notes")
     print("-" * 78)
     for name, secs, note in rows:
@@ -305,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="run the main job once per path, one after the other: SGLang's in-place or native "
                     "norms (--eagle3-cpu-norm), or the fused all-reduce (--eagle3-cpu-allreduce-fusion); "
                     "default: the suite's defaults")
+    ap.add_argument("--main-job-first-and-warm", action="store_true",
+                    help="run the main job on a new, empty cache (a new machine's first run: checkpoint, "
+                    "reference, flag probe and drafts built inside the run), then again on that cache (warm)")
     ap.add_argument("--main-job-only", action="store_true",
                     help="skip the engine and acceptance stages (the checkpoint and reference are still built)")
     opts = ap.parse_args(argv)
@@ -356,12 +383,16 @@ def main(argv: list[str] | None = None) -> int:
         if opts.skip_main_job:
             r["main_job"] = {"seconds": None, "returncode": None, "summary": None,
                              "command": None, "skipped": True}
+        elif opts.main_job_first_and_warm:
+            first_cache = work / "first-run-cache"
+            r["main_jobs"] = [run_main_job(first_cache, "default", "first run, empty cache"),
+                              run_main_job(first_cache, "default", "warm")]
         else:
             r["main_jobs"] = [run_main_job(cache, path) for path in opts.main_job_paths]
-            r["main_job"] = r["main_jobs"][0]
     finally:
         if opts.cache is None:
             shutil.rmtree(cache, ignore_errors=True)
+        shutil.rmtree(work / "first-run-cache", ignore_errors=True)
     r["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     print_table(r)
     if opts.json:

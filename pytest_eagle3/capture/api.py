@@ -118,7 +118,10 @@ def engine_config(install: SGLangInstall, settings: Settings, *, model_path: str
         Eagle3CaptureUnsupported: this SGLang cannot return captures this way.
     """
 
-    switch = switches_ids(install, settings, facts, ids, draft)
+    # Under DP attention a rank may serve none of a request's forwards, and so never
+    # switch before it: one engine per list there.
+    dp = any(k in (extra_args or {}) for k in ("attn_dp_size", "enable_dp_attention"))
+    switch = switches_ids(install, settings, facts, ids, draft) and not dp
     args = capture_server_args(install, list(ids) if ids is not None and not switch else None, draft_path=draft)
     args.update(extra_args or {})
     cuda = cuda_recipe_for(install, settings, facts) if settings.device == "cuda" else None

@@ -210,7 +210,7 @@ class CaptureRunner:
         return out
 
     def _flush(self, server: Any) -> None:
-        """Empty the radix cache of an engine that has it on (the wide case's engine,
+        """Empty the radix cache of an engine that has it on (the capture engine,
         :func:`pytest_eagle3.engine.variants.shared_engine_args`): a prompt an earlier
         test sent would otherwise return only its uncached rows."""
         config = self.last_config

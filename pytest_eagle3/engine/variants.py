@@ -99,7 +99,7 @@ class Variant:
             e.g. the resolved ``cuda_graph_config.decode.backend``; a key the
             installed SGLang does not report is not judged.
         shared_on: devices on which the variant's ``server_args`` are part of the
-            wide case's engine (:func:`shared_engine_args`), so the variant runs
+            capture engine (:func:`shared_engine_args`), so the variant runs
             on an engine the default run starts anyway instead of one of its own.
     """
 
@@ -116,7 +116,7 @@ class Variant:
 
     def own_engine(self, device: str) -> bool:
         """Whether the variant needs an engine nobody else uses on ``device``:
-        server args or ids of its own that the wide case's engine does not have."""
+        server args or ids of its own that the capture engine does not have."""
         if self.ids is not None:
             return True
         return bool(self.server_args) and device not in self.shared_on
@@ -191,7 +191,7 @@ def ids_last_capturable(num_layers: int, first_k_dense: int) -> tuple[int, ...]:
 VARIANTS: tuple[Variant, ...] = (
     Variant(
         name="plain",
-        description="the wide case's engine (radix cache on, flushed before each send; chunked "
+        description="the capture engine (radix cache on, flushed before each send; chunked "
         "prefill on cpu), default parallel paths; prefill rows only",
         source="pytest_eagle3/engine/config.py base_server_args",
     ),
@@ -207,7 +207,7 @@ VARIANTS: tuple[Variant, ...] = (
         description=f"chunked_prefill_size={CHUNK_SIZE}: prompts longer than {CHUNK_SIZE} are "
         "prefilled in chunks; SGLang returns only the last chunk's rows (positions "
         "C*((T-1)//C) .. T-1), compare those (every chunk on every TP rank: test_per_rank.py); "
-        "on cpu the wide case's engine chunks",
+        "on cpu the capture engine chunks",
         server_args=MappingProxyType({"chunked_prefill_size": CHUNK_SIZE}),
         shared_on=("cpu",),
         needs=Needs(summary=f"chunked prefill (chunk {CHUNK_SIZE}) needs --chunked-prefill-size"),
@@ -216,7 +216,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         name="radix-cache-hit",
-        description="radix cache on (the wide case's engine; the cache is flushed before every "
+        description="radix cache on (the capture engine; the cache is flushed before every "
         "fresh send); each prompt is sent fresh, then again: the second send returns only "
         "the uncached rows (1 row, position T-1, at page size 1), compare them with the "
         "fresh send's rows and the reference rows at the same positions",
@@ -341,7 +341,9 @@ VARIANTS: tuple[Variant, ...] = (
 
 
 def shared_engine_args(install: "SGLangInstall", device: str, tp: int) -> dict[str, Any]:
-    """Server args of the wide case's engine: every variant shared on ``device``
+    """Server args of the capture engine (every id list's capture-only engine; one per
+    TP size where it switches ids, :func:`pytest_eagle3.capture.api.switches_ids`):
+    every variant shared on ``device``
     (:attr:`Variant.shared_on`) that the installed SGLang accepts, so the default
     run takes their paths (radix-cache hits; chunked prefill on cpu) on an engine
     it starts anyway.  The plain, decode and batch variants run on the same engine."""

@@ -199,7 +199,7 @@ def user_draft_need() -> EngineNeed:
 
 def variant_needs(variants: "Sequence[Variant]") -> list[EngineNeed]:
     """A need per path variant; variants without an engine of their own share the
-    wide case's engine (the sort groups them with it on cpu, where every shared
+    capture engine (the sort groups them with it on cpu, where every shared
     variant shares it; on cuda a variant with server args sorts by its name)."""
     out = []
     for v in variants:
@@ -211,7 +211,7 @@ def variant_needs(variants: "Sequence[Variant]") -> list[EngineNeed]:
 
 def with_capture_only(need: EngineNeed, name: str = "capture-only") -> EngineNeed:
     """``need`` with the capture-only engine of its case added to its engine set
-    (the wide case's engine, shared with the capture tests)."""
+    (the capture engine, shared with the capture tests)."""
     from dataclasses import replace
 
     return replace(need, also=(*need.also, (name, EngineNeed(name, need.case, every_tp=True))))

@@ -48,7 +48,7 @@ def returned_rows(cap, ref, ev=None):
     """``(reference rows, evidence)`` at the prompt positions of ``cap.prefill``.
 
     SGLang returns the last rows of a prompt: all ``T`` of them, the last chunk
-    under chunked prefill (the wide case's engine on cpu chunks the longer
+    under chunked prefill (the capture engine on cpu chunks the longer
     suite prompts), the uncached tail on a radix-cache hit
     (:mod:`pytest_eagle3.engine.variant_proof`).  ``ref``: ``[L+2, T, H]``;
     ``ev``: a lazy evidence callable or ``None``."""

@@ -152,7 +152,7 @@ def test_acceptance_gate_has_power(eagle3_engine_request, eagle3_capture, eagle3
 def test_draft_path_agrees_with_capture_only(eagle3_engine_set, eagle3_capture, eagle3_sglang, eagle3_settings,
                                              eagle3_prompts):
     """The acceptance engine's draft-path prefill captures equal the capture-only
-    engine's for the same ids (the wide case's engine, shared with the capture
+    engine's for the same ids (the capture engine, shared with the capture
     tests): the test's engine set is ``{"main": acceptance, "capture-only": wide case}``."""
 
     try:

@@ -1,5 +1,5 @@
 """Every TP rank captures the same, complete, fully reduced hidden states, in
-every forward mode: prefill (every chunk: the wide case's engine prefills the
+every forward mode: prefill (every chunk: the capture engine prefills the
 longer prompts in chunks on cpu) and decode.
 
 SGLang's public API returns rank 0's captures only.  The per-rank recorder
