@@ -259,7 +259,12 @@ def run_main_job(cache: Path, path: str = "default", label: str = "") -> dict[st
     lines: list[str] = []
     t0 = time.perf_counter()
     with heartbeat("main job running", every=30):
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        # From the checkout whose pytest_eagle3 this script imported (PYTHONPATH=<other
+        # checkout> times that one's main job: before/after a change).
+        import pytest_eagle3
+
+        checkout = Path(pytest_eagle3.__file__).resolve().parent.parent
+        proc = subprocess.Popen(cmd, cwd=checkout, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, errors="replace")
         assert proc.stdout is not None
         for line in proc.stdout:

@@ -84,6 +84,10 @@ MLA_NOT_THIS_FAMILY = (
 PORTABLE_IS_SHIPPED = (
     "target {target}'s shipped draft already declares the portable ids [1, L//2-1, L-4] (specforge-default-ids)"
 )
+MLA_TP1_ON_CPU = (
+    "the {variant} draft runs at TP 1 on cpu (the shipped draft covers TP > 1; an engine start each); "
+    "run with --eagle3-slow for every TP size"
+)
 VARIANT_SLOW = (
     "the {variant} draft needs engines of its own (about 40 s per TP size on cpu); run with --eagle3-slow"
 )
@@ -103,6 +107,8 @@ def _variant_reason(variant: str, ctx: NeedContext) -> str | None:
                                    cls=MLA_ARCHITECTURE)
     if s.device == "cpu" and variant != MLA_MAIN and not s.slow:
         return VARIANT_SLOW.format(variant=variant)
+    if s.device == "cpu" and variant == MLA_MAIN and 1 < ctx.tp <= s.tp and not s.slow:
+        return MLA_TP1_ON_CPU.format(variant=variant)
     return None
 
 
