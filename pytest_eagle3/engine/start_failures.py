@@ -86,6 +86,8 @@ class StartFailures:
 
     by_cause: dict[str, StartFailure] = field(default_factory=dict)
     _paths: dict[tuple, StartFailure] = field(default_factory=dict)
+    #: startup path -> the server args of the configuration that failed on it.
+    _failed_args: dict[tuple, dict] = field(default_factory=dict)
 
     def blocked(self, config: "EngineConfig") -> StartFailure | None:
         """The failure of a configuration with the same startup path, or ``None``."""
@@ -99,9 +101,9 @@ class StartFailures:
             return None
         if config.name not in failure.not_started and config.name not in failure.failed:
             failure.not_started.append(config.name)
-        first = failure.first
-        differ = sorted({k for k, _ in config.server_args if k in AFTER_STARTUP_ARGS})
-        return SAME_PATH.format(name=config.name, first=first, cause=failure.cause,
+        theirs, mine = self._failed_args.get(startup_path(config), {}), dict(config.server_args)
+        differ = sorted(k for k in AFTER_STARTUP_ARGS if theirs.get(k) != mine.get(k))
+        return SAME_PATH.format(name=config.name, first=failure.first, cause=failure.cause,
                                 args=", ".join(differ) or "none", who=failure.who)
 
     def record(self, config: "EngineConfig", cause: str | None, who: str) -> str | None:
@@ -116,10 +118,12 @@ class StartFailures:
             failure = self.by_cause[cause] = StartFailure(cause, config.name, who)
             failure.failed.append(config.name)
             self._paths.setdefault(startup_path(config), failure)
+            self._failed_args.setdefault(startup_path(config), dict(config.server_args))
             return None
         if config.name not in failure.failed:
             failure.failed.append(config.name)
         self._paths.setdefault(startup_path(config), failure)
+        self._failed_args.setdefault(startup_path(config), dict(config.server_args))
         return SAME_CAUSE.format(name=config.name, first=failure.first, cause=cause, who=failure.who)
 
     def summary_lines(self, total: int) -> list[str]:
