@@ -155,10 +155,7 @@ class CaptureRunner:
         key = ("speculate", self.last_config, tuple(map(tuple, prompts)), tuple(int(n) for n in max_new_tokens))
         if key not in self.pool.results:
             self._flush(server)
-            out = []
-            for prompt, n in zip(prompts, max_new_tokens):
-                out += capture_draft_path(server, [prompt], decode_steps=max(0, int(n) - 1))
-            self.pool.results[key] = out
+            self.pool.results[key] = _decode_each(server, prompts, max_new_tokens)
         self._prove_standin_paths(server)
         return list(self.pool.results[key])
 
@@ -178,9 +175,7 @@ class CaptureRunner:
         recorder = Recorder(self.pool.record_dir(self.last_config))
         self._flush(server)
         with recorder.recording():
-            out = []
-            for prompt, n in zip(prompts, max_new_tokens):
-                out += capture_draft_path(server, [prompt], decode_steps=max(0, int(n) - 1))
+            out = _decode_each(server, prompts, max_new_tokens)
             records = recorder.read(self.tp)
         self._prove_standin_paths(server)
         return out, records
@@ -322,6 +317,15 @@ class CaptureRunner:
         return RankCaptures(captures, prefill_records(records, rids),
                             decode_records(records, rids) if decode_steps else {},
                             request_forwards(records, rids))
+
+
+def _decode_each(server: Any, prompts: Sequence[Sequence[int]],
+                 max_new_tokens: Sequence[int]) -> "list[DraftPathCaptures]":
+    """Greedy speculative decoding of each prompt alone, ``max_new_tokens[i]`` tokens."""
+    out: "list[DraftPathCaptures]" = []
+    for prompt, n in zip(prompts, max_new_tokens):
+        out += capture_draft_path(server, [prompt], decode_steps=max(0, int(n) - 1))
+    return out
 
 
 @dataclass(frozen=True)

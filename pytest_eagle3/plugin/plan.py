@@ -47,8 +47,6 @@ from pytest_eagle3.plugin import session as eagle3_session
 from pytest_eagle3.errors import Eagle3Error
 from pytest_eagle3.plugin.run import get_run
 from pytest_eagle3.settings import Settings
-from pytest_eagle3.target.spec import LocalTarget, resolve_target
-from pytest_eagle3.target.checkpoint.cache import entry_dir
 from pytest_eagle3.capture.api import cuda_recipe_for, engine_config
 from pytest_eagle3.planning.declare import NeedContext
 from pytest_eagle3.planning.request import resolve
@@ -154,17 +152,6 @@ def static_skip(item: pytest.Item) -> str | None:
     return None
 
 
-def _target(settings: Settings) -> "tuple[str, TargetFacts]":
-    """``(model path, facts)`` of the run's target, from JSON only (the path the
-    default ``eagle3_checkpoint`` fixture resolves)."""
-
-    target = resolve_target(settings.target)
-    if isinstance(target, LocalTarget):
-        return str(target.path), target.facts
-
-    return str(entry_dir(target, settings.cache_dir)), target.facts
-
-
 def build_plan(items: Sequence[pytest.Item], settings: Settings, *,
                install: "SGLangInstall | None" = None, workers: int | None = None) -> Plan:
     """Map each selected test to the engine it would start (nothing is started).
@@ -177,7 +164,7 @@ def build_plan(items: Sequence[pytest.Item], settings: Settings, *,
     problem: str | None = None
     facts = None
     try:
-        plan.model_path, facts = _target(settings)
+        plan.model_path, facts = eagle3_session.target_model(settings)
         plan.facts = facts
     except Eagle3Error as exc:
         problem = f"target {settings.target}: {exc}"

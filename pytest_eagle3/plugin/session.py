@@ -13,7 +13,7 @@ Nothing here imports torch or sglang.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import pytest
 
@@ -25,6 +25,10 @@ from pytest_eagle3.target.checkpoint.cache import entry_dir
 from pytest_eagle3.target.spec import LocalTarget, resolve_target
 from pytest_eagle3.plugin.run import get_run, get_settings
 from pytest_eagle3.settings import TP_CHOICES
+
+if TYPE_CHECKING:
+    from pytest_eagle3.settings import Settings
+    from pytest_eagle3.target.spec import TargetFacts
 
 #: Lines of an engine log attached to a failing test.
 LOG_TAIL_LINES = 200
@@ -171,6 +175,20 @@ def engine_group(item: pytest.Item) -> tuple[int, int, str, int, int, str]:
     return (1, tp, UNDECLARED, 1, 0, "")
 
 
+def target_model(settings: "Settings") -> "tuple[str, TargetFacts]":
+    """``(model path, facts)`` of the run's target, from JSON only (the path the
+    default ``eagle3_checkpoint`` fixture resolves); ``--eagle3-plan`` and the
+    collection sort use it.
+
+    Raises:
+        Eagle3ConfigError: unknown preset, or a directory without ``config.json``.
+    """
+    target = resolve_target(settings.target)
+    if isinstance(target, LocalTarget):
+        return str(target.path), target.facts
+    return str(entry_dir(target, settings.cache_dir)), target.facts
+
+
 def _engine_name(item: pytest.Item, need: "declare.EngineNeed", tp: int) -> str:
     """The name of the engine ``need`` resolves to at ``tp`` in this run (cached per
     run), or the need's group where it cannot be resolved here (no SGLang, a bad
@@ -184,8 +202,7 @@ def _engine_name(item: pytest.Item, need: "declare.EngineNeed", tp: int) -> str:
         if install is not None and facts is not None:
             settings = get_settings(item.config)
             try:
-                target = resolve_target(settings.target)
-                model = str(target.path if isinstance(target, LocalTarget) else entry_dir(target, settings.cache_dir))
+                model, _ = target_model(settings)
                 request = resolve(need, declare.NeedContext(settings, tp, install, facts))
                 cache[key] = engine_config(install, settings, model_path=model, tp=tp, ids=request.ids,
                                            extra_args=request.extra_args, facts=facts, draft=request.draft).name

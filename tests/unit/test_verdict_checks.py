@@ -138,3 +138,61 @@ def test_conclude_lets_a_passing_verdict_through() -> None:
     assert bad.message() == "why\nwrong"
     with pytest.raises(pytest.fail.Exception, match="why\nwrong"):
         conclude(bad)
+
+
+# --- pairs that must agree, and the per-rank verify guards -------------------
+
+
+def _caps(prefill, decode=None, outputs=(1, 2)):
+    import torch
+
+    from pytest_eagle3.capture.response import Captures
+
+    prefill = torch.as_tensor(prefill, dtype=torch.float32)
+    decode = torch.zeros(0, prefill.shape[1]) if decode is None else torch.as_tensor(decode, dtype=torch.float32)
+    return Captures(prompt=list(range(4)), prefill=prefill, decode=decode, output_ids=list(outputs))
+
+
+def test_a_pair_is_compared_at_the_positions_both_returned() -> None:
+    pytest.importorskip("torch")
+    from pytest_eagle3.verdicts.paths import check_pair, compare_captures
+
+    full = _caps([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]])
+    tail = _caps([[5.0, 6.0], [7.0, 8.0]])  # the last chunk / the uncached rows of the same prompt
+    agreement = compare_captures(tail, full)
+    assert agreement.aligned == 2 and agreement.prefill_rel == 0.0 and agreement.ok(rel_tol=0.0)
+    assert check_pair([agreement], what="radix-cache-hit", a_name="hit", b_name="fresh", rel_tol=0.0).outcome == PASSED
+
+    wrong = _caps([[5.0, 6.0], [7.0, 9.0]])
+    verdict = check_pair([compare_captures(wrong, full)], what="radix-cache-hit", a_name="the repeat",
+                         b_name="the fresh send", rel_tol=1e-4)
+    assert verdict.outcome == FAILED and verdict.text.startswith("radix-cache-hit: prompt 0: the fresh send and the repeat")
+    other_tokens = _caps([[5.0, 6.0], [7.0, 8.0]], outputs=(1, 3))
+    assert not compare_captures(other_tokens, full).ok(rel_tol=1.0)
+
+
+def test_verify_guards_fire_when_nothing_was_checked() -> None:
+    from pytest_eagle3.verdicts.rankcheck import check_request_count, check_verify_recorded
+
+    assert check_verify_recorded(3, draft="d").outcome == check_request_count(["a", "b"], 2).outcome == PASSED
+    assert "no TARGET_VERIFY forward" in check_verify_recorded(0, draft="d").text
+    assert "3 request ids" in check_request_count(["a", "b", "c"], 2).text
+
+
+def test_rows_of_a_batch_under_chunked_prefill_are_any_tail() -> None:
+    from pytest_eagle3.verdicts.paths import check_rows
+
+    assert check_rows(variant="batch", i=0, tokens=23, prefill=7, decode=2, want_prefill=None, want_decode=2,
+                      settings="").outcome == PASSED
+    for rows in (0, 24):
+        assert check_rows(variant="batch", i=0, tokens=23, prefill=rows, decode=2, want_prefill=None,
+                          want_decode=2, settings="").outcome == FAILED
+
+
+def test_verified_rows_stop_at_the_first_rejected_draft_token() -> None:
+    torch = pytest.importorskip("torch")
+    from pytest_eagle3.engine.recordings import Record, verified_rows
+
+    rec = Record(0, 1, "TARGET_VERIFY", torch.zeros(4, 2), torch.tensor([7, 8, 5, 9]), torch.tensor([3, 4, 5, 6]),
+                 None, ("r",), (4,))
+    assert verified_rows(rec, [0, 1, 2, 7, 8, 9, 9]) == [0, 1]  # position 5 holds 9, the draft said 5
