@@ -32,6 +32,7 @@ from pytest_eagle3.errors import Eagle3Error
 from pytest_eagle3.engine.config import build_engine_config
 from pytest_eagle3.engine.cuda.recipe import cuda_recipe
 from pytest_eagle3.engine.gpus import PLAN_GPU_ARCH, detect_gpu_arch
+from pytest_eagle3.engine.variants import CPU_ALLREDUCE_FUSION
 from pytest_eagle3.capture.draft_path import draft_path_server_args
 from pytest_eagle3.capture.response import Captures, parse_response
 from pytest_eagle3.settings import Settings
@@ -124,13 +125,15 @@ def engine_config(install: SGLangInstall, settings: Settings, *, model_path: str
     switch = switches_ids(install, settings, facts, ids, draft) and not dp
     args = capture_server_args(install, list(ids) if ids is not None and not switch else None, draft_path=draft)
     args.update(extra_args or {})
+    # A variant's CPU stand-in switch (engine/variants.py cpu_args) is ours, not SGLang's.
+    fusion = bool(args.pop(CPU_ALLREDUCE_FUSION, settings.cpu_allreduce_fusion))
     cuda = cuda_recipe_for(install, settings, facts) if settings.device == "cuda" else None
     extra_env = {ID_SWITCH_ENV: "1"} if switch else {}
     if settings.fault:
         extra_env[FAULT_ENV] = str(settings.fault)
     return build_engine_config(install, model_path=model_path, tp=tp, device=settings.device,
                                test_args=args, user_args=settings.sglang_args, cuda=cuda, extra_env=extra_env,
-                               norm_path=settings.cpu_norm, allreduce_fusion=bool(settings.cpu_allreduce_fusion))
+                               norm_path=settings.cpu_norm, allreduce_fusion=fusion)
 
 
 #: Architectures whose capture the id switch serves (``DeepseekV2ForCausalLM.set_eagle3_layers_to_capture``).

@@ -27,8 +27,11 @@ def matrix(install: "SGLangInstall", device: str, tp: int,
     return [(v, v.requirements(install, device, tp, gpu_arch)) for v in VARIANTS]
 
 
-def _format_args(variant: Variant, install: "SGLangInstall", tp: int) -> str:
-    args = variant.spelling_for(install) or variant.server_args
+def _format_args(variant: Variant, install: "SGLangInstall", tp: int, device: str) -> str:
+    if device == "cpu" and variant.cpu_args is not None:
+        args = variant.cpu_args
+    else:
+        args = variant.spelling_for(install) or variant.server_args
     parts = [f"{k}={tp if v is TP else v!r}" for k, v in args.items()]
     parts += [f"request.{k}={v!r}" for k, v in variant.request.items()]
     if variant.ids is not None:
@@ -58,7 +61,7 @@ def format_matrix(install: "SGLangInstall", device: str, tp: int,
             verdict = LIST_LEFT_OUT.format(reason=dropped)
         else:
             verdict, runs = LIST_RUNS, runs + 1
-        lines.append(f"  {variant.name:<{width}}  {_format_args(variant, install, tp)}")
+        lines.append(f"  {variant.name:<{width}}  {_format_args(variant, install, tp, device)}")
         lines.append(f"  {'':<{width}}  -> {verdict}")
     lines.append(f"{runs} of {len(rows)} variants run here")
     return "\n".join(lines) + "\n"

@@ -48,6 +48,11 @@ from pytest_eagle3.engine.variant_checks import (
     MSG_NO_FLAG, NO_NEEDS, SM10X, SM90, Needs, missing_flags, unmet_needs,
 )
 
+#: Name of a variant's :attr:`Variant.pair` in its test's engine set.
+PAIR_MEMBER = "pair"
+#: The installed SGLang has no fused path the CPU stand-in can serve.
+MSG_NO_STANDIN = "{summary}; on cpu the installed {sglang} has no fused path the stand-in serves: {why}"
+
 if TYPE_CHECKING:
     from pytest_eagle3.sglang_source.install import SGLangInstall
 
@@ -70,6 +75,12 @@ TP = _TpSize()
 #: flashmla, where 16 is rejected at startup: on CUDA the variant keeps an
 #: engine of its own (:attr:`Variant.shared_on`).
 CHUNK_SIZE = 16
+
+#: The CPU tier's switch for SGLang's fused all-reduce + add + RMSNorm path: an
+#: argument of ours in :attr:`Variant.cpu_args`, never passed to SGLang;
+#: :func:`pytest_eagle3.capture.api.engine_config` turns it into the engine env
+#: that installs the gloo stand-in (:mod:`pytest_eagle3.worker.cpu.allreduce_fusion`).
+CPU_ALLREDUCE_FUSION = "pytest_eagle3_cpu_allreduce_fusion"
 
 #: The CPU-tier fix DP attention needs on ``torch_native`` (measured: with it, sglang
 #: 0.5.23 serves DP attention at TP 2 on CPU and the captures match the reference).
@@ -101,6 +112,15 @@ class Variant:
         shared_on: devices on which the variant's ``server_args`` are part of the
             capture engine (:func:`shared_engine_args`), so the variant runs
             on an engine the default run starts anyway instead of one of its own.
+        cpu_args: on cpu, the arguments that take the path instead of
+            ``server_args``, layered over the capture engine's (the path then
+            differs from the capture engine in nothing else): a CPU stand-in's
+            switch such as :data:`CPU_ALLREDUCE_FUSION`.  ``None``: ``server_args``
+            on every device.  A variant whose ``cpu_args`` only switch a stand-in
+            off is the capture engine itself on cpu.
+        pair: the variant whose captures must equal this one's, row for row (the
+            on/off contrast); the test's engine set holds its engine as
+            :data:`PAIR_MEMBER` and the captures are compared with each other.
     """
 
     name: str
@@ -113,12 +133,16 @@ class Variant:
     ids: Callable[[int, int], tuple[int, ...]] | None = field(default=None, compare=False)
     engaged: tuple[tuple[str, str, Any], ...] = ()
     shared_on: tuple[str, ...] = ()
+    cpu_args: Mapping[str, Any] | None = None
+    pair: str = ""
 
     def own_engine(self, device: str) -> bool:
         """Whether the variant needs an engine nobody else uses on ``device``:
         server args or ids of its own that the capture engine does not have."""
         if self.ids is not None:
             return True
+        if device == "cpu" and self.cpu_args is not None:
+            return any(bool(v) for v in self.cpu_args.values())
         return bool(self.server_args) and device not in self.shared_on
 
     def spellings(self) -> tuple[Mapping[str, Any], ...]:
@@ -132,12 +156,15 @@ class Variant:
                 return args
         return None
 
-    def args_for(self, install: "SGLangInstall", tp: int) -> dict[str, Any]:
-        """Server arguments for ``install`` at ``tp`` (:data:`TP` replaced).
+    def args_for(self, install: "SGLangInstall", tp: int, device: str = "cuda") -> dict[str, Any]:
+        """Server arguments for ``install`` at ``tp`` (:data:`TP` replaced); on cpu
+        :attr:`cpu_args` where the variant has them.
 
         Raises:
             ValueError: ``install`` accepts no spelling (check :meth:`requirements` first).
         """
+        if device == "cpu" and self.cpu_args is not None:
+            return dict(self.cpu_args)
         args = self.spelling_for(install)
         if args is None:
             raise ValueError(MSG_NO_FLAG.format(summary=self.needs.summary or self.name,
@@ -153,10 +180,16 @@ class Variant:
         the GPU architecture (``"sm90"``, ``"9.0"``, ``(9, 0)``; ``None``: unknown).
         """
         summary = self.needs.summary or f"{self.name} needs no more than the plain engine"
-        if self.spelling_for(install) is None:
+        standin = device == "cpu" and self.cpu_args is not None
+        if not standin and self.spelling_for(install) is None:
             return MSG_NO_FLAG.format(summary=summary, sglang=install.describe(),
                                       flags=missing_flags(self.spellings(), install))
-        return unmet_needs(self.needs, summary, device, tp, gpu_arch)
+        reason = unmet_needs(self.needs, summary, device, tp, gpu_arch)
+        if reason is None and standin and any(k == CPU_ALLREDUCE_FUSION for k in self.cpu_args or {}):
+            refusal = install.fusion_code().refusal if install.location else None
+            if refusal is not None:
+                return MSG_NO_STANDIN.format(summary=summary, sglang=install.describe(), why=refusal)
+        return reason
 
 
 # --- the variants ---------------------------------------------------------
@@ -269,21 +302,29 @@ VARIANTS: tuple[Variant, ...] = (
         name="allreduce-fusion-on",
         description="FlashInfer all-reduce fused into the next layer's add+RMSNorm: the MLP "
         "all-reduce is deferred, a capture read before it sees per-rank partial sums "
-        "(sglang auto-enables it for DeepSeek-V3 on SM90/SM100 at TP>1, so plain is the same path there)",
+        "(sglang auto-enables it for DeepSeek-V3 on SM90/SM100 at TP>1, so plain is the same path there); "
+        "on cpu SGLang's own fused path with a gloo stand-in for the fused op, on the capture engine's "
+        "settings; compared with the reference and, row for row, with allreduce-fusion-off",
         server_args=MappingProxyType({"flashinfer_allreduce_fusion_backend": "auto"}),
         alternatives=(MappingProxyType({"enable_flashinfer_allreduce_fusion": True}),),
-        needs=Needs(summary="all-reduce fusion needs CUDA SM90/SM100 and TP>1",
-                    devices=("cuda",), min_tp=2, gpu_archs=(SM90, SM10X)),
+        cpu_args=MappingProxyType({CPU_ALLREDUCE_FUSION: True}),
+        pair="allreduce-fusion-off",
+        needs=Needs(summary="all-reduce fusion needs TP>1 and CUDA SM90/SM100 (on cpu: the stand-in "
+                    "of pytest_eagle3/worker/cpu/allreduce_fusion.py)",
+                    min_tp=2, gpu_archs=(SM90, SM10X), cpu_fix="allreduce_fusion_standin",
+                    cpu_fix_why="the fused op is FlashInfer's, CUDA only"),
         source="PR #28343; srt/layers/layer_boundary/residual/add_norm.py flashinfer_ar_fusion_applies "
         "(<= 2048 tokens, no DP attention); srt/arg_groups/overrides.py auto-enable",
     ),
     Variant(
         name="allreduce-fusion-off",
         description="FlashInfer all-reduce fusion forced off: the contrast to allreduce-fusion-on "
-        "on hardware where sglang would enable it by default",
+        "on hardware where sglang would enable it by default; on cpu the capture engine "
+        "(fusion is off there unless --eagle3-cpu-allreduce-fusion)",
         server_args=MappingProxyType({"enforce_disable_flashinfer_allreduce_fusion": True}),
+        cpu_args=MappingProxyType({CPU_ALLREDUCE_FUSION: False}),
         needs=Needs(summary="all-reduce fusion off differs from plain only where fusion can run: "
-                    "CUDA SM90/SM100 and TP>1", devices=("cuda",), min_tp=2, gpu_archs=(SM90, SM10X)),
+                    "TP>1 and CUDA SM90/SM100 (on cpu: the stand-in)", min_tp=2, gpu_archs=(SM90, SM10X)),
         source="srt/arg_groups/overrides.py _enforce_disable_allreduce_fusion",
     ),
     Variant(
@@ -293,6 +334,7 @@ VARIANTS: tuple[Variant, ...] = (
         server_args=MappingProxyType({"cuda_graph_backend_decode": "full"}),
         alternatives=(MappingProxyType({"disable_cuda_graph": False}),),
         request=MappingProxyType({"decode_steps": 4}),
+        pair="cuda-graph-off",
         needs=Needs(summary="CUDA graphs need CUDA", devices=("cuda",)),
         source="PR #22836; the flag is echoed as given, the effective backend is "
         "cuda_graph_config.decode.backend (ServerArgs.resolved_dict, sglang 0.5.23)",
@@ -350,7 +392,7 @@ def shared_engine_args(install: "SGLangInstall", device: str, tp: int) -> dict[s
     args: dict[str, Any] = {}
     for variant in VARIANTS:
         if device in variant.shared_on and variant.spelling_for(install) is not None:
-            args.update(variant.args_for(install, tp))
+            args.update(variant.args_for(install, tp, device))
     return args
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
+from pytest_eagle3.engine.variants import PAIR_MEMBER
 from pytest_eagle3.planning import cases
 from pytest_eagle3.settings import Settings
 
@@ -201,11 +202,16 @@ def variant_needs(variants: "Sequence[Variant]") -> list[EngineNeed]:
     """A need per path variant; variants without an engine of their own share the
     capture engine (the sort groups them with it on cpu, where every shared
     variant shares it; on cuda a variant with server args sorts by its name)."""
+    by_name = {v.name: v for v in variants}
     out = []
     for v in variants:
         own = v.own_engine("cpu")
+        also: tuple[tuple[str, EngineNeed], ...] = ()
+        if v.pair in by_name:
+            # The on/off contrast: the pair's engine joins the test's engine set.
+            also = ((PAIR_MEMBER, EngineNeed(v.pair, cases.WIDE_CASE, variant=by_name[v.pair], every_tp=True)),)
         out.append(EngineNeed(v.name, cases.WIDE_CASE, variant=v, every_tp=True,
-                              group=f"variant-{v.name}" if own else cases.WIDE_CASE))
+                              group=f"variant-{v.name}" if own else cases.WIDE_CASE, also=also))
     return out
 
 

@@ -108,7 +108,11 @@ def resolve(need: EngineNeed, ctx: NeedContext) -> EngineRequest:
         ids = tuple(v.ids(L, ctx.facts.first_k_dense_replace)) if v.ids is not None else _ids(case.ids)
         predicted = tuple(predict(list(ids) if ids is not None else None, L, rule).snapshots)
         req = dict(v.request)
-        args = v.args_for(ctx.install, ctx.tp) if v.own_engine(ctx.settings.device) else shared
+        device = ctx.settings.device
+        if device == "cpu" and v.cpu_args is not None:
+            args = {**shared, **v.args_for(ctx.install, ctx.tp, device)}  # a stand-in over the capture engine
+        else:
+            args = v.args_for(ctx.install, ctx.tp, device) if v.own_engine(device) else shared
         return EngineRequest(ids, args, decode_steps=int(req.get("decode_steps", 0)),
                              batch=bool(req.get("batch")), repeat=int(req.get("repeat", 1)),
                              expected=predicted, predicted=predicted,

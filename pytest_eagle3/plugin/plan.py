@@ -239,7 +239,8 @@ def render(plan: Plan) -> list[str]:
     """The plan as terminal lines (see the module docstring for what each says)."""
 
     s = plan.settings
-    used = sum(len(e.tests) for e in plan.engines)
+    # A test with an engine set is listed under each of its engines, counted once.
+    used = len({nodeid for e in plan.engines for nodeid in e.tests})
     lines = [
         MSG_SUMMARY.format(engines=len(plan.engines), used=used, skipped=len(plan.skipped),
                            runtime=len(plan.runtime), free=len(plan.free)),

@@ -15,7 +15,8 @@ shape.  Every returned row is compared with the reference row at its position:
 Pairs that must agree are also compared with each other, at the positions both
 returned (:func:`~pytest_eagle3.verdicts.paths.check_pair`): a radix-cache hit
 with the fresh send of the same prompt, a batched request with the same prompt
-sent alone.  Chunked prefill and radix-cache hits run on the capture engine
+sent alone, a variant with the engine of its :attr:`~pytest_eagle3.engine.variants.Variant.pair`
+(all-reduce fusion on against off; CUDA graphs on against off).  Chunked prefill and radix-cache hits run on the capture engine
 every other capture test uses (on cpu), so the default run takes them.
 
 Every path proves it was taken: each server arg the variant set must be in
@@ -33,9 +34,9 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_eagle3.planning.declare import variant_needs
+from pytest_eagle3.planning.declare import MAIN, variant_needs
 from pytest_eagle3.engine.variant_proof import path_not_exercised, path_not_taken, prefill_rows
-from pytest_eagle3.engine.variants import VARIANTS
+from pytest_eagle3.engine.variants import PAIR_MEMBER, VARIANTS
 from pytest_eagle3.suite.outcome import conclude, fail_if_bad
 from pytest_eagle3.suite.support import attention_tp, evidence, tolerance
 from pytest_eagle3.verdicts.compare import compare_slots
@@ -51,10 +52,10 @@ from pytest_eagle3.target.reference import ensure_reference
 # Rows of a prompt's cached-prefix extend and of its later prefill chunks.
 @pytest.mark.eagle3_catches("no-residual-on-cache-hit", need="radix-cache-hit")
 @pytest.mark.eagle3_catches("no-residual-on-later-chunk", need="chunked-prefill")
-def test_captures_identical_through_path(eagle3_need, eagle3_engine_request, eagle3_capture, eagle3_reference,
+def test_captures_identical_through_path(eagle3_need, eagle3_engine_set, eagle3_capture, eagle3_reference,
                                          eagle3_checkpoint, eagle3_model_config, eagle3_settings, eagle3_tp,
                                          record_property, pytestconfig):
-    req = eagle3_engine_request
+    req = eagle3_engine_set[MAIN]
     name = eagle3_need.variant.name
     L, H = eagle3_model_config.num_layers, eagle3_model_config.hidden_size
     record_property("eagle3_variant_args", req.extra_args)
@@ -104,6 +105,14 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_request, eag
         alone = eagle3_capture(req.ids, decode_steps=req.decode_steps, extra_args=req.extra_args, draft=req.draft)
         conclude(check_pair((compare_captures(b, a) for b, a in zip(captures, alone)), what=name,
                             a_name="the batched request", b_name="the prompt sent alone", rel_tol=tol))
+    if PAIR_MEMBER in eagle3_engine_set:
+        # The on/off contrast (Variant.pair, e.g. all-reduce fusion on and off):
+        # the same prompts on the pair's engine, row for row.
+        other = eagle3_engine_set[PAIR_MEMBER]
+        pair_name = eagle3_need.engine_set()[PAIR_MEMBER].name
+        paired = eagle3_capture.run(other)
+        conclude(check_pair((compare_captures(a, b) for a, b in zip(captures, paired)), what=name,
+                            a_name=f"the {name} engine", b_name=f"the {pair_name} engine", rel_tol=tol))
     if len(sends) > 1:
         # The pair that must agree: each repeat (a radix-cache hit) against the
         # fresh send of the same prompt, at the positions both returned (after

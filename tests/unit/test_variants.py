@@ -61,7 +61,9 @@ def test_cpu_tp1() -> None:
     got = reasons(fake_install(), "cpu", 1)
     assert {n for n, r in got.items() if r is None} == ON_CPU
     assert got["dp-attention"] == "DP attention needs TP>=2 (attn_dp_size = tp); this run is tp 1"
-    assert got["allreduce-fusion-on"] == "all-reduce fusion needs CUDA SM90/SM100 and TP>1; this run is cpu"
+    assert got["allreduce-fusion-on"] == (
+        "all-reduce fusion needs TP>1 and CUDA SM90/SM100 (on cpu: the stand-in of "
+        "pytest_eagle3/worker/cpu/allreduce_fusion.py); this run is tp 1")
     assert got["cuda-graph-on"] == "CUDA graphs need CUDA; this run is cpu"
     assert got["two-batch-overlap"].endswith("; this run is cpu")
     assert got["attn-tp-input-scattered"].endswith("; this run is cpu")
@@ -95,14 +97,30 @@ def test_cpu_tp2_dp_attention_needs_the_cpu_fix(without_cpu_fixes: None) -> None
 def test_cpu_tp2(with_dp_padding_fix: None) -> None:
     got = reasons(fake_install(), "cpu", 2)
     assert {n for n, r in got.items() if r is None} == ON_CPU | {"dp-attention"}
-    assert got["allreduce-fusion-off"] == (
+    # The fake install has no add_norm.py: no fused path for the stand-in to serve.
+    assert got["allreduce-fusion-off"].startswith(
         "all-reduce fusion off differs from plain only where fusion can run: "
-        "CUDA SM90/SM100 and TP>1; this run is cpu"
-    )
+        "TP>1 and CUDA SM90/SM100 (on cpu: the stand-in); on cpu the installed sglang 0.5.23")
     assert got["attn-tp-input-scattered"] == (
         "input-scattered attention needs CUDA (or NPU) and TP>1 without DP attention "
         "(AttnTpContext.init_context silently keeps it off elsewhere); this run is cpu"
     )
+
+
+def test_cpu_tp2_fusion_pair_where_the_fused_path_is_installed(with_dp_padding_fix: None,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(SGLangInstall, "fusion_code", lambda self: SimpleNamespace(refusal=None))
+    got = reasons(fake_install(), "cpu", 2)
+    assert {n for n, r in got.items() if r is None} == ON_CPU | {
+        "dp-attention", "allreduce-fusion-on", "allreduce-fusion-off"}
+    on, off = V.get_variant("allreduce-fusion-on"), V.get_variant("allreduce-fusion-off")
+    # On cpu the stand-in's switch, not FlashInfer's flags; fusion on needs an engine, off is the capture engine.
+    assert on.args_for(fake_install(), 2, "cpu") == {V.CPU_ALLREDUCE_FUSION: True}
+    assert on.args_for(fake_install(), 2) == {"flashinfer_allreduce_fusion_backend": "auto"}
+    assert on.own_engine("cpu") and not off.own_engine("cpu") and off.own_engine("cuda")
+    assert on.pair == "allreduce-fusion-off"
 
 
 def test_cuda_by_architecture() -> None:
@@ -110,7 +128,7 @@ def test_cuda_by_architecture() -> None:
     hopper = reasons(install, "cuda", 8, "9.0")
     assert all(r is None for r in hopper.values()), hopper
     ampere = reasons(install, "cuda", 8, "sm80")
-    assert ampere["allreduce-fusion-on"] == "all-reduce fusion needs CUDA SM90/SM100 and TP>1; this GPU is sm80"
+    assert ampere["allreduce-fusion-on"].endswith("; this GPU is sm80")
     assert ampere["cuda-graph-on"] is None and ampere["two-batch-overlap"] is None
     assert reasons(install, "cuda", 2, (10, 3))["allreduce-fusion-on"] is None
     assert reasons(install, "cuda", 2, "12.0")["allreduce-fusion-on"].endswith("this GPU is sm120")
@@ -216,9 +234,11 @@ def test_list_variants_option(pytester: pytest.Pytester, clean_eagle3_env: None)
         # "runs" says only what collection keeps: an engine of its own needs --eagle3-slow on cpu.
         "  dp-attention * attn_dp_size=2 enable_dp_lm_head=True moe_dense_tp_size=1*",
         "*-> left out of this run: needs an SGLang engine of its own (minutes on cpu); run with --eagle3-slow",
-        "  allreduce-fusion-on *",
-        "*-> skipped: all-reduce fusion needs CUDA SM90/SM100 and TP>1; this run is cpu",
-        "5 of 14 variants run here",
+        "  allreduce-fusion-on  *pytest_eagle3_cpu_allreduce_fusion=True",
+        "*-> left out of this run: needs an SGLang engine of its own (minutes on cpu); run with --eagle3-slow",
+        "  allreduce-fusion-off  *pytest_eagle3_cpu_allreduce_fusion=False",
+        "*-> runs",
+        "6 of 14 variants run here",
     ])
     assert "test_never_runs" not in result.stdout.str()
     assert "passed" not in result.stdout.str() and "collected" not in result.stdout.str()
