@@ -33,6 +33,10 @@ class Captures:
         output_ids: generated token ids.
         rid: the request id the test sent (SGLang's ``rid``), so per-rank
             records can be attributed to it; ``None`` when not known.
+        order: position of the send this request was part of among its
+            engine's sends, from 0 (``-1``: not known); the run-level diagnosis
+            tells state that changes over an engine's life by it.
+        engine: the name of the engine that served it (``""``: not known).
     """
 
     prompt: list[int]
@@ -40,6 +44,8 @@ class Captures:
     decode: "torch.Tensor"
     output_ids: list[int]
     rid: str | None = None
+    order: int = -1
+    engine: str = ""
 
     @property
     def width(self) -> int:

@@ -202,6 +202,17 @@ class CaptureRunner:
                       batch=batch)
         self._prove_ids_switched(layer_ids)
         self._prove_standin_paths(server)
+        return self._count_send(out)
+
+    def _count_send(self, out: "list[Captures]") -> "list[Captures]":
+        """Mark ``out`` with which send of its engine's life it was, from 0, and the
+        engine's name (:attr:`~pytest_eagle3.capture.response.Captures.order`)."""
+        config = self.last_config
+        key = ("sends", config)
+        order = self.pool.results.get(key, 0)
+        self.pool.results[key] = order + 1
+        for cap in out:
+            cap.order, cap.engine = order, config.name if config is not None else ""
         return out
 
     def _flush(self, server: Any) -> None:
@@ -313,7 +324,7 @@ class CaptureRunner:
         self._prove_standin_paths(server)
         # Only the test's own requests, in prompt order (a readiness probe's or
         # another client's forward never shifts them).
-        rids = [c.rid for c in captures]
+        rids = [c.rid for c in self._count_send(captures)]
         return RankCaptures(captures, prefill_records(records, rids),
                             decode_records(records, rids) if decode_steps else {},
                             request_forwards(records, rids))

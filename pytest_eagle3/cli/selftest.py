@@ -24,6 +24,7 @@ Nothing here imports torch or sglang: the children do.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -33,14 +34,15 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
-from pytest_eagle3.planning.selftest import self_test_args, self_test_plan
-from pytest_eagle3.worker.faults import named_as
+from pytest_eagle3.planning.selftest import contrast_plan, self_test_args, self_test_plan
+from pytest_eagle3.worker.faults import RUN_LEVEL, named_as
 
 #: Verdicts of one kind.
 CAUGHT = "caught"
 MISSED = "MISSED"  # some selected test passed: the fault went unnoticed
 UNNAMED = "UNNAMED"  # failed, but the message does not name the kind
 NOT_RUN = "NOT RUN"  # the child collected or ran nothing it should have (error, skip, missing)
+UNCONFINED = "UNCONFINED"  # a test that confines the fault (a contrast) failed with it on
 
 #: pytest's exit status for a usage error (``pytest.ExitCode.USAGE_ERROR``).
 USAGE_ERROR = 4
@@ -66,6 +68,8 @@ class ChildRun:
     messages: dict[str, str]  # test name -> failure/skip message (full text)
     output: str
     seconds: float
+    #: The run-level diagnosis of the child (its ``--eagle3-report``'s ``diagnosis``), if any.
+    diagnosis: dict | None = None
 
 
 @dataclass
@@ -128,10 +132,12 @@ def run_child(work: Path, tests: Sequence[str], tp: int, fault: str | None, extr
     A ``junit.xml`` left there by an earlier run is removed first."""
     work = Path(work).absolute()
     work.mkdir(parents=True, exist_ok=True)
-    junit = work / "junit.xml"
+    junit, report = work / "junit.xml", work / "report.json"
     junit.unlink(missing_ok=True)
+    report.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "pytest", "--pyargs", "pytest_eagle3.suite", "--eagle3-tp", str(tp),
-           "-k", " or ".join(tests), "-p", "no:cacheprovider", "-rA", f"--junitxml={junit}", *extra]
+           "-k", " or ".join(tests), "-p", "no:cacheprovider", "-rA", f"--junitxml={junit}",
+           f"--eagle3-report={report}", *extra]
     if fault:
         cmd += ["--eagle3-fault", fault]
     child_env = {k: v for k, v in (os.environ if env is None else env).items()
@@ -142,24 +148,39 @@ def run_child(work: Path, tests: Sequence[str], tp: int, fault: str | None, extr
     output = proc.stdout + proc.stderr
     (work / "output.txt").write_text(output)
     outcomes, messages = parse_junit(junit) if junit.exists() else ({}, {})
-    return ChildRun(proc.returncode, outcomes, messages, output, seconds)
+    diagnosis = None
+    if report.exists():
+        try:
+            diagnosis = json.loads(report.read_text()).get("diagnosis")
+        except ValueError:
+            diagnosis = None
+    return ChildRun(proc.returncode, outcomes, messages, output, seconds, diagnosis)
 
 
-def judge(kind: str | None, tests: Sequence[str], run: ChildRun) -> tuple[str, str]:
+def judge(kind: str | None, tests: Sequence[str], run: ChildRun,
+          contrasts: Sequence[str] = ()) -> tuple[str, str]:
     """``(verdict, detail)`` of a child run: for a fault, :data:`CAUGHT` only when
-    every selected test failed naming ``[kind]``; for the control, ``"passed"``
-    only when every selected test passed."""
+    every selected test failed naming ``[kind]`` (a kind the run-level diagnosis
+    names, :data:`~pytest_eagle3.worker.faults.RUN_LEVEL`: some selected test
+    failed, naming its per-test tag if it has one, every ``contrasts`` test
+    passed, and the child's run-level diagnosis has the kind's tag); for the
+    control, ``"passed"`` only when every selected test passed."""
     tail = (run.output.strip().splitlines()[-1:] or ["no output"])[0]
     if run.returncode not in (0, 1):  # interrupted, internal or usage error, nothing collected, killed
         return NOT_RUN, f"the child pytest exited {run.returncode}: {tail}"
-    missing = [t for t in tests if t not in run.outcomes]
+    missing = [t for t in [*tests, *contrasts] if t not in run.outcomes]
     if missing:
         return NOT_RUN, f"{len(missing)} of {len(tests)} tests did not run ({missing[0]}); exit {run.returncode}: {tail}"
     if kind is None:
-        bad = [t for t in tests if run.outcomes[t] != "passed"]
+        bad = [t for t in [*tests, *contrasts] if run.outcomes[t] != "passed"]
         if bad:
             return "FAILED", f"{bad[0]} {run.outcomes[bad[0]]}: {_first_line(run.messages[bad[0]])}"
         return "passed", f"{len(tests)} passed"
+    for t in contrasts:
+        if run.outcomes[t] != "passed":
+            return UNCONFINED, f"{t} {run.outcomes[t]} with the fault on: {_first_line(run.messages[t])}"
+    if kind in RUN_LEVEL:
+        return _judge_run_level(kind, tests, run)
     for t in tests:
         outcome = run.outcomes[t]
         if outcome == "passed":
@@ -170,6 +191,31 @@ def judge(kind: str | None, tests: Sequence[str], run: ChildRun) -> tuple[str, s
             return UNNAMED, f"{t} failed without naming [{named_as(kind)}]: {_first_line(run.messages[t])}"
     first = tests[0]
     return CAUGHT, f"{first}: {_tagged_line(run.messages[first], named_as(kind))}"
+
+
+def _judge_run_level(kind: str, tests: Sequence[str], run: ChildRun) -> tuple[str, str]:
+    """A kind whose evidence lies across tests: caught when a selected test failed
+    (naming its per-test tag, where it has one) and the run-level diagnosis has
+    the kind's tag (:data:`~pytest_eagle3.worker.faults.RUN_LEVEL`)."""
+    odd = [t for t in tests if run.outcomes[t] not in ("passed", "failed")]
+    if odd:
+        return NOT_RUN, f"{odd[0]} {run.outcomes[odd[0]]}: {_first_line(run.messages[odd[0]])}"
+    failed = [t for t in tests if run.outcomes[t] == "failed"]
+    if not failed:
+        return MISSED, f"every selected test passed with the fault on ({', '.join(tests)})"
+    tag = named_as(kind)
+    for t in failed:
+        if tag is not None and f"[{tag}]" not in run.messages[t]:
+            return UNNAMED, f"{t} failed without naming [{tag}]: {_first_line(run.messages[t])}"
+    want, diag = RUN_LEVEL[kind], run.diagnosis or {}
+    headline = str(diag.get("headline") or "no run-level diagnosis")
+    if diag.get("tag") != want:
+        return UNNAMED, f"the run-level diagnosis is not [{want}]: {headline[:300]}"
+    # Quote a test that reports the cause in full, not one that points to it.
+    first = next((t for t in failed if not _first_line(run.messages[t]).startswith(("same cause", "Failed: same"))),
+                 failed[0])
+    lead = f"{first}: {_tagged_line(run.messages[first], tag)}; " if tag is not None else ""
+    return CAUGHT, f"{lead}run: {headline[:300]}"
 
 
 def self_test(work: Path, *, no_tp: int = 1, kinds: Sequence[str] | None = None, extra: Sequence[str] = (),
@@ -187,7 +233,7 @@ def self_test(work: Path, *, no_tp: int = 1, kinds: Sequence[str] | None = None,
     """
 
     runner = runner or run_child
-    plan = self_test_plan(no_tp)
+    plan, contrasts = self_test_plan(no_tp), contrast_plan(no_tp)
     chosen = sorted(plan) if not kinds else list(dict.fromkeys(kinds))
     unknown = [k for k in chosen if k not in plan]
     if unknown:
@@ -197,14 +243,15 @@ def self_test(work: Path, *, no_tp: int = 1, kinds: Sequence[str] | None = None,
     for n, kind in enumerate(chosen, 1):
         tp, tests = plan[kind]
         progress(f"[{n}/{total}] fault {kind} at TP {tp}: {', '.join(tests)}")
-        run = runner(work / kind, tests, tp, kind, [*extra, *self_test_args(kind)])
+        confine = contrasts.get(kind, ())
+        run = runner(work / kind, (*tests, *confine), tp, kind, [*extra, *self_test_args(kind)])
         if run.returncode == USAGE_ERROR:
             result.usage_error = _usage_line(run.output)
             return result
-        verdict, detail = judge(kind, tests, run)
+        verdict, detail = judge(kind, tests, run, confine)
         result.kinds.append(KindResult(kind, tp, tests, verdict, detail, run.seconds, work / kind / "output.txt"))
         progress(f"      {verdict} in {run.seconds:.0f} s: {detail}")
-    tests = tuple(sorted({t for k in chosen for t in plan[k][1]}))
+    tests = tuple(sorted({t for k in chosen for t in (*plan[k][1], *contrasts.get(k, ()))}))
     tp = max(plan[k][0] for k in chosen)
     progress(f"[{total}/{total}] control, no fault, at TP {tp}: {len(tests)} tests")
     # The control runs every path the faults did (in-place norms, fused all-reduce).

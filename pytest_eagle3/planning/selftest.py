@@ -22,7 +22,7 @@ from pathlib import Path
 
 from pytest_eagle3.worker.faults import CATALOG, NEEDS_FUSED_ALLREDUCE, NEEDS_INPLACE_NORM, NEEDS_TP
 
-__all__ = ["NEEDS_TP", "Catch", "suite_catches", "self_test_args", "self_test_plan"]
+__all__ = ["NEEDS_TP", "Catch", "contrast_plan", "suite_catches", "self_test_args", "self_test_plan"]
 
 #: The marker a packaged test names the fault kinds it must catch with.
 CATCHES_MARK = "eagle3_catches"
@@ -32,12 +32,15 @@ CATCHES_MARK = "eagle3_catches"
 class Catch:
     """One ``eagle3_catches`` marker: ``test`` must fail naming each of ``kinds``
     on its engine need ``need`` (the test id's part after the TP: a case or a
-    path variant), at TP ``tp`` when the marker fixes it."""
+    path variant), at TP ``tp`` when the marker fixes it.  ``contrast``: instead,
+    ``test`` must pass with the fault on: the evidence that confines a kind the
+    run-level diagnosis names (:data:`pytest_eagle3.worker.faults.RUN_LEVEL`)."""
 
     test: str
     kinds: tuple[str, ...]
     need: str
     tp: int | None = None
+    contrast: bool = False
 
     def test_id(self, tp: int) -> str:
         """``test_capture_order[tp2-kimi-embedding-first]``."""
@@ -86,7 +89,7 @@ def parse_catches(collected: dict) -> tuple[Catch, ...]:
             if mark["need"] is None:
                 raise ValueError(NO_NEED.format(test=test, mark=CATCHES_MARK))
             found.append(Catch(test, tuple(mark["kinds"]), str(mark["need"]),
-                               None if mark["tp"] is None else int(mark["tp"])))
+                               None if mark["tp"] is None else int(mark["tp"]), bool(mark.get("contrast"))))
     return tuple(found)
 
 
@@ -109,6 +112,8 @@ def self_test_plan(no_tp: int = 1) -> dict[str, tuple[int, tuple[str, ...]]]:
     tps: dict[str, int] = {}
     tests: dict[str, list[str]] = {}
     for catch in suite_catches():
+        if catch.contrast:
+            continue
         for kind in catch.kinds:
             tp = catch.tp if catch.tp is not None else 2 if kind in NEEDS_TP else no_tp
             if tps.setdefault(kind, tp) != tp:
@@ -116,6 +121,20 @@ def self_test_plan(no_tp: int = 1) -> dict[str, tuple[int, tuple[str, ...]]]:
             tests.setdefault(kind, []).append(catch.test_id(tp))
     order = [k for k in CATALOG if k in tests] + [k for k in tests if k not in CATALOG]
     return {k: (tps[k], tuple(tests[k])) for k in order}
+
+
+def contrast_plan(no_tp: int = 1) -> dict[str, tuple[str, ...]]:
+    """kind -> ids of the packaged tests that must pass with it on (``contrast=True``
+    markers), at the kind's TP size in :func:`self_test_plan`: the evidence the
+    run-level diagnosis confines it with."""
+    plan = self_test_plan(no_tp)
+    out: dict[str, list[str]] = {}
+    for catch in suite_catches():
+        if catch.contrast:
+            for kind in catch.kinds:
+                if kind in plan:
+                    out.setdefault(kind, []).append(catch.test_id(plan[kind][0]))
+    return {k: tuple(v) for k, v in out.items()}
 
 
 def self_test_args(kind: str | None) -> tuple[str, ...]:

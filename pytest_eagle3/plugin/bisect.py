@@ -2,7 +2,8 @@
 
 * **0** (good): the deciding tests ran and every wiring assertion held;
 * **1** (bad): a wiring assertion failed (a slot holds the wrong snapshot, an
-  incomplete all-reduce, ...): the first one is named in the verdict line;
+  incomplete all-reduce, ...): the verdict line gives the run-level cause
+  (:mod:`pytest_eagle3.plugin.diagnosis`) and the first failure;
 * **125** (skip this commit): the commit cannot be tested: SGLang does not
   import, the engine does not start, a needed feature is missing, collection
   failed, or nothing ran.
@@ -106,12 +107,21 @@ class BisectPlugin:
     def decide(self) -> tuple[int, str, str]:
         """``(exit status, verdict word, detail)`` from what ran."""
         if self.bad:
-            return BAD, "bad", self.bad[0]
+            return BAD, "bad", self._cause(self.bad[0])
         if self.untestable:
             return UNTESTABLE, "untestable", self.untestable[0]
         if self.collect_errors or not self.passed:
             return UNTESTABLE, "untestable", NO_TESTS
         return GOOD, "good", ALL_PASSED.format(n=self.passed)
+
+    def _cause(self, first: str) -> str:
+        """The run-level diagnosis's headline (:mod:`pytest_eagle3.plugin.diagnosis`)
+        with the first failure, or the first failure alone when there is none."""
+        diagnosis = get_run(self.config).diagnosis if self.config is not None else None
+        result = diagnosis.result() if diagnosis is not None else None
+        if result is None or result.tag == "clean":
+            return first
+        return f"{result.headline} (first failure: {first})"
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         code, verdict, detail = self.decide()

@@ -35,5 +35,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if name in seen:
             continue
         seen[name] = [{"kinds": [str(k) for k in mark.args], "need": mark.kwargs.get("need"),
-                       "tp": mark.kwargs.get("tp")} for mark in reversed(list(item.iter_markers(MARK)))]
+                       "tp": mark.kwargs.get("tp"), "contrast": bool(mark.kwargs.get("contrast", False))}
+                      for mark in reversed(list(item.iter_markers(MARK)))]
     Path(out).write_text(json.dumps(seen))

@@ -34,6 +34,7 @@ from pytest_eagle3.plugin.figures import Figures
 from pytest_eagle3.plugin.header import collection_lines, header_lines
 from pytest_eagle3.plugin.list_variants import list_variants
 from pytest_eagle3.plugin.options import add_options
+from pytest_eagle3.plugin.diagnosis import PLUGIN_NAME as DIAGNOSIS_PLUGIN, DiagnosisPlugin
 from pytest_eagle3.plugin.report import ReportWriter
 from pytest_eagle3.plugin.run import Eagle3Run, get_run, get_settings, register_run
 from pytest_eagle3.plugin import session as eagle3_session
@@ -127,6 +128,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if not config.pluginmanager.has_plugin(FIGURES_PLUGIN):
         run.figures = Figures()
         config.pluginmanager.register(run.figures, FIGURES_PLUGIN)
+    if not config.pluginmanager.has_plugin(DIAGNOSIS_PLUGIN):
+        run.diagnosis = DiagnosisPlugin(config)
+        config.pluginmanager.register(run.diagnosis, DIAGNOSIS_PLUGIN)
     if importlib.util.find_spec(FIXTURES_MODULE) is not None:
         config.pluginmanager.import_plugin(FIXTURES_MODULE)
 

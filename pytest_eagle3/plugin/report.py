@@ -23,7 +23,9 @@ Schema (version :data:`SCHEMA`; fields are only added, never renamed)::
                 "verdicts": [{"ok": false, "verdict": "...",
                               "slots": [{"slot": 0, "expected": "hs[0]", "expected_rel_err": 0.0,
                                          "best": "hs[0]", "best_rel_err": 0.0, "ok": true}],
-                              "lines": ["rank 1: ..."]}]}]}
+                              "lines": ["rank 1: ..."]}]}],
+     "diagnosis": {"tag": "path-only", "headline": "[path-only] wrong only on cache-hit; ...",
+                   "evidence": ["  wrong: ...", "  right: ..."], "lacking": []} | null}
 
 Nothing here imports torch or sglang.
 """
@@ -110,11 +112,18 @@ class ReportWriter:
             "engines": [{"name": e.description.split(" ", 1)[0], "args": e.description,
                          "ready_seconds": round(e.start_seconds, 1)} for e in run.engines],
             "tests": list(self.tests.values()),
+            "diagnosis": _diagnosis(run),
         }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
         tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
         os.replace(tmp, self.path)
+
+
+def _diagnosis(run: Any) -> dict[str, Any] | None:
+    """The run-level diagnosis (:mod:`pytest_eagle3.plugin.diagnosis`), or ``None``."""
+    result = run.diagnosis.result() if run.diagnosis is not None else None
+    return result.to_json() if result is not None else None
 
 
 def _outcome(report: pytest.TestReport) -> str | None:

@@ -7,7 +7,7 @@ stored under :data:`RUN_KEY` in ``config.stash``.  Hooks and fixtures read the
 run's state from it: settings, the short spellings another option had, what
 collection read (installed SGLang, target facts), the tests left out, the
 engines started, the logs shown, ``-n`` before plan mode switched xdist off,
-the bisect verdict, and the run's plugin parts (bisect, report, figures).
+the bisect verdict, and the run's plugin parts (bisect, report, figures, diagnosis).
 
 Nothing here imports torch or sglang.
 """
@@ -70,7 +70,7 @@ class Eagle3Run:
         xdist_workers: ``-n`` as xdist resolved it, before plan mode switched xdist off.
         bisect_result: ``--eagle3-bisect``'s verdict ``{"verdict", "exit", "first"}``
             once the session finished (the JSON report's ``run.bisect``).
-        bisect, report, figures: the run's plugin parts (``None`` when not registered).
+        bisect, report, figures, diagnosis: the run's plugin parts (``None`` when not registered).
         causes: capture-defect signature -> the test that reported it in full
             (``suite/outcome.py``: one root cause, one failure).
         tp1_accept_length: acceptance engine name -> its accept length at TP 1
@@ -94,6 +94,7 @@ class Eagle3Run:
     bisect: Any = None
     report: Any = None
     figures: Any = None
+    diagnosis: Any = None
     causes: dict[str, str] = field(default_factory=dict)
     tp1_accept_length: dict[str, float] = field(default_factory=dict)
     pool: Any = None

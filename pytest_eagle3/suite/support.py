@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Sequence
 
 from pytest_eagle3.settings import Settings
 from pytest_eagle3.verdicts.evidence import checkpoint_evidence
@@ -93,3 +91,27 @@ def write_draft_config(directory: Path, ids: Sequence[int] | None, hidden_size: 
     }
     (directory / "config.json").write_text(json.dumps(config, indent=2))
     return directory
+
+
+def request_mode(cap, *, repeat: bool = False) -> str:
+    """Forward mode of the prefill rows SGLang returned for ``cap``: ``prefill``
+    (every row of the prompt, one forward), ``later-chunk`` (fewer rows from a
+    fresh send: the last chunk of a chunked prefill), ``cache-hit`` (fewer rows
+    from a repeat: the uncached tail after a radix-cache hit)."""
+    if int(cap.prefill.shape[0]) >= len(cap.prompt):
+        return "prefill"
+    return "cache-hit" if repeat else "later-chunk"
+
+
+def where(req, cap=None, *, path: str, mode: str | None = None, **more: Any) -> dict[str, Any]:
+    """The context of a verdict for the run-level diagnosis
+    (:class:`pytest_eagle3.verdicts.run_cause.Observation` fields): the path,
+    the request's ids, and with ``cap`` its engine, its order there and its
+    forward mode (``mode`` overrides :func:`request_mode`)."""
+    out: dict[str, Any] = {"path": path, "ids": list(req.ids) if req.ids is not None else None}
+    if cap is not None:
+        out.update(order=cap.order, engine=cap.engine, mode=mode or request_mode(cap))
+    elif mode is not None:
+        out["mode"] = mode
+    out.update(more)
+    return out

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import pytest
 
+from pytest_eagle3.planning import cases
 from pytest_eagle3.planning.declare import case_needs, user_draft_need
-from pytest_eagle3.suite.outcome import conclude
-from pytest_eagle3.suite.support import evidence, returned_rows, tolerance
+from pytest_eagle3.suite.outcome import conclude_each
+from pytest_eagle3.suite.support import evidence, returned_rows, tolerance, where
 from pytest_eagle3.verdicts.compare import compare_slots
 from pytest_eagle3.verdicts.contract import check_contract
 from pytest_eagle3.verdicts.order import follows_measured, measured_snapshots
@@ -28,6 +29,8 @@ from pytest_eagle3.verdicts.order import follows_measured, measured_snapshots
 @pytest.mark.gpu
 @pytest.mark.tp(1, 2, 4, 8)
 @pytest.mark.eagle3_engines(user_draft_need(), *case_needs(needs_contract=True))
+# Runs after test_capture_order on the same engine: wrong once the engine went stale.
+@pytest.mark.eagle3_catches("stale-no-residual", need=cases.WIDE_CASE)
 def test_draft_receives_its_training_contract(eagle3_engine_request, eagle3_capture, eagle3_reference,
                                               eagle3_model_config, eagle3_sglang, eagle3_settings,
                                               eagle3_checkpoint, eagle3_tp, record_property, pytestconfig):
@@ -38,6 +41,7 @@ def test_draft_receives_its_training_contract(eagle3_engine_request, eagle3_capt
     captures = eagle3_capture.run(req)
     candidates = evidence(eagle3_checkpoint, eagle3_capture.prompts, eagle3_model_config, eagle3_tp,
                           fused_allreduce=eagle3_capture.fused_allreduce)
+    checks = []  # every request judged, then the first wrong one stops the test
     for cap, ref, ev in zip(captures, eagle3_reference, candidates):
         ref, ev = returned_rows(cap, ref, ev)
         report = compare_slots(cap.prefill, ref, expected=list(req.expected), num_layers=L, hidden_size=H,
@@ -58,5 +62,6 @@ def test_draft_receives_its_training_contract(eagle3_engine_request, eagle3_capt
                                        rule_source=eagle3_sglang.id_rule(eagle3_model_config.architecture).source)
             record_property("eagle3_follows_measurement", follows)
         # A user draft's note says why SGLang fed it these layers (ids where SGLang does not read them).
-        conclude(check_contract(report, as_predicted, follows=follows, xfail_reason=req.xfail_reason,
-                                user_draft=req.user_draft, note=req.note), config=pytestconfig)
+        checks.append((check_contract(report, as_predicted, follows=follows, xfail_reason=req.xfail_reason,
+                                      user_draft=req.user_draft, note=req.note), where(req, cap, path="plain")))
+    conclude_each(checks, pytestconfig)

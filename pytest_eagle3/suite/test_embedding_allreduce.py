@@ -15,8 +15,8 @@ import pytest
 
 from pytest_eagle3.planning import cases
 from pytest_eagle3.planning.declare import case_needs
-from pytest_eagle3.suite.outcome import conclude, fail_if_bad
-from pytest_eagle3.suite.support import returned_rows, tolerance
+from pytest_eagle3.suite.outcome import conclude, conclude_each
+from pytest_eagle3.suite.support import returned_rows, tolerance, where
 from pytest_eagle3.verdicts.compare import compare_slots
 from pytest_eagle3.verdicts.embedding import check_embedding_complete, check_embedding_slot, check_shards_covered
 
@@ -37,6 +37,7 @@ def test_embedding_rows_complete_on_every_shard(eagle3_engine_request, eagle3_ca
     H = facts.hidden_size
     source = eagle3_sglang.id_rule(facts.architecture).source
     worst = 0.0
+    checks = []  # every request judged, then the first wrong one stops the test
     for cap, ref in zip(captures, eagle3_reference):
         ref, _ = returned_rows(cap, ref)
         tokens = list(cap.prompt)[len(cap.prompt) - cap.prefill.shape[0]:]
@@ -50,6 +51,7 @@ def test_embedding_rows_complete_on_every_shard(eagle3_engine_request, eagle3_ca
             cap.prefill[:, slot * H:(slot + 1) * H], ref[0], tokens,
             vocab_size=facts.vocab_size, tp=eagle3_tp, tol=tolerance(eagle3_settings),
         )
-        fail_if_bad(report, config=pytestconfig)
+        checks.append((report, where(req, cap, path="plain")))
         worst = max([worst] + [r.err for r in report.rows])
     record_property("eagle3_embedding_worst_rel_err", worst)
+    conclude_each(checks, pytestconfig)

@@ -37,8 +37,8 @@ import pytest
 from pytest_eagle3.planning.declare import MAIN, variant_needs
 from pytest_eagle3.engine.variant_proof import path_not_exercised, path_not_taken, prefill_rows
 from pytest_eagle3.engine.variants import PAIR_MEMBER, VARIANTS
-from pytest_eagle3.suite.outcome import conclude, fail_if_bad
-from pytest_eagle3.suite.support import attention_tp, evidence, tolerance
+from pytest_eagle3.suite.outcome import conclude, conclude_each
+from pytest_eagle3.suite.support import attention_tp, evidence, request_mode, tolerance, where
 from pytest_eagle3.verdicts.compare import compare_slots
 from pytest_eagle3.verdicts.paths import check_pair, check_rows, compare_captures, row_settings
 from pytest_eagle3.target.reference import ensure_reference
@@ -52,6 +52,7 @@ from pytest_eagle3.target.reference import ensure_reference
 # Rows of a prompt's cached-prefix extend and of its later prefill chunks.
 @pytest.mark.eagle3_catches("no-residual-on-cache-hit", need="radix-cache-hit")
 @pytest.mark.eagle3_catches("no-residual-on-later-chunk", need="chunked-prefill")
+@pytest.mark.eagle3_catches("stale-no-residual", need="decode")
 def test_captures_identical_through_path(eagle3_need, eagle3_engine_set, eagle3_capture, eagle3_reference,
                                          eagle3_checkpoint, eagle3_model_config, eagle3_settings, eagle3_tp,
                                          record_property, pytestconfig):
@@ -80,16 +81,31 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_set, eagle3_
         extended = ensure_reference(eagle3_checkpoint, seqs)
         extended_candidates = evidence(eagle3_checkpoint, seqs, eagle3_model_config, eagle3_tp, attn_tp=attn_tp,
                                        fused_allreduce=eagle3_capture.fused_allreduce)
+    # Every request is judged before the test stops on the first wrong one: the
+    # run-level diagnosis weighs which requests, modes and paths were right.
+    checks = []
+    if len(sends) > 1:
+        # The fresh send of a repeated prompt, against the reference too: the
+        # mode it took (a plain or chunked prefill) is the radix-cache hit's contrast.
+        for cap, ref in zip(sends[0], eagle3_reference):
+            T, n = len(cap.prompt), cap.prefill.shape[0]
+            checks.append((compare_slots(cap.prefill, ref[:, T - n:T], expected=list(req.expected), num_layers=L,
+                                         hidden_size=H, tol=tol, diagnose=False,
+                                         side_names=(f"SGLang ({name}, fresh send, prefill rows {T - n}..{T - 1})",
+                                                     "reference")),
+                           where(req, cap, path=name)))
     for i, (cap, ref) in enumerate(zip(captures, eagle3_reference)):
         T, n, d = len(cap.prompt), cap.prefill.shape[0], cap.decode.shape[0]
-        conclude(check_rows(variant=name, i=i, tokens=T, prefill=n, decode=d, settings=settings,
-                            want_prefill=None if any_tail else prefill_rows(T, info, repeat=req.repeat),
-                            want_decode=req.decode_steps))
+        mode = request_mode(cap, repeat=len(sends) > 1)
+        checks.append((check_rows(variant=name, i=i, tokens=T, prefill=n, decode=d, settings=settings,
+                                  want_prefill=None if any_tail else prefill_rows(T, info, repeat=req.repeat),
+                                  want_decode=req.decode_steps),
+                       where(req, cap, path=name, mode=mode, check="rows")))
         report = compare_slots(cap.prefill, ref[:, T - n:T], expected=list(req.expected), num_layers=L,
                                hidden_size=H, tol=tol,
                                side_names=(f"SGLang ({name}, prefill rows {T - n}..{T - 1})", "reference"),
                                evidence=lambda ev=candidates[i], T=T, n=n: ev().rows(T - n, T))
-        fail_if_bad(report, config=pytestconfig)
+        checks.append((report, where(req, cap, path=name, mode=mode)))
         if d:
             assert extended is not None
             report = compare_slots(cap.decode, extended[i][:, T:T + d], expected=list(req.expected), num_layers=L,
@@ -97,14 +113,16 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_set, eagle3_
                                    side_names=(f"SGLang ({name}, decode rows {T}..{T + d - 1})", "reference"),
                                    evidence=lambda i=i, T=T, d=d: _decode_evidence(
                                        extended_candidates, extended, captures, i, T, d))
-            fail_if_bad(report, config=pytestconfig)
+            checks.append((report, where(req, cap, path=name, mode="decode")))
+    conclude_each(checks, pytestconfig)
     if req.batch:
         # The pair that must agree: each request of the batch against the same
         # prompt sent alone to the same engine (same ids, decode steps), after the
         # reference comparison whose diagnosis names what the batch got wrong.
         alone = eagle3_capture(req.ids, decode_steps=req.decode_steps, extra_args=req.extra_args, draft=req.draft)
         conclude(check_pair((compare_captures(b, a) for b, a in zip(captures, alone)), what=name,
-                            a_name="the batched request", b_name="the prompt sent alone", rel_tol=tol))
+                            a_name="the batched request", b_name="the prompt sent alone", rel_tol=tol),
+                 config=pytestconfig, where=where(req, captures[-1], path=name, check="pair"))
     if PAIR_MEMBER in eagle3_engine_set:
         # The on/off contrast (Variant.pair, e.g. all-reduce fusion on and off):
         # the same prompts on the pair's engine, row for row.
@@ -112,7 +130,8 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_set, eagle3_
         pair_name = eagle3_need.engine_set()[PAIR_MEMBER].name
         paired = eagle3_capture.run(other)
         conclude(check_pair((compare_captures(a, b) for a, b in zip(captures, paired)), what=name,
-                            a_name=f"the {name} engine", b_name=f"the {pair_name} engine", rel_tol=tol))
+                            a_name=f"the {name} engine", b_name=f"the {pair_name} engine", rel_tol=tol),
+                 config=pytestconfig, where=where(req, captures[-1], path=name, check="pair"))
     if len(sends) > 1:
         # The pair that must agree: each repeat (a radix-cache hit) against the
         # fresh send of the same prompt, at the positions both returned (after
@@ -120,7 +139,8 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_set, eagle3_
         for later in sends[1:]:
             conclude(check_pair((compare_captures(hit, fresh) for hit, fresh in zip(later, sends[0])),
                                 what=name, a_name="the repeat (radix-cache hit)", b_name="the fresh send",
-                                rel_tol=tol))
+                                rel_tol=tol),
+                     config=pytestconfig, where=where(req, later[-1], path=name, mode="cache-hit", check="pair"))
 
 
 def _decode_evidence(candidates, extended, captures, i, T, d):

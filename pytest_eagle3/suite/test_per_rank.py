@@ -24,7 +24,7 @@ import pytest
 from pytest_eagle3.planning import cases
 from pytest_eagle3.planning.declare import case_needs
 from pytest_eagle3.suite.outcome import fail_if_bad
-from pytest_eagle3.suite.support import evidence, tolerance
+from pytest_eagle3.suite.support import evidence, request_mode, tolerance, where
 from pytest_eagle3.target.reference import ensure_reference
 from pytest_eagle3.verdicts.rankcheck import check_rank_embeddings, check_rank_slots, check_ranks_agree
 
@@ -41,6 +41,13 @@ def rank_captures(eagle3_capture, eagle3_engine_request):
     req = eagle3_engine_request
     got = eagle3_capture.ranks(req.ids, draft=req.draft, extra_args=req.extra_args, decode_steps=DECODE_STEPS)
     return req, got
+
+
+def rank_where(req, got, *, decode: bool = False):
+    """The context of a per-rank verdict: each request's forward mode (its
+    prefill rows span every chunk; ``later-chunk`` where the prompt was chunked)."""
+    modes = ["decode"] * len(got.captures) if decode else [request_mode(c) for c in got.captures]
+    return where(req, got.captures[0], path="plain", check="ranks", modes=modes)
 
 
 def decode_references(checkpoint, got):
@@ -60,9 +67,10 @@ def test_every_rank_embedding_complete(rank_captures, eagle3_reference, eagle3_m
     facts = eagle3_model_config
     kwargs = dict(slot=req.predicted.index(0), hidden_size=facts.hidden_size, vocab_size=facts.vocab_size,
                   tol=tolerance(eagle3_settings))
-    fail_if_bad(check_rank_embeddings(got.prefill, eagle3_reference, **kwargs), config=pytestconfig)
+    fail_if_bad(check_rank_embeddings(got.prefill, eagle3_reference, **kwargs), config=pytestconfig,
+                where=rank_where(req, got))
     fail_if_bad(check_rank_embeddings(got.decode, decode_references(eagle3_checkpoint, got), **kwargs),
-                config=pytestconfig)
+                config=pytestconfig, where=rank_where(req, got, decode=True))
 
 
 @pytest.mark.gpu
@@ -89,11 +97,12 @@ def test_every_rank_fully_reduced(rank_captures, eagle3_reference, eagle3_model_
     report = check_rank_slots(got.prefill, eagle3_reference, **kwargs,
                               evidence=evidence(eagle3_checkpoint, eagle3_capture.prompts, facts, eagle3_tp,
                                                 fused_allreduce=eagle3_capture.fused_allreduce))
-    fail_if_bad(report, config=pytestconfig)
+    fail_if_bad(report, config=pytestconfig, where=rank_where(req, got))
     # Decode rows: candidates of the extended sequences at the decode positions.
     seqs = [list(c.prompt) + list(c.output_ids[:-1]) for c in got.captures]
     candidates = evidence(eagle3_checkpoint, seqs, facts, eagle3_tp, fused_allreduce=eagle3_capture.fused_allreduce)
     decode_evidence = [lambda ev=ev, T=len(c.prompt): ev().rows(T, T + DECODE_STEPS)
                        for ev, c in zip(candidates, got.captures)]
     fail_if_bad(check_rank_slots(got.decode, decode_references(eagle3_checkpoint, got), **kwargs,
-                                 evidence=decode_evidence), config=pytestconfig)
+                                 evidence=decode_evidence), config=pytestconfig,
+                where=rank_where(req, got, decode=True))

@@ -41,7 +41,7 @@ from pytest_eagle3.verdicts.evidence import Evidence, EvidenceLike, resolve
 from pytest_eagle3.verdicts.patterns import pattern_lines
 from pytest_eagle3.verdicts.snapshots import fmt_err, full_label, label
 from pytest_eagle3.verdicts.shards import vocab_shard, vocab_shard_ranges
-from pytest_eagle3.verdicts.distance import rel_err
+from pytest_eagle3.verdicts.distance import PRECISION_CEILING, rel_err, roundoff_name
 
 if TYPE_CHECKING:
     import torch
@@ -87,6 +87,11 @@ WHY_OTHER_ROWS = (
     "request (SGLang issue #26163)"
 )
 
+PRECISION_TEXT = (
+    "{n} slot(s) hold the snapshot they should, off by up to {err} (tolerance {tol}): the layers are right, "
+    "the values are a lower-precision copy ({size})"
+)
+
 #: A factor this close to 1 is noise, not a scaled snapshot.
 SCALE_MARGIN = 0.02
 
@@ -94,6 +99,7 @@ KINDS = (
     "offset-twice", "offset-missing", "ids-ignored", "reversed-order", "permuted-order",
     "normalized-input", "no-residual", "partial-sum", "dp-gather-scaled", "scaled",
     "unreduced-embedding", "zero-rows", "wrong-request-rows", "aliased-capture", "before-fused-allreduce",
+    "precision",
 )
 
 
@@ -316,6 +322,13 @@ def diagnose_slots(captured: Any, reference: Any, verdicts: Sequence[Any], *, ex
     for kind, text in pattern_lines(best[:len(expected)], list(expected), L):
         kinds.append(kind)
         patterns.append(PATTERN.format(tag=TAG.format(kind=kind), text=text))
+    off = [v for v in verdicts if not v.ok and v.slot < len(expected)]
+    if off and all(v.matched and v.best == int(expected[v.slot]) for v in off):
+        err = max(v.expected_err for v in off)
+        if err < PRECISION_CEILING:
+            kinds.append("precision")
+            patterns.append(PATTERN.format(tag=TAG.format(kind="precision"), text=PRECISION_TEXT.format(
+                n=len(off), err=fmt_err(err), tol=fmt_err(off[0].tol), size=roundoff_name(err))))
     slot_lines: dict[int, str] = {}
     wrong = [v for v in verdicts if not v.ok and not v.matched and v.slot < len(expected)]
     if wrong:

@@ -47,3 +47,21 @@ def rel_err_or_inf(a: "torch.Tensor", b: "torch.Tensor") -> float:
     if a.numel() == 0:
         return 0.0
     return float(rel_err(a, b))
+
+
+#: A capture off by less than this relative error, every slot the snapshot it
+#: should hold, is that snapshot copied at a lower precision, not another value.
+PRECISION_CEILING = 2e-2
+#: Unit roundoff of the formats a copy may have gone through.
+FP16_ROUNDOFF, BF16_ROUNDOFF = 2.0 ** -11, 2.0 ** -8
+
+
+def roundoff_name(err: float) -> str:
+    """What a relative error of ``err`` on the right snapshot is the size of: a
+    float16 round trip (up to twice its unit roundoff, 4.9e-4), a bfloat16 one
+    (3.9e-3), or larger than both."""
+    if err <= 2 * FP16_ROUNDOFF:
+        return "the size of a float16 round trip (unit roundoff 4.9e-04)"
+    if err <= 2 * BF16_ROUNDOFF:
+        return "the size of a bfloat16 round trip (unit roundoff 3.9e-03)"
+    return "larger than a bfloat16 round trip"

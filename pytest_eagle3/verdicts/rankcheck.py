@@ -63,6 +63,9 @@ class RankReport:
     lines: list[str] = field(default_factory=list)
     details: list[str] = field(default_factory=list)
     slot_reports: list[Any] = field(default_factory=list)
+    #: ``(rank, request index, ok, its report)`` of every comparison made (the
+    #: run-level diagnosis reads which ranks and requests passed).
+    outcomes: list[tuple[int, int, bool, Any]] = field(default_factory=list)
 
     def message(self, verbose: bool = False) -> str:
         return "\n".join(self.lines + (self.details if verbose else []))
@@ -115,17 +118,21 @@ def check_rank_embeddings(records: Mapping[int, Sequence["Record"]], references:
     tp = len(records)
     cols = slice(slot * hidden_size, (slot + 1) * hidden_size)
     lines: list[str] = _count_lines(records, references)
+    outcomes: list[tuple[int, int, bool, Any]] = []
     for rank in sorted(records):
-        for rec, ref in zip(records[rank], references):
+        reported = False
+        for i, (rec, ref) in enumerate(zip(records[rank], references)):
             report = check_embedding_complete(rec.aux[:, cols], ref[0], rec.input_ids.tolist(),
                                               vocab_size=vocab_size, tp=tp, tol=tol,
                                               side_names=(f"rank {rank}", "reference"))
-            if not report.ok:
+            outcomes.append((rank, i, report.ok, report))
+            if not report.ok and not reported:
+                reported = True
                 lines.append(RANK_PREFIX.format(rank=rank, message=report.message()))
-                break
     if lines:
-        return RankReport(False, lines)
-    return RankReport(True, [ALL_RANKS_OK.format(tp=tp, message="embedding rows complete on every vocab shard")])
+        return RankReport(False, lines, outcomes=outcomes)
+    return RankReport(True, [ALL_RANKS_OK.format(tp=tp, message="embedding rows complete on every vocab shard")],
+                      outcomes=outcomes)
 
 
 def _count_lines(records: Mapping[int, Sequence["Record"]], references: Sequence["torch.Tensor"]) -> list[str]:
@@ -164,13 +171,17 @@ def check_rank_slots(records: Mapping[int, Sequence["Record"]], references: Sequ
     lines: list[str] = _count_lines(records, references)
     plain = not lines
     failed: list[Any] = []
+    outcomes: list[tuple[int, int, bool, Any]] = []
     for rank in sorted(records):
+        reported = False
         for i, (rec, ref) in enumerate(zip(records[rank], references)):
             report = compare_slots(rec.aux, ref, expected=list(expected), num_layers=num_layers,
                                    hidden_size=hidden_size, tol=tol, side_names=(f"rank {rank}", "reference"),
                                    evidence=evidence[i] if evidence is not None and i < len(evidence) else None)
-            if report.ok:
-                continue
+            outcomes.append((rank, i, report.ok, report))
+            if report.ok or reported:
+                continue  # every request is judged; the first wrong one per rank is worded
+            reported = True
             partial = []
             for slot, index in enumerate(expected):
                 cols = slice(slot * hidden_size, (slot + 1) * hidden_size)
@@ -182,10 +193,10 @@ def check_rank_slots(records: Mapping[int, Sequence["Record"]], references: Sequ
             lines.extend(partial)
             plain = plain and not partial
             failed.append(report)
-            break
     if lines:
-        return RankReport(False, lines, slot_reports=failed if plain else [])
-    return RankReport(True, [ALL_RANKS_OK.format(tp=tp, message="every slot holds its expected snapshot")])
+        return RankReport(False, lines, slot_reports=failed if plain else [], outcomes=outcomes)
+    return RankReport(True, [ALL_RANKS_OK.format(tp=tp, message="every slot holds its expected snapshot")],
+                      outcomes=outcomes)
 
 
 REQUESTS_UNMATCHED = ("per-rank recorder: {seen} request ids in the recorded forwards for {sent} requests sent one "

@@ -42,6 +42,7 @@ import os
 import threading
 from typing import Any, Callable
 
+from pytest_eagle3.worker.fault_when import forward_matches
 from pytest_eagle3.worker.faults import CONFINED, FaultError, describe, read_fault
 
 
@@ -55,6 +56,7 @@ PACKER_SLOT = "sglang.srt.layers.aux_hidden_states.AuxHiddenStatePacker.slot"
 PACKER_APPEND = "sglang.srt.layers.aux_hidden_states.AuxHiddenStatePacker.append"
 PACKER_FINALIZE = "sglang.srt.layers.aux_hidden_states.AuxHiddenStatePacker.finalize"
 LIST_CAPTURE = "sglang.srt.layers.aux_hidden_states.AuxHiddenStateList.capture"
+DRAFT_FORWARD = "sglang.srt.models.llama_eagle3.LlamaModel.forward"
 
 
 # --- worker-side state -------------------------------------------------------
@@ -87,40 +89,6 @@ def _writes_here(fault: dict[str, Any]) -> bool:
     if rank == "last":
         return here == size - 1
     return rank is None or int(rank) == here
-
-
-# --- which forwards a confined fault runs in (faults.CONFINED) ----------------
-
-_EXTENDS: dict[str, int] = {}  # rid -> extend forwards seen
-
-
-def _forward_matches(fault: dict[str, Any], forward_batch: Any) -> bool:
-    """Whether this forward is one the fault is confined to (``when``; none: every
-    forward).  Decided from the forward batch alone, so every rank decides alike
-    (a fault's collectives then run on all ranks or on none)."""
-    when = fault.get("when")
-    mode = getattr(forward_batch, "forward_mode", None)
-    if mode is None:
-        return when is None
-    if when is None:
-        return True
-    if when == "decode-verify":
-        return bool(mode.is_decode() or mode.is_target_verify())
-    if not mode.is_extend() or mode.is_target_verify():
-        return False
-    rids = [str(r) for r in (getattr(forward_batch, "rids", None) or [])]
-    prefixes = list(getattr(forward_batch, "extend_prefix_lens_cpu", None) or [0] * len(rids))
-    hit = False
-    for rid, prefix in zip(rids, prefixes):
-        seen = _EXTENDS.get(rid, 0)
-        _EXTENDS[rid] = seen + 1
-        if when == "cache-hit" and seen == 0 and int(prefix) > 0:
-            hit = True
-        if when == "later-chunk" and seen >= 1:
-            hit = True
-    if len(_EXTENDS) > 10000:
-        _EXTENDS.clear()
-    return hit
 
 
 # --- ids: DeepseekV2ForCausalLM.set_eagle3_layers_to_capture ----------------
@@ -187,6 +155,39 @@ def _around_packer_finalize(original: Callable, packer: Any, *args: Any, **kwarg
     return out
 
 
+def _around_packer_finalize_half(original: Callable, packer: Any, *args: Any, **kwargs: Any) -> Any:
+    """half-precision-copy: the packed captures rounded through float16 and back."""
+    out = original(packer, *args, **kwargs)
+    if _writes_here(_FAULT) and hasattr(out, "copy_"):
+        import torch
+
+        out.copy_(out.to(torch.float16).to(out.dtype))
+        _log_once("half-precision-copy", "half-precision-copy: packed captures %s rounded through float16",
+                  tuple(out.shape))
+    return out
+
+
+def _around_draft_forward(original: Callable, model: Any, *args: Any, **kwargs: Any) -> Any:
+    """draft-fc-reversed: the draft's ``LlamaModel.forward`` sees its ``K`` aux
+    hidden states (``forward_batch.spec_info.hidden_states``, ``[n, K*H]``) in
+    reverse slot order; restored after the forward."""
+    forward_batch = args[2] if len(args) > 2 else kwargs.get("forward_batch")
+    spec = getattr(forward_batch, "spec_info", None)
+    hidden = getattr(spec, "hidden_states", None)
+    k = int(getattr(model, "num_aux_hidden_states", 0) or 0)
+    width = int(getattr(model, "hidden_size_in", 0) or 0)
+    if hidden is None or k < 2 or width == 0 or hidden.shape[-1] != k * width:
+        return original(model, *args, **kwargs)
+    import torch
+
+    spec.hidden_states = torch.cat(list(reversed(hidden.split(width, dim=-1))), dim=-1)
+    _log_once("draft-fc-reversed", "draft-fc-reversed: the draft's %d aux hidden states reversed before fc", k)
+    try:
+        return original(model, *args, **kwargs)
+    finally:
+        spec.hidden_states = hidden
+
+
 def _around_list_capture(original: Callable, captures: Any, hidden: Any, *args: Any, **kwargs: Any) -> Any:
     """aliased-capture on models that collect a list: adopt the storage (``owned=True``)."""
     if _writes_here(_FAULT):
@@ -204,7 +205,7 @@ def _around_model_forward(original: Callable, model: Any, *args: Any, **kwargs: 
     _CTX.model = model
     _CTX.input_ids = args[0] if args else kwargs.get("input_ids")
     if _FAULT is not None:
-        _CTX.active = _forward_matches(_FAULT, args[2] if len(args) > 2 else kwargs.get("forward_batch"))
+        _CTX.active = forward_matches(_FAULT, args[2] if len(args) > 2 else kwargs.get("forward_batch"))
     try:
         result = original(model, *args, **kwargs)
     finally:
@@ -419,6 +420,10 @@ def install(fault: dict[str, Any] | None = None) -> dict[str, Any] | None:
         HookRegistry.register(SET_LAYERS, _after_set_layers, HookType.AFTER)
     elif kind == "reversed-order":
         HookRegistry.register(PACKER_SLOT, _around_packer_slot, HookType.AROUND)
+    elif kind == "half-precision-copy":
+        HookRegistry.register(PACKER_FINALIZE, _around_packer_finalize_half, HookType.AROUND)
+    elif kind == "draft-fc-reversed":
+        HookRegistry.register(DRAFT_FORWARD, _around_draft_forward, HookType.AROUND)
     elif kind == "aliased-capture":
         HookRegistry.register(PACKER_APPEND, _around_packer_append, HookType.AROUND)
         HookRegistry.register(PACKER_FINALIZE, _around_packer_finalize, HookType.AROUND)

@@ -13,6 +13,8 @@ Options besides ``kind`` (all optional):
   as the real bugs did).  Collectives a fault needs still run on every rank.
 * ``slots``: the packed slots a slot-level fault touches (``dp-gather-scaled``;
   default all).
+* ``when`` / ``after``: the forwards a layer fault runs in
+  (:mod:`pytest_eagle3.worker.fault_when`; the confined kinds of :data:`CONFINED`).
 
 Stdlib only.
 """
@@ -101,6 +103,21 @@ CATALOG: dict[str, tuple[str, str]] = {
         "ranks are right)",
         "a capture bug confined to one TP rank's decode/verify path",
     ),
+    "stale-no-residual": (
+        "no-residual, only after each SGLang process has run its first 14 model forwards (the first "
+        "requests on an engine are right, every later one wrong)",
+        "a capture bug that appears after an engine has served some forwards (state that goes stale)",
+    ),
+    "half-precision-copy": (
+        "the packed captures rounded through float16 and back (AuxHiddenStatePacker.finalize): every slot "
+        "the right snapshot, off by a float16 round trip",
+        "captures kept or sent in a lower precision than the target computes in",
+    ),
+    "draft-fc-reversed": (
+        "the served draft reads its aux hidden states in reverse slot order before its fc "
+        "(llama_eagle3.LlamaModel.forward); the target's captures are right",
+        "a draft-side consumer bug: the fc input concatenated in another order than the draft was trained on",
+    ),
 }
 
 #: Kinds confined to one path, as ``(the kind whose computation they run, its options)``.
@@ -111,14 +128,34 @@ CONFINED: dict[str, tuple[str, dict[str, Any]]] = {
     "no-residual-on-cache-hit": ("no-residual", {"when": "cache-hit"}),
     "no-residual-on-later-chunk": ("no-residual", {"when": "later-chunk"}),
     "partial-sum-on-rank-decode": ("partial-sum", {"when": "decode-verify", "rank": "last"}),
+    "stale-no-residual": ("no-residual", {"after": 14}),
 }
 
+#: Kinds the run-level diagnosis must name (:mod:`pytest_eagle3.verdicts.run_cause`):
+#: kind -> its tag.  Their evidence lies across tests (which modes, ranks,
+#: requests or levels passed); ``pytest-eagle3 self-test`` reads the tag from the
+#: run's diagnosis.
+RUN_LEVEL: dict[str, str] = {
+    "no-residual-on-cache-hit": "path-only",
+    "no-residual-on-later-chunk": "path-only",
+    "partial-sum-on-rank-decode": "rank-mode",
+    "stale-no-residual": "stale-state",
+    "half-precision-copy": "precision",
+    "draft-fc-reversed": "draft-side",
+}
+#: Per-test tags of kinds that are not a diagnosis kind of their own
+#: (``None``: no single test can name it; only the run-level diagnosis does).
+TEST_TAGS: dict[str, str | None] = {"half-precision-copy": "precision", "draft-fc-reversed": None}
 
-def named_as(kind: str) -> str:
-    """The kind a diagnosis names for ``kind``: a confined kind is named by the
-    computation it runs (``no-residual``); which path it is confined to is
-    what the run's evidence across paths shows, not one test's captures."""
-    return CONFINED[kind][0] if kind in CONFINED else kind
+
+def named_as(kind: str) -> str | None:
+    """The tag a test's diagnosis names for ``kind``: a confined kind is named by
+    the computation it runs (``no-residual``); which path it is confined to is
+    what the run's evidence across paths shows (:data:`RUN_LEVEL`), not one
+    test's captures.  ``None``: no test can name it alone (a draft-side fault)."""
+    if kind in CONFINED:
+        return CONFINED[kind][0]
+    return TEST_TAGS.get(kind, kind)
 
 #: Kinds that need TP > 1 to change anything.
 NEEDS_TP = ("unreduced-embedding", "partial-sum", "dp-gather-scaled", "before-fused-allreduce",

@@ -47,6 +47,8 @@ def test_bisect_verdicts_on_the_real_engine(pytester: pytest.Pytester, tmp_path:
     assert bad.ret == bisect.BAD, "\n".join(bad.outlines[-40:])
     assert _verdict(bad).startswith("eagle3 bisect: BAD (exit 1): ")
     assert "slot" in _verdict(bad) or "slots wrong" in _verdict(bad), _verdict(bad)
+    # The run-level cause leads, the first failure follows (every path fails alike: global).
+    assert "eagle3 bisect: BAD (exit 1): [global] " in _verdict(bad) and "(first failure: " in _verdict(bad)
 
     # The engine cannot start (here: not within 1 s): not this commit's wiring.
     stuck = _run(pytester, "--eagle3-startup-timeout", "1")

@@ -24,8 +24,8 @@ import os
 import pytest
 
 from pytest_eagle3.cli import selftest
-from pytest_eagle3.worker.faults import CATALOG, NEEDS_TP, named_as
-from pytest_eagle3.planning.selftest import self_test_plan
+from pytest_eagle3.worker.faults import CATALOG, NEEDS_TP, RUN_LEVEL, named_as
+from pytest_eagle3.planning.selftest import contrast_plan, self_test_plan
 from pytest_eagle3.settings import default_cache_dir
 from tests.inner_run import RUN_MARK
 
@@ -36,6 +36,8 @@ NO_TP = int(os.environ.get("PYTEST_EAGLE3_FAULT_TP", "1"))
 
 #: kind -> (TP size, packaged tests that must fail naming it).
 CASES = self_test_plan(NO_TP)
+#: kind -> packaged tests that must pass with it on (the run-level diagnosis's contrast).
+CONTRASTS = contrast_plan(NO_TP)
 
 
 @pytest.fixture(scope="module")
@@ -65,14 +67,18 @@ def test_fault_is_caught_and_named(kind: str, self_test_result) -> None:
     got = {k.kind: k for k in self_test_result.kinds}[kind]
     assert got.tp == CASES[kind][0] and got.tests == CASES[kind][1]
     assert got.verdict == selftest.CAUGHT, f"{got.verdict}: {got.detail}\n{got.log.read_text()[-3000:]}"
-    assert f"[{named_as(kind)}]" in got.detail  # a kind confined to one path is named by its computation
+    if named_as(kind) is not None:
+        assert f"[{named_as(kind)}]" in got.detail  # a kind confined to one path is named by its computation
+    if kind in RUN_LEVEL:
+        assert f"run: [{RUN_LEVEL[kind]}]" in got.detail  # ... and the run-level diagnosis names the confinement
 
 
 def test_no_fault_passes(self_test_result) -> None:
     """The control: the union of the selections above, without a fault, passes."""
     control = self_test_result.control
     assert control is not None and control.verdict == "passed", f"{control.detail}\n{control.log.read_text()[-3000:]}"
-    assert set(control.tests) == {t for _, names in CASES.values() for t in names}
+    assert set(control.tests) == {t for _, names in CASES.values() for t in names} | {
+        t for names in CONTRASTS.values() for t in names}
     assert self_test_result.ok
 
 

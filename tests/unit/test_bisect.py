@@ -40,3 +40,16 @@ def test_decide() -> None:
     assert plugin.decide()[0] == 125
     plugin.bad.append("t2: slot 0 holds hs[1]")
     assert plugin.decide() == (1, "bad", "t2: slot 0 holds hs[1]")
+
+
+def test_a_bad_verdict_leads_with_the_run_level_cause(pytestconfig, monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    from pytest_eagle3.verdicts.run_cause import RunDiagnosis
+
+    plugin = bisect.BisectPlugin(config=pytestconfig)
+    plugin.bad.append("t2: slot 0 holds hs[1]")
+    diag = RunDiagnosis("path-only", "[path-only] wrong only on cache-hit")
+    monkeypatch.setattr(bisect, "get_run", lambda config: SimpleNamespace(
+        diagnosis=SimpleNamespace(result=lambda: diag)))
+    assert plugin.decide() == (1, "bad", "[path-only] wrong only on cache-hit (first failure: t2: slot 0 holds hs[1])")

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_eagle3.worker import fault_injection, faults, sglang_hooks
+from pytest_eagle3.worker import fault_injection, fault_when, faults, sglang_hooks
 from pytest_eagle3.worker.env import FAULT_ENV
 from pytest_eagle3.worker.faults import CATALOG, FaultError, describe, read_fault
 from pytest_eagle3.planning.selftest import self_test_plan
@@ -21,6 +21,7 @@ PUBLIC_KINDS = (
     "offset-twice", "offset-missing", "ids-ignored", "reversed-order", "normalized-input", "no-residual",
     "unreduced-embedding", "partial-sum", "dp-gather-scaled", "aliased-capture", "before-fused-allreduce",
     "wrong-request-rows", "no-residual-on-cache-hit", "no-residual-on-later-chunk", "partial-sum-on-rank-decode",
+    "stale-no-residual", "half-precision-copy", "draft-fc-reversed",
 )
 
 
@@ -41,9 +42,20 @@ def test_catalog_lists_every_public_bug_class_with_its_source() -> None:
 def test_diagnosis_tags_cover_the_catalog() -> None:
     from pytest_eagle3.verdicts.diagnose import KINDS
 
-    assert set(CATALOG) - set(faults.CONFINED) <= set(KINDS)
+    assert set(CATALOG) - set(faults.CONFINED) - set(faults.TEST_TAGS) <= set(KINDS)
     # A confined kind is named by the computation it runs (the path is the run's evidence).
     assert {faults.named_as(k) for k in faults.CONFINED} <= set(KINDS)
+    assert {faults.named_as(k) for k in faults.TEST_TAGS} - {None} <= set(KINDS)
+
+
+def test_run_level_kinds_name_a_tag_of_the_run_level_diagnosis() -> None:
+    from pytest_eagle3.verdicts import run_cause
+
+    assert set(faults.RUN_LEVEL) <= set(CATALOG)
+    tags = {"path-only", "rank-mode", "stale-state", "precision", "draft-side"}
+    assert set(faults.RUN_LEVEL.values()) == tags
+    for tag in tags:  # each tag is a headline the diagnosis can print
+        assert any(text.startswith(f"[{tag}]") for text in vars(run_cause).values() if isinstance(text, str))
 
 
 @pytest.mark.parametrize("raw", ["", "  "])
@@ -223,19 +235,26 @@ def _batch(mode: str, rids=(), prefixes=()):
 
 
 def test_confined_faults_run_only_in_their_forwards(monkeypatch) -> None:
-    monkeypatch.setattr(fault_injection, "_EXTENDS", {})
+    monkeypatch.setattr(fault_when, "_EXTENDS", {})
     hit, chunk, decode = ({"when": "cache-hit"}, {"when": "later-chunk"}, {"when": "decode-verify"})
-    match = fault_injection._forward_matches
+    match = fault_when.forward_matches
     # A fresh prefill (no cached prefix), then its second chunk: a later chunk, not a hit.
     assert not match(hit, _batch("EXTEND", ["a"], [0]))
     assert match(chunk, _batch("EXTEND", ["a"], [16]))
     # A repeat of a prompt whose prefix the radix cache held: a hit, not a later chunk.
     assert match(hit, _batch("EXTEND", ["b"], [39]))
-    monkeypatch.setattr(fault_injection, "_EXTENDS", {})
+    monkeypatch.setattr(fault_when, "_EXTENDS", {})
     assert not match(chunk, _batch("EXTEND", ["c"], [39]))
     assert match(decode, _batch("DECODE", ["a"])) and match(decode, _batch("VERIFY", ["a"], [40]))
     assert not match(hit, _batch("VERIFY", ["d"], [40])) and not match(decode, _batch("EXTEND", ["e"], [0]))
     assert match({}, _batch("EXTEND", ["f"], [0]))
+
+
+def test_a_fault_after_n_forwards_waits_for_them(monkeypatch) -> None:
+    monkeypatch.setattr(fault_when, "_FORWARDS", [0])
+    stale = {"after": 2}
+    seen = [fault_when.forward_matches(stale, _batch("EXTEND", [f"r{i}"], [0])) for i in range(4)]
+    assert seen == [False, False, True, True]
 
 
 def test_a_confined_kind_installs_its_computation_with_its_options(registry) -> None:

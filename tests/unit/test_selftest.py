@@ -3,7 +3,7 @@ the child pytest (the real children run in ``tests/e2e/test_fault_self_test.py``
 
 from __future__ import annotations
 
-from pytest_eagle3.worker.faults import named_as
+from pytest_eagle3.worker.faults import RUN_LEVEL, named_as
 
 from pathlib import Path
 
@@ -16,8 +16,10 @@ from pytest_eagle3.planning.selftest import self_test_plan
 TESTS = ("test_capture_order[tp1-kimi-embedding-first]", "test_every_rank_fully_reduced[tp2-kimi-embedding-first]")
 
 
-def child(outcomes: dict[str, str], messages: dict[str, str] | None = None, rc: int = 1) -> selftest.ChildRun:
-    return selftest.ChildRun(rc, outcomes, messages or {t: "" for t in outcomes}, "last line of output", 3.0)
+def child(outcomes: dict[str, str], messages: dict[str, str] | None = None, rc: int = 1,
+          diagnosis: dict | None = None) -> selftest.ChildRun:
+    return selftest.ChildRun(rc, outcomes, messages or {t: "" for t in outcomes}, "last line of output", 3.0,
+                             diagnosis)
 
 
 @pytest.mark.parametrize(("outcomes", "messages", "verdict"), [
@@ -53,7 +55,11 @@ def fake_runner(missed: str | None = None, control_fails: bool = False):
             return child({t: "failed" if control_fails else "passed" for t in tests}, rc=int(control_fails))
         if fault == missed:
             return child({t: "passed" for t in tests}, rc=0)
-        return child({t: "failed" for t in tests}, {t: f"slot 0 [{named_as(fault)}]" for t in tests})
+        confine = selftest.contrast_plan(tp if tp == 2 else 1).get(fault, ())
+        tag = RUN_LEVEL.get(fault)
+        return child({t: "passed" if t in confine else "failed" for t in tests},
+                     {t: f"slot 0 [{named_as(fault)}]" for t in tests},
+                     diagnosis={"tag": tag, "headline": f"[{tag}] ..."} if tag else None)
 
     run.calls = calls
     return run
@@ -138,3 +144,25 @@ def test_a_long_diagnosis_keeps_its_tag_in_the_table() -> None:
     shown = selftest._tagged_line("first line\n" + line, "before-fused-allreduce")
     assert len(shown) <= 300 and shown.endswith(" ... [before-fused-allreduce]")
     assert selftest._tagged_line("short [partial-sum]", "partial-sum") == "short [partial-sum]"
+
+
+RUN = ("test_captures_identical_through_path[tp1-radix-cache-hit]", "test_capture_order[tp1-kimi-embedding-first]")
+
+
+@pytest.mark.parametrize(("outcomes", "diagnosis", "verdict"), [
+    ({RUN[0]: "failed", RUN[1]: "passed"}, {"tag": "path-only", "headline": "[path-only] wrong only on cache-hit"},
+     selftest.CAUGHT),
+    ({RUN[0]: "failed", RUN[1]: "passed"}, {"tag": "global", "headline": "[global] every mode fails"},
+     selftest.UNNAMED),
+    ({RUN[0]: "failed", RUN[1]: "passed"}, None, selftest.UNNAMED),
+    ({RUN[0]: "failed", RUN[1]: "failed"}, {"tag": "path-only", "headline": "[path-only] ..."}, selftest.UNCONFINED),
+    ({RUN[0]: "passed", RUN[1]: "passed"}, {"tag": "clean", "headline": "[clean] ..."}, selftest.MISSED),
+])
+def test_a_run_level_kind_is_caught_only_when_the_run_names_it(outcomes, diagnosis, verdict) -> None:
+    """A kind confined to radix-cache hits: its test fails naming the computation,
+    the contrast passes, and the run-level diagnosis says [path-only]."""
+    run = child(outcomes, {RUN[0]: "slot 1 holds ... [no-residual]", RUN[1]: ""}, diagnosis=diagnosis)
+    got, detail = selftest.judge("no-residual-on-cache-hit", RUN[:1], run, contrasts=RUN[1:])
+    assert got == verdict, detail
+    if verdict == selftest.CAUGHT:
+        assert detail == f"{RUN[0]}: slot 1 holds ... [no-residual]; run: [path-only] wrong only on cache-hit"

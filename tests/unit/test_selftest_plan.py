@@ -39,6 +39,19 @@ def plan_by_id(no_tp: int) -> dict[str, tuple[int, tuple[str, ...]]]:
         "no-residual-on-cache-hit": (no_tp, (f"test_captures_identical_through_path[tp{no_tp}-radix-cache-hit]",)),
         "no-residual-on-later-chunk": (no_tp, (f"test_captures_identical_through_path[tp{no_tp}-chunked-prefill]",)),
         "partial-sum-on-rank-decode": (2, (f"test_every_rank_fully_reduced[tp2-{WIDE}]",)),
+        # Named by the run-level diagnosis (worker/faults.py RUN_LEVEL).
+        "stale-no-residual": (no_tp, (f"test_draft_receives_its_training_contract[tp{no_tp}-{WIDE}]",
+                                      f"test_captures_identical_through_path[tp{no_tp}-decode]")),
+        "half-precision-copy": (no_tp, (order(no_tp),)),
+        "draft-fc-reversed": (1, ("test_draft_acceptance_meets_the_gate[tp1-acceptance]",)),
+    }
+
+
+@pytest.mark.parametrize("no_tp", [1, 2])
+def test_contrasts_are_the_tests_that_must_pass_with_the_fault_on(no_tp: int) -> None:
+    assert selftest.contrast_plan(no_tp) == {
+        "stale-no-residual": (order(no_tp),),
+        "draft-fc-reversed": ("test_acceptance_gate_has_power[tp1-acceptance]", order(1)),
     }
 
 

@@ -1,0 +1,388 @@
+"""The run-level diagnosis: the narrowest cause the whole run's evidence supports.
+
+Each test judges its own captures (:mod:`pytest_eagle3.verdicts.compare`); the
+evidence that names a cause lies across tests: which paths, forward modes,
+TP ranks, requests and levels passed.  Every verdict of the run leaves an
+:class:`Observation` (its context and outcome); :func:`diagnose_run` reads
+them all after the last test and returns a :class:`RunDiagnosis` with a tag,
+one headline and the evidence lines behind it.  The rules, in order:
+
+* ``[clean]``: nothing failed.
+* ``[draft-side]``: every capture comparison passed, served acceptance failed
+  (and the offline accept length on SGLang's own captures passed, when it ran):
+  the draft consumes right captures wrong.
+* ``[precision]``: every wrong slot holds the snapshot it should, off by more
+  than the tolerance and less than :data:`PRECISION_CEILING`: a lower-precision
+  copy (the size names half precision or bfloat16).
+* ``[rank-mode]``: every failure is on a strict subset of TP ranks and of
+  forward modes, while other ranks and modes passed.
+* ``[stale-state]``: on each engine with failures, the first requests passed
+  and every failure comes after them.
+* ``[path-only]``: every failure is in forward modes (later prefill chunk,
+  radix-cache hit, decode, verify) or paths (batch, a variant) where nothing
+  passed, while the same ids passed elsewhere in the run: never the id rule.
+* ``[global]``: failures on every mode and path the run took: the tests' own
+  diagnosis is the run's.
+
+What the selection lacked is said (``plain prefill not run in this selection:
+cannot tell a path fault from the id rule``).  Pure Python.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from pytest_eagle3.verdicts.distance import PRECISION_CEILING, roundoff_name
+
+#: Forward modes an observation can carry, in the order they are reported.
+MODES = ("prefill", "later-chunk", "cache-hit", "decode", "verify")
+#: Modes of the target's decode-time forwards (one token per request, or a draft's tokens).
+DECODE_MODES = ("decode", "verify")
+#: Levels: the captures SGLang returned or recorded, the served draft's accept
+#: length, the offline accept length of the draft on SGLang's own captures.
+CAPTURE, SERVED, OFFLINE = "capture", "served-draft", "offline-draft"
+#: The per-test diagnosis tags that name the id rule (a global cause).
+ID_RULE_KINDS = ("offset-twice", "offset-missing", "ids-ignored")
+#: Share of the comparisons in the failing modes (or paths) that must fail for
+#: the failure to belong to them.
+PURITY = 0.5
+
+TITLE = "eagle3 diagnosis"
+POINTER = "see the '{title}' section at the end: it weighs this failure against every other test of the run"
+
+CLEAN = "[clean] nothing is wrong: {n} comparisons in {tests} tests agree ({modes}{ranks})"
+DRAFT_SIDE = ("[draft-side] captures right in every capture comparison ({n}){offline}; served acceptance "
+              "{served}: the draft side consumes right captures wrong (its fc input order, its norm, "
+              "or the ids its config.json declares)")
+OFFLINE_OK = " and offline (accept length {value:.2f} on SGLang's own captures)"
+OFFLINE_LACKING = "offline acceptance not run in this selection: cannot tell the draft from its captures' consumer"
+PRECISION = ("[precision] every slot holds the right snapshot, off by up to {err:.1e} (tolerance {tol:.0e}) "
+             "in {n} comparisons: a lower-precision copy ({fmt})")
+RANK_MODE = ("[rank-mode] {ranks} only, {modes} only: a {modes}-only path of {ranks} "
+             "(a communication or state that only those forwards use)")
+STALE = ("[stale-state] right for the first {k} send(s) of the suite's prompts on each engine, wrong from "
+         "then on: state that changes over an engine's life")
+PATH_ONLY = ("[path-only] wrong only on {where}; right on {right} for ids {ids}: the {where} path "
+             "captures other values, not the id rule")
+GLOBAL = "[global] every mode and path the run took fails the same way: {cause}"
+MIXED = ("[mixed] failures on {bad} and passes on {good} do not separate by mode, path, rank or "
+         "request order: read the first failure ({first})")
+
+EVIDENCE_FAIL = "  wrong: {test} ({ctx}){what}"
+EVIDENCE_PASS = "  right: {count} comparisons on {ctx}"
+CONTRADICTED = ("  the per-test diagnosis {kinds} names the id rule; ids {ids} were captured right on "
+                "{right} in this run, so the id rule is not the cause")
+LACK_PREFILL = "plain prefill not run in this selection: cannot tell a path fault from the id rule"
+LACK_RANKS = "no per-rank test in this selection: a fault on one TP rank shows only through rank 0's output"
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One verdict of the run, with its context.
+
+    Attributes:
+        test: the test's node id.
+        check: what was judged (``captures``, ``pair``, ``ranks``, ``acceptance``).
+        ok: the verdict passed.
+        tp: the test's TP size.
+        path: the path variant or case (``plain``, ``batch``, ``radix-cache-hit``...).
+        ids: the aux layer ids asked for (``None``: SGLang's default).
+        mode: forward mode of the rows (:data:`MODES`).
+        rank: the TP rank the rows came from (``None``: the API's, rank 0's).
+        level: :data:`CAPTURE`, :data:`SERVED` or :data:`OFFLINE`.
+        order: position of the send (the test's prompts, sent once) among the
+            engine's sends, from 0 (``-1``: unknown).
+        engine: the engine's name.
+        kinds: the per-test diagnosis tags.
+        right_snapshots: every wrong slot's best match is its expected snapshot.
+        worst_err: largest relative L2 error of an expected snapshot (``nan``: none).
+        tol: the tolerance the verdict used (``nan``: none).
+        value: accept length (acceptance levels).
+        line: first line of the test's own verdict.
+    """
+
+    test: str
+    check: str
+    ok: bool
+    tp: int = 1
+    path: str = "plain"
+    ids: tuple[int, ...] | None = None
+    mode: str = "prefill"
+    rank: int | None = None
+    level: str = CAPTURE
+    order: int = -1
+    engine: str = ""
+    kinds: tuple[str, ...] = ()
+    right_snapshots: bool = False
+    worst_err: float = math.nan
+    tol: float = math.nan
+    value: float | None = None
+    line: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["ids"] = list(self.ids) if self.ids is not None else None
+        out["kinds"] = list(self.kinds)
+        for key in ("worst_err", "tol"):
+            if isinstance(out[key], float) and math.isnan(out[key]):
+                out[key] = None
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Observation":
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        if known.get("ids") is not None:
+            known["ids"] = tuple(int(i) for i in known["ids"])
+        known["kinds"] = tuple(known.get("kinds") or ())
+        for key in ("worst_err", "tol"):
+            if known.get(key) is None:
+                known[key] = math.nan
+        return cls(**known)
+
+    def context(self) -> str:
+        parts = [f"tp {self.tp}", self.path, self.mode]
+        if self.rank is not None:
+            parts.append(f"rank {self.rank}")
+        if self.order >= 0:
+            parts.append(f"send {self.order + 1} on its engine")
+        if self.level != CAPTURE:
+            parts.append(self.level)
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class RunDiagnosis:
+    """What :func:`diagnose_run` concluded.
+
+    Attributes:
+        tag: ``clean``, ``draft-side``, ``precision``, ``rank-mode``, ``stale-state``,
+            ``path-only``, ``global`` or ``mixed``.
+        headline: one line, starting with ``[tag]``.
+        evidence: the lines that support it.
+        lacking: what this selection did not run that the diagnosis would need.
+    """
+
+    tag: str
+    headline: str
+    evidence: tuple[str, ...] = ()
+    lacking: tuple[str, ...] = ()
+
+    def lines(self) -> list[str]:
+        return [self.headline, *self.evidence, *(f"lacking: {x}" for x in self.lacking)]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tag": self.tag, "headline": self.headline, "evidence": list(self.evidence),
+                "lacking": list(self.lacking)}
+
+
+def diagnose_run(observations: Iterable[Observation]) -> RunDiagnosis | None:
+    """The run's diagnosis from every :class:`Observation` (``None``: there are none)."""
+    obs = list(observations)
+    if not obs:
+        return None
+    captures = [o for o in obs if o.level == CAPTURE]
+    bad = [o for o in captures if not o.ok]
+    served_bad = [o for o in obs if o.level == SERVED and not o.ok]
+    lacking = _lacking(captures, bad)
+    if not bad and not served_bad:
+        return RunDiagnosis("clean", CLEAN.format(n=len(obs), tests=len({o.test for o in obs}),
+                                                  modes=", ".join(_present(o.mode for o in obs)),
+                                                  ranks=_rank_text(obs)), (), ())
+    if not bad:
+        return _draft_side(obs, captures, served_bad)
+    for rule in (_precision, _rank_mode, _stale, _path_only):
+        found = rule(captures, bad)
+        if found is not None:
+            return RunDiagnosis(found[0], found[1], tuple(found[2]), tuple(lacking))
+    return _global(captures, bad, lacking)
+
+
+def _lacking(captures: Sequence[Observation], bad: Sequence[Observation]) -> list[str]:
+    if not bad:
+        return []
+    out = []
+    if not any(o.mode == "prefill" and o.path == "plain" for o in captures) and not any(
+            o.mode == "prefill" and o.ok for o in captures):
+        out.append(LACK_PREFILL)
+    if max((o.tp for o in captures), default=1) > 1 and not any(o.rank is not None for o in captures):
+        out.append(LACK_RANKS)
+    return out
+
+
+def _draft_side(obs: Sequence[Observation], captures: Sequence[Observation],
+                served_bad: Sequence[Observation]) -> RunDiagnosis:
+    offline = [o for o in obs if o.level == OFFLINE]
+    offline_ok = [o for o in offline if o.ok and o.value is not None]
+    lacking = []
+    if offline_ok:
+        offline_text = OFFLINE_OK.format(value=max(o.value for o in offline_ok if o.value is not None))
+    else:
+        offline_text = ""
+        lacking.append(OFFLINE_LACKING)
+    if not captures:
+        lacking.append("no capture test in this selection: cannot tell the captures from the draft side")
+    served = ", ".join(f"{o.value:.3f} ({o.test})" if o.value is not None else o.test for o in served_bad[:3])
+    headline = DRAFT_SIDE.format(n=len(captures), offline=offline_text, served=served)
+    if offline and not offline_ok:
+        # The draft fails on SGLang's own captures too: the draft, not its consumer.
+        headline = ("[draft] served and offline acceptance both fail while every capture comparison "
+                    f"({len(captures)}) passed: the draft itself (its weights or its training contract)")
+        return RunDiagnosis("draft", headline, tuple(_fail_lines(served_bad)), tuple(lacking))
+    return RunDiagnosis("draft-side", headline, tuple(_fail_lines(served_bad)), tuple(lacking))
+
+
+def _precision(captures: Sequence[Observation], bad: Sequence[Observation]):
+    slotted = [o for o in bad if not math.isnan(o.worst_err)]
+    if len(slotted) != len(bad) or not all(o.right_snapshots for o in bad):
+        return None
+    err = max(o.worst_err for o in bad)
+    if err >= PRECISION_CEILING:
+        return None
+    tol = min((o.tol for o in bad if not math.isnan(o.tol)), default=math.nan)
+    return ("precision", PRECISION.format(err=err, tol=tol, n=len(bad), fmt=roundoff_name(err)), _fail_lines(bad))
+
+
+def _rank_mode(captures: Sequence[Observation], bad: Sequence[Observation]):
+    if any(o.rank is None for o in bad):
+        return None
+    ranks_seen = {o.rank for o in captures if o.rank is not None}
+    modes_seen = {o.mode for o in captures if o.rank is not None}
+    bad_ranks = {o.rank for o in bad}
+    bad_modes = {o.mode for o in bad}
+    if not (bad_ranks < ranks_seen and bad_modes < modes_seen):
+        return None
+    # Right on the same ranks in the other modes, and on the other ranks in these modes.
+    if not any(o.ok and o.rank in bad_ranks and o.mode not in bad_modes for o in captures):
+        return None
+    ranks = " and ".join(f"rank {r}" for r in sorted(bad_ranks))  # type: ignore[type-var]
+    modes = " and ".join(m for m in MODES if m in bad_modes)
+    return ("rank-mode", RANK_MODE.format(ranks=ranks, modes=modes),
+            _fail_lines(bad) + _pass_lines([o for o in captures if o.ok and o.rank is not None]))
+
+
+def _stale(captures: Sequence[Observation], bad: Sequence[Observation]):
+    """On each engine with failures, every request before the first failing one
+    passed (there was one), and from it on most comparisons fail, across more
+    than one mode or path (one mode or path alone is a path fault that ran late)."""
+    if any(o.order < 0 or not o.engine for o in bad):
+        return None
+    if len({(o.mode, o.path) for o in bad}) < 2:
+        return None
+    first_bad: dict[str, int] = {}
+    for o in bad:
+        first_bad[o.engine] = min(first_bad.get(o.engine, o.order), o.order)
+    for engine, k in first_bad.items():
+        on_engine = [o for o in captures if o.engine == engine and o.order >= 0]
+        before = [o for o in on_engine if o.order < k]
+        after = [o for o in on_engine if o.order >= k]
+        if k == 0 or not before or not all(o.ok for o in before):
+            return None
+        if sum(not o.ok for o in after) < PURITY * len(after):
+            return None
+    k = min(first_bad.values())
+    right = [o for o in captures if o.ok and o.engine in first_bad and o.order < first_bad[o.engine]]
+    return ("stale-state", STALE.format(k=k), _fail_lines(bad) + _pass_lines(right))
+
+
+def _path_only(captures: Sequence[Observation], bad: Sequence[Observation]):
+    """The mode or path whose comparisons fail (most purely), while the same ids
+    passed outside it: a short prompt has no later chunk, so not every comparison
+    in the failing mode needs to fail, but none outside it may."""
+    best = None
+    for key in ("mode", "path"):
+        bad_values = {getattr(o, key) for o in bad}
+        seen = {getattr(o, key) for o in captures}
+        if not bad_values < seen:
+            continue
+        inside = [o for o in captures if getattr(o, key) in bad_values]
+        purity = len(bad) / len(inside)
+        if purity >= PURITY and (best is None or purity > best[0]):
+            best = (purity, key, bad_values)
+    if best is None:
+        return None
+    _, key, bad_values = best
+    good = [o for o in captures if o.ok and getattr(o, key) not in bad_values]
+    bad_ids = {o.ids for o in bad}
+    same_ids = [o for o in good if o.ids in bad_ids]
+    if not same_ids:
+        return None
+    where = " and ".join(_ordered(bad_values, key))
+    right = ", ".join(_ordered({getattr(o, key) for o in same_ids}, key))
+    ids = " / ".join(str(list(i)) if i is not None else "(default)" for i in sorted(
+        bad_ids, key=lambda x: (x is None, x or ())))
+    headline = PATH_ONLY.format(where=where, right=right, ids=ids)
+    lines = _fail_lines(bad) + _pass_lines(same_ids)
+    rule_kinds = sorted({k for o in bad for k in o.kinds if k in ID_RULE_KINDS})
+    if rule_kinds:
+        lines.append(CONTRADICTED.format(kinds=" ".join(f"[{k}]" for k in rule_kinds), ids=ids, right=right))
+    return ("path-only", headline, lines)
+
+
+def _global(captures: Sequence[Observation], bad: Sequence[Observation], lacking: list[str]) -> RunDiagnosis:
+    good = [o for o in captures if o.ok]
+    first = bad[0]
+    bad_ids = {o.ids for o in bad}
+    if good and any(o.ids in bad_ids for o in good):
+        headline = MIXED.format(bad=_where(bad), good=_where(good), first=first.test)
+        return RunDiagnosis("mixed", headline, tuple(_fail_lines(bad) + _pass_lines(good)), tuple(lacking))
+    cause = first.line or ", ".join(f"[{k}]" for k in first.kinds) or "see the first failure"
+    return RunDiagnosis("global", GLOBAL.format(cause=f"{cause} ({first.test})"),
+                        tuple(_fail_lines(bad)), tuple(lacking))
+
+
+# --- wording -------------------------------------------------------------------
+
+
+def _ordered(values: Iterable[Any], key: str) -> list[str]:
+    vals = [str(v) for v in values]
+    if key == "mode":
+        return [m for m in MODES if m in vals] + sorted(v for v in vals if v not in MODES)
+    return sorted(vals)
+
+
+def _present(values: Iterable[str]) -> list[str]:
+    return _ordered(set(values), "mode")
+
+
+def _rank_text(obs: Sequence[Observation]) -> str:
+    ranks = sorted({o.rank for o in obs if o.rank is not None})
+    return f"; TP ranks {', '.join(map(str, ranks))}" if ranks else ""
+
+
+def _where(obs: Sequence[Observation]) -> str:
+    modes = ", ".join(_present(o.mode for o in obs))
+    paths = ", ".join(sorted({o.path for o in obs}))
+    return f"modes {modes} / paths {paths}"
+
+
+def _fail_lines(bad: Sequence[Observation], limit: int = 6) -> list[str]:
+    seen: dict[tuple[str, str], Observation] = {}
+    for o in bad:
+        seen.setdefault((o.test, o.context()), o)
+    lines = []
+    for (test, ctx), o in list(seen.items())[:limit]:
+        what = f": {o.line}" if o.line else ""
+        lines.append(EVIDENCE_FAIL.format(test=test, ctx=ctx, what=what))
+    if len(seen) > limit:
+        lines.append(f"  ... and {len(seen) - limit} more wrong")
+    return lines
+
+
+def _pass_lines(good: Sequence[Observation], limit: int = 4) -> list[str]:
+    groups: dict[str, int] = defaultdict(int)
+    for o in good:
+        groups[_group(o)] += 1
+    items = sorted(groups.items(), key=lambda kv: -kv[1])
+    return [EVIDENCE_PASS.format(count=n, ctx=ctx) for ctx, n in items[:limit]]
+
+
+def _group(o: Observation) -> str:
+    parts = [f"tp {o.tp}", o.mode]
+    if o.rank is not None:
+        parts.append(f"rank {o.rank}")
+    if o.ids is not None:
+        parts.append(f"ids {list(o.ids)}")
+    return ", ".join(parts)

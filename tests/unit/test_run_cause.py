@@ -1,0 +1,152 @@
+"""The run-level diagnosis (``pytest_eagle3.verdicts.run_cause``): each class of
+cause named from the whole run's observations, never a cause the run contradicts."""
+
+from __future__ import annotations
+
+from pytest_eagle3.verdicts.run_cause import (
+    LACK_PREFILL, OFFLINE, SERVED, Observation, diagnose_run,
+)
+
+IDS = (0, 3, 5)
+
+
+def obs(test: str = "t", ok: bool = True, **kw) -> Observation:
+    kw.setdefault("ids", IDS)
+    kw.setdefault("check", "captures")
+    return Observation(test=test, ok=ok, **kw)
+
+
+def plain_run(**overrides) -> list[Observation]:
+    """A run's capture comparisons: prefill and later chunks on two tests, decode,
+    a batch, a radix-cache hit, per-rank prefill and decode at TP 2."""
+    out = [
+        obs("order[a]", mode="prefill", order=0, engine="e1"),
+        obs("order[a]", mode="later-chunk", order=0, engine="e1"),
+        obs("contract[b]", mode="prefill", order=1, engine="e1"),
+        obs("contract[b]", mode="later-chunk", order=1, engine="e1"),
+        obs("paths[decode]", path="decode", mode="decode", order=2, engine="e1"),
+        obs("paths[batch]", path="batch", mode="prefill", order=3, engine="e1"),
+        obs("paths[radix]", path="radix-cache-hit", mode="cache-hit", order=4, engine="e1"),
+    ]
+    for rank in (0, 1):
+        for mode in ("prefill", "decode"):
+            out.append(obs("per_rank[tp2]", tp=2, mode=mode, rank=rank, check="ranks"))
+    return out
+
+
+def failing(run: list[Observation], pred, **change) -> list[Observation]:
+    from dataclasses import replace
+
+    return [replace(o, ok=False, **change) if pred(o) else o for o in run]
+
+
+def test_clean_run_says_so_in_one_line() -> None:
+    diag = diagnose_run(plain_run())
+    assert diag.tag == "clean" and diag.lines() == [diag.headline]
+    assert diag.headline.startswith("[clean] nothing is wrong: 11 comparisons in 6 tests agree")
+    assert diagnose_run([]) is None
+
+
+def test_fault_on_radix_hits_only_is_named_path_only_not_the_id_rule() -> None:
+    run = failing(plain_run(), lambda o: o.mode == "cache-hit", kinds=("offset-twice",), line="slot 0 ...")
+    diag = diagnose_run(run)
+    assert diag.tag == "path-only", diag.lines()
+    assert diag.headline.startswith("[path-only] wrong only on cache-hit; right on prefill, later-chunk, decode "
+                                    "for ids [0, 3, 5]")
+    assert any("[offset-twice] names the id rule" in line and "not the cause" in line for line in diag.evidence)
+
+
+def test_fault_on_later_chunks_only() -> None:
+    diag = diagnose_run(failing(plain_run(), lambda o: o.mode == "later-chunk"))
+    assert diag.tag == "path-only" and "wrong only on later-chunk" in diag.headline
+
+
+def test_fault_on_batches_only_names_the_path() -> None:
+    diag = diagnose_run(failing(plain_run(), lambda o: o.path == "batch"))
+    assert diag.tag == "path-only" and "wrong only on batch" in diag.headline, diag.lines()
+
+
+def test_fault_on_one_rank_in_decode_only() -> None:
+    diag = diagnose_run(failing(plain_run(), lambda o: o.rank == 1 and o.mode == "decode"))
+    assert diag.tag == "rank-mode", diag.lines()
+    assert diag.headline.startswith("[rank-mode] rank 1 only, decode only")
+
+
+def test_fault_after_some_requests_is_stale_state() -> None:
+    diag = diagnose_run(failing(plain_run(), lambda o: o.order >= 2))
+    assert diag.tag == "stale-state", diag.lines()
+    assert "right for the first 2 send(s) of the suite's prompts on each engine, wrong from then on" in diag.headline
+
+
+def test_lower_precision_copy() -> None:
+    run = failing(plain_run(), lambda o: o.rank is None, right_snapshots=True, worst_err=2.1e-4, tol=1e-4)
+    diag = diagnose_run(run)
+    assert diag.tag == "precision", diag.lines()
+    assert "off by up to 2.1e-04 (tolerance 1e-04)" in diag.headline and "float16" in diag.headline
+
+
+def test_a_wrong_snapshot_is_not_precision() -> None:
+    run = failing(plain_run(), lambda o: True, right_snapshots=False, worst_err=2.1e-4, tol=1e-4)
+    assert diagnose_run(run).tag != "precision"
+
+
+def test_captures_right_draft_wrong() -> None:
+    run = plain_run() + [
+        obs("gate_has_power", level=OFFLINE, check="acceptance", value=3.88),
+        obs("gate[tp1]", ok=False, level=SERVED, check="acceptance", value=1.027),
+    ]
+    diag = diagnose_run(run)
+    assert diag.tag == "draft-side", diag.lines()
+    assert "offline (accept length 3.88" in diag.headline and "1.027" in diag.headline
+
+
+def test_draft_wrong_offline_too_is_the_draft() -> None:
+    run = plain_run() + [
+        obs("gate_has_power", ok=False, level=OFFLINE, check="acceptance", value=1.1),
+        obs("gate[tp1]", ok=False, level=SERVED, check="acceptance", value=1.027),
+    ]
+    assert diagnose_run(run).tag == "draft"
+
+
+def test_global_fault_keeps_the_tests_cause() -> None:
+    run = failing(plain_run(), lambda o: True, kinds=("offset-twice",), line="slot 0 holds hs[1] [offset-twice]")
+    diag = diagnose_run(run)
+    assert diag.tag == "global" and "[offset-twice]" in diag.headline
+
+
+def test_what_the_selection_lacked_is_said() -> None:
+    run = [obs("paths[radix]", ok=False, path="radix-cache-hit", mode="cache-hit")]
+    diag = diagnose_run(run)
+    assert LACK_PREFILL in " ".join(diag.lacking)
+
+
+def test_observations_survive_json() -> None:
+    o = obs("x", ok=False, rank=1, mode="decode", kinds=("partial-sum",), value=None)
+    assert Observation.from_json(o.to_json()) == o
+
+
+# --- the per-test side of a lower-precision copy ---------------------------------
+
+
+def test_a_half_precision_copy_is_named_by_its_test_without_contradiction() -> None:
+    """Every slot the right snapshot, off by a float16 round trip: the capture-order
+    test names ``[precision]`` and never claims the layers differ from the rule."""
+    import torch
+
+    from pytest_eagle3.verdicts import order
+    from pytest_eagle3.verdicts.compare import compare_slots
+
+    torch.manual_seed(0)
+    L, T, H = 6, 5, 64
+    ref = torch.randn(L + 2, T, H)
+    expected = [0, 3, 5]
+    exact = torch.cat([ref[i] for i in expected], dim=-1)
+    copy = exact.to(torch.float16).to(torch.float32)
+    report = compare_slots(copy, ref, expected=expected, num_layers=L, hidden_size=H, tol=1e-4)
+    assert not report.ok and "precision" in report.kinds
+    rule = type("Rule", (), {"known": True, "source": "model.py:10", "kind": "adds one"})()
+    verdict = order.check_capture_order(report, rule=rule, ids=expected, predicted=tuple(expected), num_layers=L)
+    text = verdict.report.message()
+    assert "[precision]" in text and "float16 round trip" in text
+    assert "Something besides" not in (verdict.text or "") + text
+    assert compare_slots(exact, ref, expected=expected, num_layers=L, hidden_size=H, tol=1e-4).ok
