@@ -89,8 +89,9 @@ def path_not_exercised(variant: str, server_args: Mapping[str, Any], repeat: int
     """Why a row-shaping path (chunked prefill, a radix-cache hit) changed no
     prompt's rows, or ``None``: e.g. every prompt fits in one chunk, or the KV
     page (``page_size``, 64 with trtllm_mla) is longer than every prompt."""
-    if repeat <= 1 and "chunked_prefill_size" not in server_args:
-        return None
+    chunk = server_args.get("chunked_prefill_size")
+    if repeat <= 1 and not (chunk is not None and int(chunk) > 0):
+        return None  # not a row-shaping path (no chunks; chunked_prefill_size=-1 turns them off)
     if any(prefill_rows(T, server_info, repeat=repeat) < T for T in prompt_lens):
         return None
     settings = ", ".join(f"{k}={server_info.get(k)!r}" for k in ("chunked_prefill_size", "page_size"))

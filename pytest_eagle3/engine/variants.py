@@ -114,10 +114,10 @@ class Variant:
             on an engine the default run starts anyway instead of one of its own.
         cpu_args: on cpu, the arguments that take the path instead of
             ``server_args``, layered over the capture engine's (the path then
-            differs from the capture engine in nothing else): a CPU stand-in's
-            switch such as :data:`CPU_ALLREDUCE_FUSION`.  ``None``: ``server_args``
-            on every device.  A variant whose ``cpu_args`` only switch a stand-in
-            off is the capture engine itself on cpu.
+            differs from the capture engine in nothing else): SGLang server
+            arguments, or a CPU stand-in's switch such as :data:`CPU_ALLREDUCE_FUSION`.
+            ``None``: ``server_args`` on every device.  A variant whose ``cpu_args``
+            only switch a stand-in off is the capture engine itself on cpu.
         pair: the variant whose captures must equal this one's, row for row (the
             on/off contrast); the test's engine set holds its engine as
             :data:`PAIR_MEMBER` and the captures are compared with each other.
@@ -181,7 +181,13 @@ class Variant:
         """
         summary = self.needs.summary or f"{self.name} needs no more than the plain engine"
         standin = device == "cpu" and self.cpu_args is not None
-        if not standin and self.spelling_for(install) is None:
+        if standin:
+            # SGLang's own flags among the cpu args (the stand-in switch is ours).
+            flags = {k: v for k, v in (self.cpu_args or {}).items() if k != CPU_ALLREDUCE_FUSION}
+            if any(not install.has_arg(name) for name in flags):
+                return MSG_NO_FLAG.format(summary=summary, sglang=install.describe(),
+                                          flags=missing_flags((flags,), install))
+        elif self.spelling_for(install) is None:
             return MSG_NO_FLAG.format(summary=summary, sglang=install.describe(),
                                       flags=missing_flags(self.spellings(), install))
         reason = unmet_needs(self.needs, summary, device, tp, gpu_arch)
@@ -246,6 +252,16 @@ VARIANTS: tuple[Variant, ...] = (
         needs=Needs(summary=f"chunked prefill (chunk {CHUNK_SIZE}) needs --chunked-prefill-size"),
         source="srt/arg_groups/validation_hook.py check_server_args (chunk % page_size == 0); "
         "batch_result_processor.py (middle chunks not stored)",
+    ),
+    Variant(
+        name="unchunked-prefill",
+        description="every prompt prefilled in one forward (chunked_prefill_size=-1), compared row for row "
+        "with the chunked-prefill engine (its pair) at the positions both return: a chunk boundary must "
+        "not change a capture; on cpu an engine of its own over the capture engine's settings, on cuda "
+        "the capture engine itself",
+        cpu_args=MappingProxyType({"chunked_prefill_size": -1}),
+        pair="chunked-prefill",
+        source="srt/managers/scheduler.py (chunked_prefill_size <= 0: chunking off); SGLang PR #26329",
     ),
     Variant(
         name="radix-cache-hit",

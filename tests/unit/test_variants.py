@@ -29,7 +29,7 @@ FLAGS_0523 = frozenset({
 FLAGS_OLD = FLAGS_0523 - {"attn-dp-size", "flashinfer-allreduce-fusion-backend",
                           "cuda-graph-backend-decode", "cuda-graph-backend-prefill"}
 
-ON_CPU = {"plain", "decode", "chunked-prefill", "radix-cache-hit", "batch",
+ON_CPU = {"plain", "decode", "chunked-prefill", "unchunked-prefill", "radix-cache-hit", "batch",
           "ids-at-first-k-dense", "ids-last-capturable"}
 
 
@@ -48,7 +48,7 @@ def test_names_are_unique_and_cover_the_issue() -> None:
     names = V.variant_names()
     assert len(names) == len(set(names))
     assert set(names) == {
-        "plain", "decode", "chunked-prefill", "radix-cache-hit", "batch", "dp-attention",
+        "plain", "decode", "chunked-prefill", "unchunked-prefill", "radix-cache-hit", "batch", "dp-attention",
         "attn-tp-input-scattered", "allreduce-fusion-on", "allreduce-fusion-off",
         "cuda-graph-on", "cuda-graph-off", "two-batch-overlap", "ids-at-first-k-dense",
         "ids-last-capturable",
@@ -238,7 +238,7 @@ def test_list_variants_option(pytester: pytest.Pytester, clean_eagle3_env: None)
         "*-> left out of this run: needs an SGLang engine of its own (minutes on cpu); run with --eagle3-slow",
         "  allreduce-fusion-off  *pytest_eagle3_cpu_allreduce_fusion=False",
         "*-> runs",
-        "6 of 14 variants run here",
+        "6 of 15 variants run here",
     ])
     assert "test_never_runs" not in result.stdout.str()
     assert "passed" not in result.stdout.str() and "collected" not in result.stdout.str()
