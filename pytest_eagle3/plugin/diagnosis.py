@@ -29,6 +29,8 @@ from pytest_eagle3.verdicts.run_cause import (
 )
 
 OBSERVATION_PROPERTY = "eagle3_observation"
+#: Marks the reports of tests that declare their engines (a project's own tests are not weighed).
+PACKAGED_PROPERTY = "eagle3_packaged"
 #: Name of the report section that points a failed test to the run's diagnosis.
 POINTER_SECTION = "run-level diagnosis"
 _TP_IN_ID = re.compile(r"\[tp(\d+)-")
@@ -98,6 +100,8 @@ class DiagnosisPlugin:
         self.observations: list[Observation] = []
         self._result: RunDiagnosis | None = None
         self._done = False
+        self._failed: dict[str, str] = {}  # failed test -> its first line
+        self._observed: set[str] = set()  # tests that left an observation
 
     def __hash__(self) -> int:
         return id(self)
@@ -124,6 +128,8 @@ class DiagnosisPlugin:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: Any) -> Generator[None, Any, Any]:
         report = yield
+        if item.get_closest_marker("eagle3_engines") is not None:
+            report.user_properties.append((PACKAGED_PROPERTY, True))  # ours: its failures count (xdist too)
         # Only a failure the diagnosis weighs: one that left evidence (not a setup error).
         evidence = any(k in (OBSERVATION_PROPERTY, "eagle3_accept_length") for k, _ in item.user_properties)
         if report.failed and report.when == "call" and evidence:
@@ -131,9 +137,14 @@ class DiagnosisPlugin:
         return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        ours = any(k == PACKAGED_PROPERTY for k, _ in report.user_properties)
+        if ours and report.failed and not hasattr(report, "wasxfail") and report.nodeid not in self._failed:
+            self._failed[report.nodeid] = _report_line(report)
         if report.when != "call":
             return
         props = report.user_properties
+        if any(k in (OBSERVATION_PROPERTY, "eagle3_accept_length", "eagle3_offline") for k, _ in props):
+            self._observed.add(report.nodeid)
         for key, value in props:
             if key == OBSERVATION_PROPERTY and isinstance(value, Mapping):
                 self.observations.append(Observation.from_json(value))
@@ -157,7 +168,8 @@ class DiagnosisPlugin:
     def result(self) -> RunDiagnosis | None:
         """The run's diagnosis (computed once, after the last test)."""
         if not self._done:
-            self._result, self._done = diagnose_run(self.observations), True
+            unobserved = [(t, line) for t, line in self._failed.items() if t not in self._observed]
+            self._result, self._done = diagnose_run(self.observations, unobserved), True
         return self._result
 
     def lines(self) -> list[str]:

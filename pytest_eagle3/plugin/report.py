@@ -23,7 +23,8 @@ Schema (version :data:`SCHEMA`; fields are only added, never renamed)::
                 "verdicts": [{"ok": false, "verdict": "...",
                               "slots": [{"slot": 0, "expected": "hs[0]", "expected_rel_err": 0.0,
                                          "best": "hs[0]", "best_rel_err": 0.0, "ok": true}],
-                              "lines": ["rank 1: ..."]}]}],
+                              "lines": ["rank 1: ..."]}],
+                "observations": [{"check": "captures", "ok": true, "mode": "later-chunk", ...}]}],
      "diagnosis": {"tag": "path-only", "headline": "[path-only] wrong only on cache-hit; ...",
                    "evidence": ["  wrong: ...", "  right: ..."], "lacking": []} | null}
 
@@ -42,6 +43,7 @@ import pytest
 
 from pytest_eagle3.verdicts import summary
 from pytest_eagle3.sglang_source.install import sglang_location_and_version
+from pytest_eagle3.plugin.diagnosis import OBSERVATION_PROPERTY
 from pytest_eagle3.plugin.run import get_run, get_settings
 
 SCHEMA = 1
@@ -87,6 +89,9 @@ class ReportWriter:
             if key == VERDICT_PROPERTY:
                 if value not in entry["verdicts"]:
                     entry["verdicts"].append(value)
+            elif key == OBSERVATION_PROPERTY:
+                if report.when == "call":  # the teardown report repeats the properties
+                    entry.setdefault("observations", []).append(value)
             else:
                 entry["properties"][key] = value
         outcome = _outcome(report)

@@ -71,6 +71,9 @@ GLOBAL = "[global] every mode and path the run took fails the same way: {cause}"
 MIXED = ("[mixed] failures on {bad} and passes on {good} do not separate by mode, path, rank or "
          "request order: read the first failure ({first})")
 
+NO_VERDICT = ("[no-verdict] none of the run's {n} comparisons is wrong, but {k} test(s) failed without one: "
+              "{first}: {line}")
+UNOBSERVED_LINE = "  also failed, without a comparison: {test}: {line}"
 EVIDENCE_FAIL = "  wrong: {test} ({ctx}){what}"
 EVIDENCE_PASS = "  right: {count} comparisons on {ctx}"
 CONTRADICTED = ("  the per-test diagnosis {kinds} names the id rule; ids {ids} were captured right on "
@@ -158,8 +161,8 @@ class RunDiagnosis:
     """What :func:`diagnose_run` concluded.
 
     Attributes:
-        tag: ``clean``, ``draft-side``, ``precision``, ``rank-mode``, ``stale-state``,
-            ``path-only``, ``global`` or ``mixed``.
+        tag: ``clean``, ``no-verdict``, ``draft-side``, ``draft``, ``precision``,
+            ``rank-mode``, ``stale-state``, ``path-only``, ``global`` or ``mixed``.
         headline: one line, starting with ``[tag]``.
         evidence: the lines that support it.
         lacking: what this selection did not run that the diagnosis would need.
@@ -178,11 +181,27 @@ class RunDiagnosis:
                 "lacking": list(self.lacking)}
 
 
-def diagnose_run(observations: Iterable[Observation]) -> RunDiagnosis | None:
-    """The run's diagnosis from every :class:`Observation` (``None``: there are none)."""
+def diagnose_run(observations: Iterable[Observation],
+                 unobserved: Sequence[tuple[str, str]] = ()) -> RunDiagnosis | None:
+    """The run's diagnosis from every :class:`Observation` (``None``: there are
+    none).  ``unobserved``: ``(test, first line)`` of failed tests that left no
+    observation (an engine that did not start, a check that does not hand over
+    its context): named, never counted as right."""
     obs = list(observations)
     if not obs:
         return None
+    diag = _diagnose(obs)
+    if not unobserved:
+        return diag
+    also = tuple(UNOBSERVED_LINE.format(test=t, line=line) for t, line in unobserved[:4])
+    if diag.tag == "clean":
+        first, line = unobserved[0]
+        return RunDiagnosis("no-verdict", NO_VERDICT.format(n=len(obs), k=len(unobserved), first=first, line=line),
+                            also[1:], ())
+    return RunDiagnosis(diag.tag, diag.headline, diag.evidence + also, diag.lacking)
+
+
+def _diagnose(obs: list[Observation]) -> RunDiagnosis:
     captures = [o for o in obs if o.level == CAPTURE]
     bad = [o for o in captures if not o.ok]
     served_bad = [o for o in obs if o.level == SERVED and not o.ok]

@@ -150,3 +150,11 @@ def test_a_half_precision_copy_is_named_by_its_test_without_contradiction() -> N
     assert "[precision]" in text and "float16 round trip" in text
     assert "Something besides" not in (verdict.text or "") + text
     assert compare_slots(exact, ref, expected=expected, num_layers=L, hidden_size=H, tol=1e-4).ok
+
+
+def test_a_failure_without_a_comparison_is_never_called_clean() -> None:
+    diag = diagnose_run(plain_run(), unobserved=[("per_rank[agree]", "ranks disagree: 1 of 10")])
+    assert diag.tag == "no-verdict" and "1 test(s) failed without one: per_rank[agree]: ranks disagree" in diag.headline
+    bad = failing(plain_run(), lambda o: o.mode == "cache-hit")
+    diag = diagnose_run(bad, unobserved=[("per_rank[agree]", "ranks disagree")])
+    assert diag.tag == "path-only" and diag.evidence[-1].startswith("  also failed, without a comparison: per_rank")

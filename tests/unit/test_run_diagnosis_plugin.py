@@ -48,8 +48,11 @@ def test_the_run_names_a_fault_confined_to_cache_hits(pytester: pytest.Pytester,
     assert all("eagle3" not in line for line in lines[title + 2:] if line.startswith("-"))
     # The failed test points to it in one line; the passing ones carry nothing.
     assert "see the 'eagle3 diagnosis' section at the end" in out
-    diagnosis = json.loads(report.read_text())["diagnosis"]
+    data = json.loads(report.read_text())
+    diagnosis = data["diagnosis"]
     assert diagnosis["tag"] == "path-only" and diagnosis["headline"] == lines[title + 1]
+    hit = next(t for t in data["tests"] if t["nodeid"].endswith("test_hit"))
+    assert [(o["mode"], o["ok"]) for o in hit["observations"]] == [("prefill", True), ("cache-hit", False)]
 
 
 def test_a_clean_run_says_so_in_one_line(pytester: pytest.Pytester, clean_eagle3_env) -> None:
@@ -68,3 +71,22 @@ def test_a_run_without_evidence_prints_no_section(pytester: pytest.Pytester, cle
     pytester.makepyfile("def test_x(): pass")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     assert result.ret == 0 and "eagle3 diagnosis" not in result.stdout.str()
+
+
+def test_a_packaged_failure_without_evidence_is_named_and_a_projects_own_is_not(
+        pytester: pytest.Pytester, clean_eagle3_env) -> None:
+    pytester.makepyfile(test_run=TESTS.replace('Verdict.failed("slot 1 holds hs[2] [offset-missing]")',
+                                                "Verdict.passed()") + '''
+@pytest.mark.eagle3_engines()
+def test_ours_without_evidence():
+    assert False, "ranks disagree"
+
+def test_the_projects_own():
+    assert False, "not ours"
+''')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    lines = result.stdout.lines
+    title = next(i for i, line in enumerate(lines) if "eagle3 diagnosis" in line and line.startswith("-"))
+    assert lines[title + 1].startswith("[no-verdict] none of the run's 8 comparisons is wrong, but 1 test(s) "
+                                       "failed without one: test_run.py::test_ours_without_evidence"), lines[title:]
+    assert "not ours" not in "\n".join(lines[title:title + 4])
