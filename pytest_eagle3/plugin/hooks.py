@@ -238,7 +238,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         kept.append(item)
     # Tests sharing an engine run back to back, so each engine starts once.
     # The sorted own items fill the places own items had; others do not move.
-    kept.sort(key=eagle3_session.engine_group)
+    eagle3_session.sort_by_engine(kept)
     own_places = set(own)
     sorted_own = iter(kept)
     merged = []

@@ -78,7 +78,7 @@ class Eagle3Run:
         pool: this process's engine pool once the ``eagle3_engine_pool`` fixture
             made it (its start failures by cause close the terminal summary).
         engine_names: ``(need name, case, group, tp)`` -> the engine it resolves to
-            (the collection sort, :func:`pytest_eagle3.plugin.session.engine_group`).
+            (the collection sort, :func:`pytest_eagle3.plugin.session.sort_by_engine`).
     """
 
     config: pytest.Config

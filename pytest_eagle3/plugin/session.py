@@ -147,32 +147,50 @@ def uses_eagle3(fixturenames: Iterable[str]) -> bool:
 UNDECLARED = "\uffff"
 
 
-def engine_group(item: pytest.Item) -> tuple[int, int, str, int, int, str]:
-    """Sort key grouping tests that use the same engine: engine-free tests first,
-    then by TP size, then by the engine a declared need resolves to (its
-    :class:`~pytest_eagle3.engine.config.EngineConfig` name, as ``--eagle3-plan``
-    resolves it: needs sharing an engine, e.g. every id list of a switching
-    capture engine, sort together), else by the need's group; a test that
-    declares no engines sorts last within its TP size.
+def sort_by_engine(items: list[pytest.Item]) -> None:
+    """Sort ``items`` (this plugin's own) so tests sharing an engine run back to back
+    and, with one engine alive at a time, each engine starts once.
 
-    An acceptance need sorts just before the capture engine of its case (the
-    draft's ids): a test whose engine set holds both (draft path vs capture-only)
-    then sits between the two groups, and with one engine alive at a time each
-    engine starts once.  Draft variants of the same case (the MLA drafts) come
-    first, each group together."""
+    Engine-free tests first, then by TP size, then by the engine a declared need
+    resolves to (its :class:`~pytest_eagle3.engine.config.EngineConfig` name, as
+    ``--eagle3-plan`` resolves it: needs sharing an engine, e.g. every id list of
+    a switching capture engine, sort together); a test that declares no engines
+    sorts last within its TP size.  An engine one of whose tests has an engine
+    set (:meth:`~pytest_eagle3.planning.declare.EngineNeed.engine_set`: the
+    acceptance engine with the capture engine, a variant with its pair) sorts
+    just before the set's other engine, its set tests last: they then run
+    between the two groups."""
+    main: dict[int, str] = {}
+    partner: dict[tuple[int, str], str] = {}
+    for item in items:
+        need = getattr(getattr(item, "callspec", None), "params", {}).get(NEED_ARGNAME)
+        if need is None:
+            continue
+        tp = item_tp(item)
+        main[id(item)] = name = _engine_name(item, need, tp)
+        for _, member in need.also:
+            other = _engine_name(item, member, tp)
+            if other != name:
+                partner.setdefault((tp, name), other)
+    items.sort(key=lambda item: _sort_key(item, main, partner))
+
+
+def _sort_key(item: pytest.Item, main: dict[int, str],
+              partner: dict[tuple[int, str], str]) -> tuple[int, int, str, int, str, int]:
     params = getattr(getattr(item, "callspec", None), "params", {})
     if not ({TP_ARGNAME, NEED_ARGNAME} & set(params)) and item.get_closest_marker("tp") is None:
-        return (0, 0, "", 0, 0, "")
-    need = params.get(NEED_ARGNAME)
+        return (0, 0, "", 0, "", 0)
     tp = item_tp(item)
-    if need is not None and need.acceptance:
-        anchor = _engine_name(item, declare.EngineNeed(need.case, need.case, every_tp=True), tp)
-        return (1, tp, anchor, 0, 0 if need.draft_variant else 1, str(need.engine_group))
-    if need is not None:
-        return (1, tp, _engine_name(item, need, tp), 1, 0, "")
-    # An undeclared test: its engines are known only when it runs; after the
-    # declared groups of its TP size, so it never splits one.
-    return (1, tp, UNDECLARED, 1, 0, "")
+    name = main.get(id(item))
+    if name is None:
+        # An undeclared test: its engines are known only when it runs; after the
+        # declared groups of its TP size, so it never splits one.
+        return (1, tp, UNDECLARED, 1, "", 0)
+    anchor = partner.get((tp, name))
+    sets = int(bool(params[NEED_ARGNAME].also))
+    if anchor is None:
+        return (1, tp, name, 1, name, sets)
+    return (1, tp, anchor, 0, name, sets)
 
 
 def target_model(settings: "Settings") -> "tuple[str, TargetFacts]":

@@ -332,3 +332,22 @@ def test_acceptance_engine_sorts_next_to_the_capture_engine_of_its_ids(pytester:
     keys = [(tp, "wide" if rest + "]" in wide_names else rest) for tp, rest in tags]
     groups = [k for i, k in enumerate(keys) if i == 0 or keys[i - 1] != k]
     assert len(groups) == len(set(groups)), groups
+
+
+@needs_sglang
+def test_a_variant_sorts_just_before_the_engine_of_its_pair(pytester: pytest.Pytester) -> None:
+    """The rule is the engine set's, not the acceptance test's: a variant whose
+    test also uses its pair's engine (unchunked prefill and the capture engine
+    that chunks; all-reduce fusion on and off) sorts right before that engine's
+    tests, so with one engine alive at a time each starts once."""
+    result = pytester.runpytest_subprocess(
+        "--pyargs", "pytest_eagle3.suite", "--tp", "2", "--device", "cpu", "--collect-only", "-q", "--eagle3-slow",
+        f"--eagle3-cache={CACHE}", "-p", "no:cacheprovider", "-k", "test_paths or test_capture_order",
+    )
+    ids = [line.split("::", 1)[1] for line in result.stdout.lines if "::" in line]
+    assert result.ret == 0 and ids, result.stdout.str() + result.stderr.str()
+    for variant, after in (("tp1-unchunked-prefill", "[tp1-"), ("tp2-allreduce-fusion-on", "[tp2-")):
+        at = ids.index(f"test_captures_identical_through_path[{variant}]")
+        nxt = ids[at + 1]
+        # The next test runs on the capture engine of that TP size (a case or a shared path).
+        assert after in nxt and not any(own in nxt for own in ("ids-at", "ids-last", "dp-attention")), ids
