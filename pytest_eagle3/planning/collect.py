@@ -20,6 +20,7 @@ from pytest_eagle3.conventions import predict
 from pytest_eagle3.contracts.draft import read_draft_config
 from pytest_eagle3.draft.config import MLA_ARCHITECTURE
 from pytest_eagle3.engine.gpus import PLAN_GPU_ARCH, detect_gpu_arch
+from pytest_eagle3.engine.variants import CPU_ALLREDUCE_FUSION
 from pytest_eagle3.errors import Eagle3ConfigError
 from pytest_eagle3.planning import cases
 from pytest_eagle3.planning.declare import MLA_MAIN, PORTABLE_CASE, USER_DRAFT, EngineNeed, NeedContext
@@ -37,6 +38,9 @@ TP1_ONLY = (
 )
 TP_ABOVE = "needs --tp {needed}; this run has --tp {tp}"
 SLOW = "needs an SGLang engine of its own (minutes on cpu); run with --eagle3-slow"
+#: The fusion on/off pair in a run whose every engine fuses (the contrast needs both).
+FUSED_RUN = ("--eagle3-cpu-allreduce-fusion fuses every engine of this run: the all-reduce fusion on/off pair "
+             "runs without it")
 SLOW_TP8 = "TP 8 on cpu (about 100 s and 15 GB per engine); run with --eagle3-slow"
 OWN_ENGINE_TP1_ON_CPU = (
     "path variants with an engine of their own run at TP 1 only on cpu (engine starts dominate the run)"
@@ -172,6 +176,8 @@ def collect_reason(need: EngineNeed, ctx: NeedContext) -> str | None:
             reason = v.requirements(ctx.install, s.device, ctx.tp, arch)
             if reason:
                 return reason
+        if s.device == "cpu" and s.cpu_allreduce_fusion and CPU_ALLREDUCE_FUSION in (v.cpu_args or {}):
+            return FUSED_RUN
         if s.device == "cpu" and need.own_engine(s.device):
             if ctx.tp > 1 and v.needs.min_tp <= 1:
                 return OWN_ENGINE_TP1_ON_CPU

@@ -25,9 +25,11 @@ import pytest
 from pytest_eagle3.draft.wiring import CORRECT
 from pytest_eagle3.plugin.session import item_tp
 from pytest_eagle3.verdicts.run_cause import (
-    CAPTURE, OFFLINE, POINTER, SERVED, TITLE, Observation, RunDiagnosis, diagnose_run,
+    OFFLINE, POINTER, SERVED, TITLE, Observation, RunDiagnosis, diagnose_run,
 )
 
+#: Name the plugin is registered under (``pytest_configure``, :mod:`pytest_eagle3.plugin.hooks`).
+PLUGIN_NAME = "eagle3-diagnosis"
 OBSERVATION_PROPERTY = "eagle3_observation"
 #: Marks the reports of tests that declare their engines (a project's own tests are not weighed).
 PACKAGED_PROPERTY = "eagle3_packaged"
@@ -213,6 +215,3 @@ def observe(config: pytest.Config | None, report: Any, where: Mapping[str, Any] 
     if isinstance(plugin, DiagnosisPlugin):
         plugin.observe(report, where, ok)
 
-
-PLUGIN_NAME = "eagle3-diagnosis"
-__all__ = ["CAPTURE", "DiagnosisPlugin", "OBSERVATION_PROPERTY", "PLUGIN_NAME", "observe", "observations_of"]

@@ -2,7 +2,8 @@
 
 Runs ``pytest_eagle3.suite.test_paths --tp 2 --eagle3-slow`` once (chunked
 prefill and radix-cache hits on the wide case's engines; engines of their own
-for DP attention and the two id variants); about 4 minutes on 2 cores.  The variant matrix and its skip reasons
+for DP attention, all-reduce fusion on, unchunked prefill and the two id
+variants); about 6 minutes on 2 cores.  The variant matrix and its skip reasons
 come from :mod:`pytest_eagle3.engine.variants`.
 """
 
@@ -15,12 +16,13 @@ from tests.inner_run import InnerRun, run_inner
 pytestmark = pytest.mark.e2e
 
 RUNS_ON_CPU = {
-    1: ("plain", "decode", "batch", "chunked-prefill", "radix-cache-hit", "ids-at-first-k-dense",
-        "ids-last-capturable"),
-    2: ("plain", "decode", "batch", "chunked-prefill", "radix-cache-hit", "dp-attention"),
+    1: ("plain", "decode", "batch", "chunked-prefill", "unchunked-prefill", "radix-cache-hit",
+        "ids-at-first-k-dense", "ids-last-capturable"),
+    # All-reduce fusion on (SGLang's fused path, the gloo stand-in) against off, row for row.
+    2: ("plain", "decode", "batch", "chunked-prefill", "radix-cache-hit", "dp-attention",
+        "allreduce-fusion-on", "allreduce-fusion-off"),
 }
-GPU_ONLY = ("allreduce-fusion-on", "allreduce-fusion-off", "cuda-graph-on", "cuda-graph-off",
-            "attn-tp-input-scattered", "two-batch-overlap")
+GPU_ONLY = ("cuda-graph-on", "cuda-graph-off", "attn-tp-input-scattered", "two-batch-overlap")
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +60,12 @@ def _left_out(run: InnerRun, name: str) -> str:
 def test_gpu_only_variant_left_out_with_reason(run: InnerRun, outcomes, variant: str) -> None:
     assert _name(1, variant) not in outcomes
     assert "this run is cpu" in _left_out(run, _name(1, variant))
+
+
+@pytest.mark.parametrize("variant", ("allreduce-fusion-on", "allreduce-fusion-off"))
+def test_fusion_pair_needs_tp2(run: InnerRun, outcomes, variant: str) -> None:
+    assert _name(1, variant) not in outcomes
+    assert "this run is tp 1" in _left_out(run, _name(1, variant))
 
 
 def test_own_engine_variants_run_at_tp1_only_on_cpu(run: InnerRun, outcomes) -> None:

@@ -351,3 +351,17 @@ def test_a_variant_sorts_just_before_the_engine_of_its_pair(pytester: pytest.Pyt
         nxt = ids[at + 1]
         # The next test runs on the capture engine of that TP size (a case or a shared path).
         assert after in nxt and not any(own in nxt for own in ("ids-at", "ids-last", "dp-attention")), ids
+
+
+@needs_sglang
+def test_a_run_that_fuses_every_engine_leaves_the_fusion_pair_out(pytester: pytest.Pytester) -> None:
+    from pytest_eagle3.planning.collect import FUSED_RUN
+
+    result = pytester.runpytest_subprocess(
+        "--pyargs", "pytest_eagle3.suite", "--tp", "2", "--device", "cpu", "--collect-only", "-q", "--eagle3-slow",
+        "--eagle3-cpu-allreduce-fusion", f"--eagle3-cache={CACHE}", "-p", "no:cacheprovider", "-k", "test_paths",
+    )
+    out = result.stdout.str()
+    assert result.ret == 0 and "[tp2-plain]" in out, out
+    assert "allreduce-fusion" not in "".join(line for line in result.stdout.lines if "::" in line)
+    assert f"2 left out: {FUSED_RUN}" in out
