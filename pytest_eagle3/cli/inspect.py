@@ -52,9 +52,10 @@ contract_error, sglang{version, source, rule, rule_source, rule_from_code, ids_r
 never_reached, fails_at_first_forward, captures, captures_human},
 slots[{slot, sglang, contract, ok, sglang_human, contract_human}],
 fix{ids, key, text, portable, permutation} (null unless MISMATCH/FAILS),
-recheck, notes, vllm[{server, key, ids, captures, fails, source}] (what vLLM
-0.33.0's V2 and V1 runners would read from this config and capture on a
-DeepSeek target).  Snapshots are HF output_hidden_states indices (L+1 =
+recheck, notes, vllm[{server, key, ids, captures, fails, source, note}] (what
+vLLM 0.34.0's runner would read from this config and capture on a DeepSeek
+target, and why the ids it declares are not read; 0.33's V2 and V1 runners where
+a 0.33 release is installed).  Snapshots are HF output_hidden_states indices (L+1 =
 final_prenorm)."""
 
 NEEDS_LAYERS_MSG = (

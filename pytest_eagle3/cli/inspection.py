@@ -140,7 +140,7 @@ class Inspection:
             "recheck": self.recheck,
             "notes": list(self.notes),
             "vllm": [{"server": r.server, "key": r.key, "ids": list(r.ids), "captures": list(r.snapshots),
-                      "fails": r.fails, "source": r.source} for r in self.vllm],
+                      "fails": r.fails, "source": r.source, "note": r.note} for r in self.vllm],
         }
 
 

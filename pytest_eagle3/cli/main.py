@@ -25,6 +25,7 @@ from pytest_eagle3.errors import Eagle3Error
 from pytest_eagle3.cli.inspect import add_inspect_parser, cmd_inspect
 from pytest_eagle3.cli.selftest import add_self_test_parser, cmd_self_test
 from pytest_eagle3.capture.api import Eagle3CaptureUnsupported, select_method
+from pytest_eagle3.contracts.servers import V2_SOURCE, VLLM_VERSION, installed_vllm
 from pytest_eagle3.conventions import predict, rule_for_version
 from pytest_eagle3.sglang_source.install import probe
 from pytest_eagle3.target.spec import DEFAULT_ARCHITECTURE
@@ -56,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Where the facts about vLLM ``inspect`` uses come from (recorded, not read from an install).
+VLLM_FACTS = ("vllm: the ids its runner reads, recorded from the vllm {version} wheel ({source}; "
+              "pytest_eagle3/contracts/servers.py); installed here: {installed}")
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     install = probe(args.cache)
     print(install.describe())
@@ -77,6 +83,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"note: the version number {install.version} suggests '{table.kind}' and layer 0 "
               f"{'capturable' if table.embedding.capturable else 'not capturable'} (upstream releases); "
               "the installed code decides")
+    print(VLLM_FACTS.format(version=VLLM_VERSION, source=V2_SOURCE, installed=installed_vllm() or "none"))
     if args.ids is not None:
         if args.layers is None:
             print("pytest-eagle3 info: --ids needs --layers L", file=sys.stderr)

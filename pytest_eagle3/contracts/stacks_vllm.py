@@ -150,10 +150,10 @@ def vllm(
 ) -> Contract:
     """vllm-project/vllm, DeepSeek-V2/V3 aux capture: id ``v`` = input of layer ``v`` = ``hs[v]``.
 
-    Checked against the released vLLM 0.33.0 wheel (2026-11-01):
-    ``model_executor/models/deepseek_v2.py:1508-1593``.  Which config key each model
-    runner reads the ids from differs (V2, the default, never reads
-    ``eagle_config``'s key): :mod:`pytest_eagle3.contracts.servers`.
+    Checked against the released vLLM 0.33.0 (2026-11-01) and 0.34.0 wheels:
+    ``model_executor/models/deepseek_v2.py:1508-1593`` in both.  Which config key
+    the runner reads the ids from (never ``eagle_config``'s key in 0.34.0):
+    :mod:`pytest_eagle3.contracts.servers`.
 
     ``vllm/model_executor/models/deepseek_v2.py::DeepseekV2Model.forward`` (read at
     ``002d6073``) appends ``hidden_states + residual`` *before* layer ``idx`` when
@@ -163,12 +163,14 @@ def vllm(
     PR #46973 (merged 2026-06-28; PR #46788 proposed it and was closed); before it an
     id ``L`` captured nothing (``final_layer=False`` rejects it).
 
-    ``None``: ``vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py``
+    ``None``: ``vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py:103-140``
     ``get_eagle3_aux_layers_from_config`` returns None when the draft's ``hf_config``
     has no (or an empty) ``eagle_aux_hidden_state_layer_ids`` and
-    ``set_eagle3_aux_hidden_state_layers`` falls back to the model's default,
-    ``DeepseekV2ForCausalLM.get_eagle3_aux_hidden_state_layers`` =
-    ``(2, L//2, L-3)``.  PR #50170 (open, 2026-07-28) only adds a warning for that
+    ``set_eagle3_aux_hidden_state_layers`` (``eagle3_utils.py:15-30``) falls back to
+    the generic ``get_eagle3_default_aux_hidden_state_layers``
+    (``vllm/model_executor/models/interfaces.py:1764-1785`` in 0.34.0) =
+    ``(2, L//2, L-3)``; DeepSeek's own ``get_eagle3_aux_hidden_state_layers``
+    (``deepseek_v2.py:1958``) gives the same value but no runner calls it.  PR #50170 (open, 2026-07-28) only adds a warning for that
     fallback (1.21% acceptance vs 58.9% on Llama-3.3-70B).
 
     Id ``0`` is the embedding in vLLM's ``EagleModelMixin`` models (llama, qwen2, ...);

@@ -10,13 +10,19 @@ the diagnosis when it does not *and* that is what the installed SGLang's id
 rule (read from its model file) predicts: a known incompatibility of this
 SGLang; FAIL on any other surprise.  When SGLang's captures disagree with the
 rule, test_capture_order fails once for it and this test judges the contract
-against what was measured.  The user's own draft has no XFAIL: a mismatch fails.
+against what was measured.  The user's own draft has no XFAIL: a mismatch fails;
+a draft that keeps its ids only under ``eagle_config`` gets a
+:class:`VllmIgnoresIds` warning: vLLM >= 0.34 would serve it its default layers.
 """
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
+from pytest_eagle3.contracts.draft import read_draft_config
+from pytest_eagle3.contracts.servers import nested_ids_ignored
 from pytest_eagle3.planning import cases
 from pytest_eagle3.planning.declare import case_needs, user_draft_need
 from pytest_eagle3.suite.outcome import conclude_each
@@ -24,6 +30,11 @@ from pytest_eagle3.suite.support import evidence, returned_rows, tolerance, wher
 from pytest_eagle3.verdicts.compare import compare_slots
 from pytest_eagle3.verdicts.contract import check_contract
 from pytest_eagle3.verdicts.order import follows_measured, measured_snapshots
+
+
+class VllmIgnoresIds(UserWarning):
+    """The user's draft keeps its ids where vLLM's runner never reads them
+    (:func:`pytest_eagle3.contracts.servers.nested_ids_ignored`)."""
 
 
 @pytest.mark.gpu
@@ -37,6 +48,12 @@ def test_draft_receives_its_training_contract(eagle3_engine_request, eagle3_capt
     req = eagle3_engine_request
     L, H = eagle3_model_config.num_layers, eagle3_model_config.hidden_size
     record_property("eagle3_contract", req.contract)
+    if req.user_draft:
+        # What vLLM would serve the same draft: a verdict on the draft's layout, not on SGLang.
+        vllm = nested_ids_ignored(read_draft_config(eagle3_settings.draft), eagle3_model_config.num_layers)
+        if vllm is not None:
+            record_property("eagle3_vllm", vllm)
+            warnings.warn(VllmIgnoresIds(vllm), stacklevel=1)
     tol = tolerance(eagle3_settings)
     captures = eagle3_capture.run(req)
     candidates = evidence(eagle3_checkpoint, eagle3_capture.prompts, eagle3_model_config, eagle3_tp,

@@ -44,6 +44,9 @@ DECODE_MODES = ("decode", "verify")
 #: Levels: the captures SGLang returned or recorded, the served draft's accept
 #: length, the offline accept length of the draft on SGLang's own captures.
 CAPTURE, SERVED, OFFLINE = "capture", "served-draft", "offline-draft"
+#: Checks that compare captured values with the reference: only their passes are
+#: evidence that a mode, path, rank or request is right.
+VALUE_CHECKS = ("captures", "ranks")
 #: The per-test diagnosis tags that name the id rule (a global cause).
 ID_RULE_KINDS = ("offset-twice", "offset-missing", "ids-ignored")
 #: Share of the comparisons in the failing modes (or paths) that must fail for
@@ -202,7 +205,9 @@ def diagnose_run(observations: Iterable[Observation],
 
 
 def _diagnose(obs: list[Observation]) -> RunDiagnosis:
-    captures = [o for o in obs if o.level == CAPTURE]
+    # A passing pair or row-count check is no evidence that the values are right
+    # (two equally wrong captures agree); a failing one is evidence of a fault.
+    captures = [o for o in obs if o.level == CAPTURE and (not o.ok or o.check in VALUE_CHECKS)]
     bad = [o for o in captures if not o.ok]
     served_bad = [o for o in obs if o.level == SERVED and not o.ok]
     lacking = _lacking(captures, bad)

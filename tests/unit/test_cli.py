@@ -19,6 +19,9 @@ def test_info_predicts_slots(capsys: pytest.CaptureFixture[str], flag_cache: Pat
     out = capsys.readouterr().out
     assert "ids [1, 4, 6] -> layers_to_capture [2, 5, 7]" in out
     assert "slot 0: hs[2] (input of layer 2)" in out
+    # Where the vLLM facts come from: recorded from a named wheel, and what is installed.
+    assert ("vllm: the ids its runner reads, recorded from the vllm 0.34.0 wheel "
+            "(vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py:103-140; ") in out
 
 
 def test_info_flags_ids_that_fail_at_first_forward(capsys: pytest.CaptureFixture[str], flag_cache: Path) -> None:

@@ -196,12 +196,12 @@ def test_human_form(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         "PR #25454); a prediction, not read from code)",
         "reads:     ids [1, 3, 4] -> layers_to_capture [2, 4, 5]",
         "captures:  [out(L1), out(L3), out(L4)]",
-        # vLLM 0.33.0: V2 never reads eagle_config's key (its default instead); V1 reads it as given.
-        "vllm:      vllm 0.33.0 V2 (default): reads no ids: its default [2, 4, 5]; captures [out(L1), out(L3), "
-        "out(L4)] (vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py:113-150; default "
-        "vllm/model_executor/models/interfaces.py:1751-1772)",
-        "vllm:      vllm 0.33.0 V1: reads eagle_config.eagle_aux_hidden_state_layer_ids [1, 3, 4]; captures "
-        "[out(L0), out(L2), out(L3)] (vllm/v1/worker/gpu_model_runner.py:5190-5224)",
+        # vLLM 0.34.0's one runner never reads eagle_config's key: its default instead, said plainly.
+        "vllm:      vllm 0.34.0: reads no ids: its default [2, 4, 5]; captures [out(L1), out(L3), "
+        "out(L4)] (vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py:103-140; default "
+        "vllm/model_executor/models/interfaces.py:1764-1785); vLLM >= 0.34 ignores "
+        "eagle_config.eagle_aux_hidden_state_layer_ids [1, 3, 4]: it would serve its default (2, L//2, L-3) = "
+        "[2, 4, 5]; move the ids to the top level of config.json (eagle_aux_hidden_state_layer_ids)",
         "verdict:   MATCH: " + preflight.MATCH_REASON,
     ]
 

@@ -262,19 +262,28 @@ def test_speculators_format_is_refused_with_the_conversion(tmp_path: Path) -> No
 
 
 def test_vllm_runners_read_different_keys() -> None:
-    """vLLM 0.33.0: V2 ignores eagle_config's key (its default instead), V1 reads it;
-    both read the top-level key; id 0 fails on DeepSeek; id L is the pre-norm final state."""
-    from pytest_eagle3.contracts.servers import vllm_reads, vllm_v1_ids, vllm_v2_ids
+    """vLLM 0.34.0 (one runner) ignores eagle_config's key and serves its default,
+    with a verdict that says so; 0.33's V1 read it, modelled only where a 0.33
+    release is installed; the top-level key is read; id 0 fails on DeepSeek; id L
+    is the pre-norm final state."""
+    from pytest_eagle3.contracts.servers import NESTED_IGNORED, nested_ids_ignored, vllm_reads, vllm_v1_ids, vllm_v2_ids
 
     nested = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 4]}}
     assert vllm_v2_ids(nested) == (None, None)
     assert vllm_v1_ids(nested) == ((1, 3, 4), "eagle_config.eagle_aux_hidden_state_layer_ids")
     top = {"eagle_aux_hidden_state_layer_ids": [2, 4, 8]}
-    v2, v1 = vllm_reads(top, 8)
-    assert v2.snapshots == v1.snapshots == (2, 4, 9)  # 9 = L + 1 = final_prenorm
-    v2, v1 = vllm_reads(nested, 8)
-    assert v2.key is None and v2.snapshots == (2, 4, 5) and v1.snapshots == (1, 3, 4)
-    assert vllm_reads({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 3, 5]}}, 8)[1].fails
+    (only,) = vllm_reads(top, 8, installed=None)
+    assert only.server == "vllm 0.34.0" and only.snapshots == (2, 4, 9) and only.note is None  # 9 = final_prenorm
+    (only,) = vllm_reads(nested, 8, installed="0.34.0")
+    assert only.key is None and only.snapshots == (2, 4, 5)
+    assert only.note == nested_ids_ignored(nested, 8) == NESTED_IGNORED.format(
+        since=">= 0.34", key="eagle_aux_hidden_state_layer_ids", ids=[1, 3, 4], default=[2, 4, 5])
+    v2, v1 = vllm_reads(nested, 8, installed="0.33.0")
+    assert v2.server == "vllm 0.33.0 V2 (default; installed)" and v2.snapshots == (2, 4, 5) and v2.note
+    assert v1.server == "vllm 0.33.0 V1 (installed)" and v1.snapshots == (1, 3, 4) and v1.note is None
+    assert vllm_reads({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 3, 5]}}, 8,
+                      installed="0.33.0")[1].fails
+    assert nested_ids_ignored({**nested, **top}, 8) is None  # the top-level key is read
     assert vllm_v2_ids({"target_layer_ids": [1, 2]}) == ((2, 3), "target_layer_ids (+1)")
     assert vllm_v2_ids({"eagle_config": {"layer_ids": [1, 2]}}) == ((1, 2), "eagle_config.layer_ids")
 

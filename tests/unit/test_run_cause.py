@@ -158,3 +158,12 @@ def test_a_failure_without_a_comparison_is_never_called_clean() -> None:
     bad = failing(plain_run(), lambda o: o.mode == "cache-hit")
     diag = diagnose_run(bad, unobserved=[("per_rank[agree]", "ranks disagree")])
     assert diag.tag == "path-only" and diag.evidence[-1].startswith("  also failed, without a comparison: per_rank")
+
+
+def test_agreeing_pairs_and_right_row_counts_are_no_evidence_of_right_values() -> None:
+    """Every capture wrong the same way (a bisect step's wrong ids): the pair checks
+    (radix hit vs fresh send) and row counts pass, yet the run is [global], not mixed."""
+    run = failing(plain_run(), lambda o: True, kinds=("offset-twice",), line="3 of 3 slots wrong")
+    run += [obs("paths[radix]", check="pair", path="radix-cache-hit", mode="cache-hit"),
+            obs("paths[plain]", check="rows", mode="prefill")]
+    assert diagnose_run(run).tag == "global"

@@ -51,17 +51,17 @@ def test_written_format_is_what_the_readers_expect(speculators_draft: Path) -> N
 
 
 def test_inspect_says_what_each_server_feeds(speculators_draft: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """speculators trained id v as hs[v]: vLLM V1 and V2 read the top-level ids and
-    feed exactly that; SGLang reads only eagle_config's key, so it feeds its default."""
+    """speculators trained id v as hs[v]: vLLM 0.34.0's runner reads the top-level ids
+    and feeds exactly that; SGLang reads only eagle_config's key, so it feeds its default."""
     code = cli.main(["inspect", "--draft", str(speculators_draft), "--target", "tiny-dsv3", "--json"])
     result = json.loads(capsys.readouterr().out)
     assert result["stack"] == "speculators" and result["draft"]["config_format"] == "speculators"
     assert result["contract"]["entries"] == IDS
     assert result["by_default"] and result["sglang"]["ids_read"] is None
     assert code == 1 and result["verdict"] == "mismatch"
-    v2, v1 = result["vllm"]
-    assert v2["key"] == v1["key"] == "eagle_aux_hidden_state_layer_ids"
-    assert v2["captures"] == v1["captures"] == IDS
+    (vllm,) = result["vllm"]
+    assert vllm["server"] == "vllm 0.34.0" and vllm["key"] == "eagle_aux_hidden_state_layer_ids"
+    assert vllm["captures"] == IDS and vllm["note"] is None
 
 
 def test_sglang_refuses_the_format_before_any_engine(speculators_draft: Path) -> None:
