@@ -27,6 +27,7 @@ from pytest_eagle3.suite.outcome import fail_if_bad
 from pytest_eagle3.suite.support import evidence, request_mode, tolerance, where
 from pytest_eagle3.target.reference import ensure_reference
 from pytest_eagle3.verdicts.rankcheck import check_rank_embeddings, check_rank_slots, check_ranks_agree
+from pytest_eagle3.verdicts.run_cause import forward_mode
 
 WIDE = case_needs([cases.WIDE_CASE])
 WIDE_EMBEDDING = case_needs([cases.WIDE_CASE], needs_embedding=True)
@@ -77,10 +78,14 @@ def test_every_rank_embedding_complete(rank_captures, eagle3_reference, eagle3_m
 @pytest.mark.tp(2, 4, 8)
 @pytest.mark.eagle3_engines(*WIDE)
 def test_ranks_hold_identical_captures(rank_captures, eagle3_model_config, eagle3_settings, pytestconfig):
-    _, got = rank_captures
+    req, got = rank_captures
     report = check_ranks_agree(got.forwards, hidden_size=eagle3_model_config.hidden_size,
                                exact=eagle3_settings.device == "cpu", tol=tolerance(eagle3_settings))
-    fail_if_bad(report, config=pytestconfig)
+    # Agreement is a pair (equally wrong ranks agree): only a disagreement is evidence.
+    modes = [forward_mode(r.mode, int(r.positions[0]) if r.positions is not None and len(r.positions) else None)
+             for r in got.forwards[0]]
+    fail_if_bad(report, config=pytestconfig, where=where(req, got.captures[0], path="plain", check="agree",
+                                                          modes=modes))
 
 
 @pytest.mark.gpu

@@ -63,8 +63,8 @@ class RankReport:
     lines: list[str] = field(default_factory=list)
     details: list[str] = field(default_factory=list)
     slot_reports: list[Any] = field(default_factory=list)
-    #: ``(rank, request index, ok, its report)`` of every comparison made (the
-    #: run-level diagnosis reads which ranks and requests passed).
+    #: ``(rank, request or forward index, ok, its report or None)`` of every
+    #: comparison made (the run-level diagnosis reads which ranks and requests passed).
     outcomes: list[tuple[int, int, bool, Any]] = field(default_factory=list)
 
     def message(self, verbose: bool = False) -> str:
@@ -85,6 +85,7 @@ def check_ranks_agree(records: Mapping[int, Sequence["Record"]], *, hidden_size:
     base = records[0]
     lines: list[str] = []
     total = 0
+    outcomes: list[tuple[int, int, bool, Any]] = []
     for rank in sorted(records):
         if rank == 0:
             continue
@@ -92,8 +93,10 @@ def check_ranks_agree(records: Mapping[int, Sequence["Record"]], *, hidden_size:
             total += 1
             if mine.aux.shape != ref.aux.shape:
                 lines.append(f"rank {rank}, forward {fwd}: shape {tuple(mine.aux.shape)} vs rank 0 {tuple(ref.aux.shape)}")
+                outcomes.append((rank, fwd, False, None))
                 continue
             same = bool((mine.aux == ref.aux).all()) if exact else _rel(mine.aux, ref.aux) <= tol
+            outcomes.append((rank, fwd, same, None))
             if same:
                 continue
             k = ref.aux.shape[1] // hidden_size
@@ -106,9 +109,9 @@ def check_ranks_agree(records: Mapping[int, Sequence["Record"]], *, hidden_size:
                                                diff=fmt_err(float((a - b).abs().max())), err=fmt_err(_rel(a, b))))
     n = len(base)
     if not lines:
-        return RankReport(True, [AGREE_OK.format(tp=len(records), n=n, how=how)])
+        return RankReport(True, [AGREE_OK.format(tp=len(records), n=n, how=how)], outcomes=outcomes)
     bad = len({line.split(",")[0] + line.split(",")[1] for line in lines})
-    return RankReport(False, [AGREE_BAD.format(bad=bad, total=total, how=how), *lines])
+    return RankReport(False, [AGREE_BAD.format(bad=bad, total=total, how=how), *lines], outcomes=outcomes)
 
 
 def check_rank_embeddings(records: Mapping[int, Sequence["Record"]], references: Sequence["torch.Tensor"],

@@ -85,6 +85,19 @@ LACK_PREFILL = "plain prefill not run in this selection: cannot tell a path faul
 LACK_RANKS = "no per-rank test in this selection: a fault on one TP rank shows only through rank 0's output"
 
 
+def forward_mode(sglang_mode: str, first_position: int | None) -> str:
+    """The diagnosis's mode of one recorded forward (SGLang's ``ForwardMode`` name
+    and the first row's position): ``decode``, ``verify``, ``later-chunk`` (an
+    extend that starts past position 0 on an engine whose cache was flushed),
+    else ``prefill``."""
+    name = str(sglang_mode).upper()
+    if "VERIFY" in name:
+        return "verify"
+    if "DECODE" in name:
+        return "decode"
+    return "later-chunk" if first_position else "prefill"
+
+
 @dataclass(frozen=True)
 class Observation:
     """One verdict of the run, with its context.

@@ -167,3 +167,35 @@ def test_agreeing_pairs_and_right_row_counts_are_no_evidence_of_right_values() -
     run += [obs("paths[radix]", check="pair", path="radix-cache-hit", mode="cache-hit"),
             obs("paths[plain]", check="rows", mode="prefill")]
     assert diagnose_run(run).tag == "global"
+
+
+def test_recorded_forwards_get_the_diagnosis_modes() -> None:
+    from pytest_eagle3.verdicts.run_cause import forward_mode
+
+    assert forward_mode("EXTEND", 0) == "prefill" and forward_mode("EXTEND", 16) == "later-chunk"
+    assert forward_mode("DECODE", 23) == "decode" and forward_mode("TARGET_VERIFY", 30) == "verify"
+
+
+def test_ranks_that_agree_are_no_evidence_and_one_that_disagrees_is() -> None:
+    """``check_ranks_agree`` hands over one outcome per (rank, forward): a rank that
+    disagrees in decode joins the rank-mode evidence; agreeing ranks (equally wrong
+    ones agree) prove nothing."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from pytest_eagle3.plugin.diagnosis import observations_of
+    from pytest_eagle3.verdicts.rankcheck import check_ranks_agree
+
+    def rec(rank: int, mode: str, value: float):
+        return SimpleNamespace(rank=rank, mode=mode, aux=torch.full((2, 8), value))
+
+    records = {0: [rec(0, "EXTEND", 1.0), rec(0, "DECODE", 2.0)], 1: [rec(1, "EXTEND", 1.0), rec(1, "DECODE", 2.5)]}
+    report = check_ranks_agree(records, hidden_size=4)
+    assert not report.ok and [(r, i, ok) for r, i, ok, _ in report.outcomes] == [(1, 0, True), (1, 1, False)]
+    got = [Observation.from_json({"test": "agree", **o}) for o in observations_of(
+        report, {"check": "agree", "ids": [0, 3, 5], "modes": ["prefill", "decode"]})]
+    assert [(o.rank, o.mode, o.ok) for o in got] == [(1, "prefill", True), (1, "decode", False)]
+    run = plain_run() + got
+    assert diagnose_run(run).tag == "rank-mode"
+    assert diagnose_run(plain_run() + got[:1]).tag == "clean"
