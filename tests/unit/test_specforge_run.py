@@ -54,7 +54,7 @@ def test_ids_come_from_the_latest_record(tmp_path: Path) -> None:
 
 def test_inspect_a_specforge_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Trained on [1, 3, 4] with SGLang 0.5.14 (hs[2, 4, 5]); config.json declares
-    nothing, so SGLang 0.5.23 and vLLM V1/V2 all use their default [2, 4, 5]: the same
+    nothing, so SGLang 0.5.23 and vLLM 0.34.0 both use their default [2, 4, 5]: the same
     layers, by luck of SpecForge's default list."""
     run = specforge_run(tmp_path / "run", [1, 3, 4])
     code = cli.main(["inspect", "--draft", str(run), "--target", "tiny-dsv3", "--json"])
@@ -62,7 +62,7 @@ def test_inspect_a_specforge_run(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert result["stack"] == "specforge" and result["stack_source"].startswith("SpecForge 0.2 run")
     assert result["contract"]["entries"] == [2, 4, 5] and result["by_default"]
     assert code == 0 and result["verdict"] == "match"
-    assert [r["captures"] for r in result["vllm"]] == [[2, 4, 5], [2, 4, 5]]
+    assert [r["captures"] for r in result["vllm"]] == [[2, 4, 5]]
     assert "SpecForge provenance record" in result["reason"]
 
 
