@@ -84,16 +84,6 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_set, eagle3_
     # Every request is judged before the test stops on the first wrong one: the
     # run-level diagnosis weighs which requests, modes and paths were right.
     checks = []
-    if len(sends) > 1:
-        # The fresh send of a repeated prompt, against the reference too: the
-        # mode it took (a plain or chunked prefill) is the radix-cache hit's contrast.
-        for cap, ref in zip(sends[0], eagle3_reference):
-            T, n = len(cap.prompt), cap.prefill.shape[0]
-            checks.append((compare_slots(cap.prefill, ref[:, T - n:T], expected=list(req.expected), num_layers=L,
-                                         hidden_size=H, tol=tol, diagnose=False,
-                                         side_names=(f"SGLang ({name}, fresh send, prefill rows {T - n}..{T - 1})",
-                                                     "reference")),
-                           where(req, cap, path=name)))
     for i, (cap, ref) in enumerate(zip(captures, eagle3_reference)):
         T, n, d = len(cap.prompt), cap.prefill.shape[0], cap.decode.shape[0]
         mode = request_mode(cap, repeat=len(sends) > 1)
@@ -114,6 +104,17 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_set, eagle3_
                                    evidence=lambda i=i, T=T, d=d: _decode_evidence(
                                        extended_candidates, extended, captures, i, T, d))
             checks.append((report, where(req, cap, path=name, mode="decode")))
+    if len(sends) > 1:
+        # The fresh send of a repeated prompt, against the reference too: the
+        # mode it took (a plain or chunked prefill) is the radix-cache hit's
+        # contrast (judged after the hit, whose diagnosis speaks first).
+        for cap, ref in zip(sends[0], eagle3_reference):
+            T, n = len(cap.prompt), cap.prefill.shape[0]
+            checks.append((compare_slots(cap.prefill, ref[:, T - n:T], expected=list(req.expected), num_layers=L,
+                                         hidden_size=H, tol=tol, diagnose=False,
+                                         side_names=(f"SGLang ({name}, fresh send, prefill rows {T - n}..{T - 1})",
+                                                     "reference")),
+                           where(req, cap, path=name)))
     conclude_each(checks, pytestconfig)
     if req.batch:
         # The pair that must agree: each request of the batch against the same
