@@ -159,9 +159,12 @@ def sort_by_engine(items: list[pytest.Item]) -> None:
     set (:meth:`~pytest_eagle3.planning.declare.EngineNeed.engine_set`: the
     acceptance engine with the capture engine, a variant with its pair) sorts
     just before the set's other engine, its set tests last: they then run
-    between the two groups."""
+    between the two groups.  An acceptance engine sorts before the capture
+    engine of its case at every TP size, so the capture engine, which the
+    undeclared tests after it use too, runs last."""
     main: dict[int, str] = {}
     partner: dict[tuple[int, str], str] = {}
+    anchor: dict[tuple[int, str], str] = {}
     for item in items:
         need = getattr(getattr(item, "callspec", None), "params", {}).get(NEED_ARGNAME)
         if need is None:
@@ -172,25 +175,32 @@ def sort_by_engine(items: list[pytest.Item]) -> None:
             other = _engine_name(item, member, tp)
             if other != name:
                 partner.setdefault((tp, name), other)
-    items.sort(key=lambda item: _sort_key(item, main, partner))
+        if need.acceptance and (tp, name) not in anchor:
+            capture = _engine_name(item, declare.EngineNeed(need.case, need.case, every_tp=True), tp)
+            if capture != name:
+                anchor[(tp, name)] = capture
+    for key, other in partner.items():
+        anchor[key] = other  # a set's other engine wins
+    items.sort(key=lambda item: _sort_key(item, main, anchor, partner))
 
 
-def _sort_key(item: pytest.Item, main: dict[int, str],
-              partner: dict[tuple[int, str], str]) -> tuple[int, int, str, int, str, int]:
+def _sort_key(item: pytest.Item, main: dict[int, str], anchor: dict[tuple[int, str], str],
+              partner: dict[tuple[int, str], str]) -> tuple[int, int, str, int, int, str, int]:
     params = getattr(getattr(item, "callspec", None), "params", {})
     if not ({TP_ARGNAME, NEED_ARGNAME} & set(params)) and item.get_closest_marker("tp") is None:
-        return (0, 0, "", 0, "", 0)
+        return (0, 0, "", 0, 0, "", 0)
     tp = item_tp(item)
     name = main.get(id(item))
     if name is None:
         # An undeclared test: its engines are known only when it runs; after the
         # declared groups of its TP size, so it never splits one.
-        return (1, tp, UNDECLARED, 1, "", 0)
-    anchor = partner.get((tp, name))
+        return (1, tp, UNDECLARED, 1, 0, "", 0)
     sets = int(bool(params[NEED_ARGNAME].also))
-    if anchor is None:
-        return (1, tp, name, 1, name, sets)
-    return (1, tp, anchor, 0, name, sets)
+    target = anchor.get((tp, name))
+    if target is None:
+        return (1, tp, name, 1, 0, name, sets)
+    # Before the target engine's own tests; an engine with set tests last among those anchored there.
+    return (1, tp, target, 0, int((tp, name) in partner), name, sets)
 
 
 def target_model(settings: "Settings") -> "tuple[str, TargetFacts]":
