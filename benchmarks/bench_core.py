@@ -232,7 +232,8 @@ MAIN_JOB_PATHS = {
     "inplace": ("--eagle3-cpu-norm", "inplace"),
     "native": ("--eagle3-cpu-norm", "native"),
     "fused": ("--eagle3-cpu-allreduce-fusion",),
-    # The default run without starting the next engine in the background.
+    # The default run with, and explicitly without, the next engine started in the background.
+    "prefetch": ("--eagle3-prefetch",),
     "no-prefetch": ("--eagle3-no-prefetch",),
 }
 

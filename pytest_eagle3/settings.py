@@ -90,7 +90,8 @@ class Settings:
         prompts: ``--eagle3-prompts FILE``: the prompts every engine is sent instead of the
             packaged ones (token ids or text: :mod:`pytest_eagle3.target.prompts`).
         prefetch: on cpu, start the run's next engine while the current one starts
-            and serves (``--eagle3-no-prefetch`` turns it off; :mod:`pytest_eagle3.engine.pool`).
+            and serves (``--eagle3-prefetch``; off by default: on 2 cores the overlapping
+            starts measured slower, docs/benchmarks.md; :mod:`pytest_eagle3.engine.pool`).
         id_switch: on cpu, one capture-only engine per TP size serves every id list,
             switching ids between requests (``--eagle3-no-id-switch`` turns it off;
             :mod:`pytest_eagle3.worker.id_switch`).
@@ -121,7 +122,7 @@ class Settings:
     fault: str | None = None
     min_accept_length: float | None = None
     min_accept_rate: float | None = None
-    prefetch: bool = True
+    prefetch: bool = False
     id_switch: bool = True
     prompts: Path | None = None
     cpu_norm: str = CPU_NORM_DEFAULT

@@ -8,6 +8,8 @@ Subcommands:
   what a list of draft ids will capture on a ``--layers``-layer target.
 * ``inspect``: a draft checkpoint's training contract against what an SGLang
   version captures for it, with a verdict and a fix (``preflight.py``).
+* ``stacks``: the facts the training-stack contracts rely on, read from
+  vLLM's, speculators' and SpecForge's own files (``stacks.py``).
 * ``self-test``: the packaged suite run once per fault injected into the
   installed SGLang, and once clean (``selftest.py``; this one starts engines).
 
@@ -24,10 +26,12 @@ from typing import Sequence
 from pytest_eagle3.errors import Eagle3Error
 from pytest_eagle3.cli.inspect import add_inspect_parser, cmd_inspect
 from pytest_eagle3.cli.selftest import add_self_test_parser, cmd_self_test
+from pytest_eagle3.cli.stacks import add_stacks_parser, cmd_stacks
 from pytest_eagle3.capture.api import Eagle3CaptureUnsupported, select_method
-from pytest_eagle3.contracts.servers import V2_SOURCE, VLLM_VERSION, installed_vllm
 from pytest_eagle3.conventions import predict, rule_for_version
 from pytest_eagle3.sglang_source.install import probe
+from pytest_eagle3.stack_source.catalog import FACTS
+from pytest_eagle3.stack_source.report import provenance
 from pytest_eagle3.target.spec import DEFAULT_ARCHITECTURE
 from pytest_eagle3.verdicts.snapshots import full_label
 
@@ -54,12 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "(default: DeepseekV3ForCausalLM)")
     add_inspect_parser(sub)
     add_self_test_parser(sub)
+    add_stacks_parser(sub)
     return parser
-
-
-#: Where the facts about vLLM ``inspect`` uses come from (recorded, not read from an install).
-VLLM_FACTS = ("vllm: the ids its runner reads, recorded from the vllm {version} wheel ({source}; "
-              "pytest_eagle3/contracts/servers.py); installed here: {installed}")
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -83,7 +83,9 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"note: the version number {install.version} suggests '{table.kind}' and layer 0 "
               f"{'capturable' if table.embedding.capturable else 'not capturable'} (upstream releases); "
               "the installed code decides")
-    print(VLLM_FACTS.format(version=VLLM_VERSION, source=V2_SOURCE, installed=installed_vllm() or "none"))
+    print("training and serving stacks (the facts the contracts rely on; pytest-eagle3 stacks checks them):")
+    for stack in FACTS:
+        print("  " + provenance(stack).replace("\n", "\n  "))
     if args.ids is not None:
         if args.layers is None:
             print("pytest-eagle3 info: --ids needs --layers L", file=sys.stderr)
@@ -118,6 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_inspect(args)
         if args.command == "self-test":
             return cmd_self_test(args)
+        if args.command == "stacks":
+            return cmd_stacks(args)
     except Eagle3Error as exc:
         print(f"pytest-eagle3: {exc}", file=sys.stderr)
         return 2

@@ -24,7 +24,7 @@ other than ``1``: "Model Runner V1 has been removed").  Read in the released
 vLLM 0.33.0 also had Model Runner V1, whose
 ``vllm/v1/worker/gpu_model_runner.py:5190-5224`` read the nested key as well;
 :func:`vllm_reads` models both runners of 0.33 only where the installed vLLM
-is a 0.33 release.  For DeepSeek
+still has that runner's file (read, whatever its version number).  For DeepSeek
 (``vllm/model_executor/models/deepseek_v2.py:1508-1593``, unchanged in 0.34.0)
 an id ``v`` captures ``hidden_states + residual`` before layer ``v``
 (``hs[v]``), in layer order; id ``L`` captures the last layer's output before
@@ -39,12 +39,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+from pytest_eagle3.stack_source.catalog import V1_RUNNER_REMOVED
+from pytest_eagle3.stack_source.facts import OLDER, check
+from pytest_eagle3.stack_source.files import StackFiles, installed as installed_stack
+
 KEY = "eagle_aux_hidden_state_layer_ids"
 #: The modelled release and where each fact was read in its wheel.
 VLLM_VERSION = "0.34.0"
 V2_SOURCE = "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py:103-140"
 DEFAULT_SOURCE = "vllm/model_executor/models/interfaces.py:1764-1785"
-#: vLLM 0.33.0 (both runners), modelled where a 0.33 release is installed.
+#: vLLM 0.33.0 (both runners), modelled where the installed vLLM still has Model Runner V1.
 V033_VERSION = "0.33.0"
 V2_SOURCE_033 = "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py:113-150"
 V1_SOURCE = "vllm/v1/worker/gpu_model_runner.py:5190-5224"
@@ -154,15 +158,16 @@ def deepseek_snapshots(ids: Sequence[int], num_layers: int) -> tuple[tuple[int, 
     return tuple(L + 1 if v == L else v for v in sorted(set(ids))), None
 
 
-def installed_vllm() -> str | None:
-    """The installed vLLM's version (its distribution metadata; vLLM is never
-    imported), or ``None``."""
-    from importlib.metadata import PackageNotFoundError, version
+def installed_vllm() -> StackFiles | None:
+    """The installed vLLM's files (read, never imported), or ``None``."""
+    return installed_stack("vllm")
 
-    try:
-        return version("vllm")
-    except PackageNotFoundError:
-        return None
+
+def has_v1_runner(files: StackFiles) -> bool:
+    """Whether this copy of vLLM still has Model Runner V1 (0.33's behaviour), read from
+    its files (:data:`pytest_eagle3.stack_source.catalog.V1_RUNNER_REMOVED`), whatever
+    its version number says."""
+    return check(V1_RUNNER_REMOVED, files).status == OLDER
 
 
 def nested_ids_ignored(config: Mapping[str, Any], num_layers: int, *, since: str = ">= 0.34") -> str | None:
@@ -177,14 +182,18 @@ def nested_ids_ignored(config: Mapping[str, Any], num_layers: int, *, since: str
     return NESTED_IGNORED.format(since=since, key=KEY, ids=list(nested), default=[2, L // 2, L - 3])
 
 
-def vllm_reads(config: Mapping[str, Any], num_layers: int, installed: Any = _PROBE) -> list[ServerRead]:
+def vllm_reads(config: Mapping[str, Any], num_layers: int, installed: "StackFiles | None | object" = _PROBE
+               ) -> list[ServerRead]:
     """What vLLM would feed a draft with ``config`` on an ``num_layers``-layer
     DeepSeek target: vLLM 0.34.0's one runner; where the installed vLLM
-    (``installed``: its version, default :func:`installed_vllm`) is a 0.33
-    release, that release's V2 (default) and V1 runners instead."""
+    (``installed``: its files, default :func:`installed_vllm`; ``None``: none)
+    still has Model Runner V1 (:func:`has_v1_runner`, as 0.33 does), 0.33's V2
+    (default) and V1 runners instead."""
     L = num_layers
-    version = installed_vllm() if installed is _PROBE else installed
-    if version is not None and str(version).startswith("0.33."):
+    files = installed_vllm() if installed is _PROBE else installed
+    assert files is None or isinstance(files, StackFiles)
+    if files is not None and has_v1_runner(files):
+        version = files.version
         runners = ((f"vllm {version} V2 (default; installed)", vllm_v2_ids, V2_SOURCE_033, "0.33 V2"),
                    (f"vllm {version} V1 (installed)", vllm_v1_ids, V1_SOURCE, None))
         default = DEFAULT_SOURCE_033

@@ -202,7 +202,7 @@ def eagle3_engine_pool(request: pytest.FixtureRequest, eagle3_settings: Settings
 def _engine_order(session: pytest.Session, settings: Settings, install: "SGLangInstall") -> "list[EngineConfig]":
     """The run's engines in the order its (engine-sorted) tests use them, from the
     same mapping ``--eagle3-plan`` prints; empty (no prefetch) on cuda, under
-    pytest-xdist (a worker runs only some of the items) or with ``--eagle3-no-prefetch``."""
+    pytest-xdist (a worker runs only some of the items) or without ``--eagle3-prefetch``."""
     if not settings.prefetch or settings.device != "cpu" or hasattr(session.config, "workerinput"):
         return []
 

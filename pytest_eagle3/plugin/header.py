@@ -76,8 +76,8 @@ def header_lines(config: pytest.Config) -> list[str]:
             lines.append(HEADER_FAULT.format(fault=describe(fault)) + _src(settings, "fault"))
     if settings.prompts is not None:
         lines.append(f"eagle3: prompts {settings.prompts} (--eagle3-prompts)")
-    if not settings.prefetch:
-        lines.append("eagle3: engine prefetch off (--eagle3-no-prefetch)")
+    if settings.prefetch:
+        lines.append("eagle3: engine prefetch on (--eagle3-prefetch): the run's next engine starts while the current one serves")
     if settings.sglang_args:
         args = " ".join(f"{k}={v!r}" for k, v in settings.sglang_args)
         lines.append(HEADER_SGLANG_ARGS.format(args=args) + _src(settings, "sglang_args"))

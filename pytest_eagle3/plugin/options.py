@@ -101,9 +101,14 @@ def add_options(parser: pytest.Parser) -> None:
         "SGLang's own set_eagle3_layers_to_capture)",
     )
     group.addoption(
-        "--eagle3-no-prefetch", dest="eagle3_prefetch", action="store_false", default=True,
-        help="on cpu, start each engine only when a test needs it (default: the next engine of "
-        "the run starts in the background while the current one serves, if memory allows)",
+        "--eagle3-prefetch", dest="eagle3_prefetch", action="store_true", default=False,
+        help="on cpu, start the run's next engine in the background while the current one serves, "
+        "if memory allows (default: each engine starts when a test needs it; on 2 cores the "
+        "overlapping starts measured slower, docs/benchmarks.md)",
+    )
+    group.addoption(
+        "--eagle3-no-prefetch", dest="eagle3_prefetch", action="store_false", default=False,
+        help="on cpu, start each engine only when a test needs it (the default; undoes --eagle3-prefetch)",
     )
     group.addoption(
         "--eagle3-draft", dest="eagle3_draft", metavar="PATH", default=None,

@@ -145,7 +145,7 @@ def resolve_settings(config: pytest.Config, *, validate: bool = True) -> Setting
         fault=_resolve_fault(config, sources) if validate else getattr(opt, "eagle3_fault", None),
         min_accept_length=getattr(opt, "eagle3_min_accept_length", None),
         min_accept_rate=getattr(opt, "eagle3_min_accept_rate", None),
-        prefetch=bool(getattr(opt, "eagle3_prefetch", True)),
+        prefetch=bool(getattr(opt, "eagle3_prefetch", False)),
         id_switch=bool(getattr(opt, "eagle3_id_switch", True)), cpu_norm=str(cpu_norm),
         cpu_allreduce_fusion=bool(getattr(opt, "eagle3_cpu_allreduce_fusion", False)),
         prompts=_prompts_path(getattr(opt, "eagle3_prompts", None), validate),

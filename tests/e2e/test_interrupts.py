@@ -25,7 +25,7 @@ from tests import interrupts
 pytestmark = [pytest.mark.e2e, pytest.mark.slow(reason="ten interrupted runs, about 5 min")]
 
 #: Two engines (TP 1 and TP 2), one test each; about 57 s uninterrupted with a warm cache.
-SELECTION = ["--pyargs", "pytest_eagle3.suite", "--tp", "2", "-k", "embedding_rows", "-q"]
+SELECTION = ["--pyargs", "pytest_eagle3.suite", "--tp", "2", "-k", "embedding_rows", "-q", "--eagle3-prefetch"]
 WINDOW_S = (2.0, 55.0)
 #: Seconds pytest may take to exit after SIGINT (it stops its engines first).
 SIGINT_EXIT_S = 30.0

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from pytest_eagle3.cli import main as cli
+from pytest_eagle3.stack_source.catalog import FACTS
 
 
 @pytest.fixture(scope="module")
@@ -19,9 +20,10 @@ def test_info_predicts_slots(capsys: pytest.CaptureFixture[str], flag_cache: Pat
     out = capsys.readouterr().out
     assert "ids [1, 4, 6] -> layers_to_capture [2, 5, 7]" in out
     assert "slot 0: hs[2] (input of layer 2)" in out
-    # Where the vLLM facts come from: recorded from a named wheel, and what is installed.
-    assert ("vllm: the ids its runner reads, recorded from the vllm 0.34.0 wheel "
-            "(vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py:103-140; ") in out
+    # Where each stack's facts come from: read from its installed files, or recorded from a named wheel.
+    for stack, release in (("vllm", "0.34.0"), ("speculators", "0.9.0"), ("specforge", "0.2.0")):
+        assert (f"  {stack}: read from the installed files: {stack} " in out
+                or f"  {stack}: {len(FACTS[stack])} facts are recorded constants, read from the {stack} {release} wheel (" in out)
 
 
 def test_info_flags_ids_that_fail_at_first_forward(capsys: pytest.CaptureFixture[str], flag_cache: Path) -> None:

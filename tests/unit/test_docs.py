@@ -24,8 +24,8 @@ MAX_README_LINES = 220
 #: Folders whose files may name docs/design.md sections.
 CODE_DIRS = ("pytest_eagle3", "tests", "fixtures")
 SKIP_DIRS = {".git", ".venv", ".tox", "__pycache__", "node_modules", ".pytest_cache"}
-#: Paths in backticks that are SGLang's files, not this repository's.
-FOREIGN_PREFIXES = ("srt/", "sglang/", "python/")
+#: Paths in backticks that are SGLang's or a training stack's files, not this repository's.
+FOREIGN_PREFIXES = ("srt/", "sglang/", "python/", "vllm/", "speculators/", "specforge/")
 PATH_EXTENSIONS = (".py", ".md", ".json", ".ini", ".toml")
 #: Build-history wording; ``seed`` alone is fine (random seeds).  Written in
 #: pieces so that grepping the repository for these words finds only real uses.

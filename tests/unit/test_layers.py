@@ -18,7 +18,7 @@ ROOT = Path(pytest_eagle3.__file__).parent
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"errors", "libversions", "conventions", "reaper", "settings"}),  # shared facts and utilities
     frozenset({"worker"}),        # code that runs inside SGLang's processes: hooks, fills, faults, recorder
-    frozenset({"sglang_source"}),  # static readers of the installed SGLang's files
+    frozenset({"sglang_source", "stack_source"}),  # static readers of SGLang's and the training stacks' files
     frozenset({"target"}),        # spec -> checkpoint -> reference
     frozenset({"engine"}),        # SGLang in a subprocess: config, recipes, server, pool, leases, variants
     frozenset({"capture"}),       # aux hidden states out of a running engine

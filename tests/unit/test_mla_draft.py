@@ -16,6 +16,7 @@ from pytest_eagle3.draft.build import VARIANTS
 from pytest_eagle3.draft.config import MLA_ARCHITECTURE, DraftConfig
 from pytest_eagle3.draft.validate import tensor_shapes
 from pytest_eagle3.sglang_source import id_keys
+from pytest_eagle3.stack_source.files import StackFiles
 from pytest_eagle3.planning import declare
 from pytest_eagle3.planning.collect import collect_reason
 from pytest_eagle3.target.spec import TargetSpec
@@ -261,11 +262,23 @@ def test_speculators_format_is_refused_with_the_conversion(tmp_path: Path) -> No
     assert "eagle_config.eagle_aux_hidden_state_layer_ids" in msg
 
 
-def test_vllm_runners_read_different_keys() -> None:
+def _vllm_copy(root: Path, version: str, v1_runner: bool) -> StackFiles:
+    """A folder standing in for an installed vLLM: its METADATA, and Model Runner V1's file or not."""
+    from pytest_eagle3.stack_source.files import folder
+
+    (root / f"vllm-{version}.dist-info").mkdir(parents=True)
+    (root / f"vllm-{version}.dist-info" / "METADATA").write_text(f"Name: vllm\nVersion: {version}\n")
+    if v1_runner:
+        (root / "vllm/v1/worker").mkdir(parents=True)
+        (root / "vllm/v1/worker/gpu_model_runner.py").write_text("class GPUModelRunner:\n    pass\n")
+    return folder(root)
+
+
+def test_vllm_runners_read_different_keys(tmp_path: Path) -> None:
     """vLLM 0.34.0 (one runner) ignores eagle_config's key and serves its default,
-    with a verdict that says so; 0.33's V1 read it, modelled only where a 0.33
-    release is installed; the top-level key is read; id 0 fails on DeepSeek; id L
-    is the pre-norm final state."""
+    with a verdict that says so; 0.33's V1 read it, modelled only where the
+    installed vLLM's files still hold that runner (whatever its version number);
+    the top-level key is read; id 0 fails on DeepSeek; id L is the pre-norm final state."""
     from pytest_eagle3.contracts.servers import NESTED_IGNORED, nested_ids_ignored, vllm_reads, vllm_v1_ids, vllm_v2_ids
 
     nested = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 4]}}
@@ -274,15 +287,18 @@ def test_vllm_runners_read_different_keys() -> None:
     top = {"eagle_aux_hidden_state_layer_ids": [2, 4, 8]}
     (only,) = vllm_reads(top, 8, installed=None)
     assert only.server == "vllm 0.34.0" and only.snapshots == (2, 4, 9) and only.note is None  # 9 = final_prenorm
-    (only,) = vllm_reads(nested, 8, installed="0.34.0")
+    (only,) = vllm_reads(nested, 8, installed=_vllm_copy(tmp_path / "a", "0.34.0", v1_runner=False))
     assert only.key is None and only.snapshots == (2, 4, 5)
     assert only.note == nested_ids_ignored(nested, 8) == NESTED_IGNORED.format(
         since=">= 0.34", key="eagle_aux_hidden_state_layer_ids", ids=[1, 3, 4], default=[2, 4, 5])
-    v2, v1 = vllm_reads(nested, 8, installed="0.33.0")
+    with_v1 = _vllm_copy(tmp_path / "b", "0.33.0", v1_runner=True)
+    v2, v1 = vllm_reads(nested, 8, installed=with_v1)
     assert v2.server == "vllm 0.33.0 V2 (default; installed)" and v2.snapshots == (2, 4, 5) and v2.note
     assert v1.server == "vllm 0.33.0 V1 (installed)" and v1.snapshots == (1, 3, 4) and v1.note is None
     assert vllm_reads({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 3, 5]}}, 8,
-                      installed="0.33.0")[1].fails
+                      installed=with_v1)[1].fails
+    fork = vllm_reads(nested, 8, installed=_vllm_copy(tmp_path / "c", "0.35.0+fork", v1_runner=True))
+    assert [r.server for r in fork] == ["vllm 0.35.0+fork V2 (default; installed)", "vllm 0.35.0+fork V1 (installed)"]
     assert nested_ids_ignored({**nested, **top}, 8) is None  # the top-level key is read
     assert vllm_v2_ids({"target_layer_ids": [1, 2]}) == ((2, 3), "target_layer_ids (+1)")
     assert vllm_v2_ids({"eagle_config": {"layer_ids": [1, 2]}}) == ((1, 2), "eagle_config.layer_ids")
