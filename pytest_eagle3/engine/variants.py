@@ -376,8 +376,10 @@ VARIANTS: tuple[Variant, ...] = (
         server_args=MappingProxyType({**_DP_ATTENTION, "enable_two_batch_overlap": True}),
         alternatives=(MappingProxyType({**_DP_ATTENTION_LEGACY, "enable_two_batch_overlap": True}),),
         request=MappingProxyType({"batch": True, "decode_steps": 2}),
-        needs=Needs(summary="two-batch overlap needs CUDA (streams and events, "
-                    "dp_attention.get_dp_tbo_comm_stream) and DP attention at TP>=2",
+        needs=Needs(summary="two-batch overlap needs CUDA and DP attention at TP>=2: on cpu its SM-count "
+                    "query is stood in (fill tbo_sm_count), then its micro-batches' DP gather takes "
+                    "dp_attention.py's all-reduce path, which reads per-rank token counts the "
+                    "micro-batches do not carry (two_batch_overlap.py:841)",
                     devices=("cuda",), min_tp=2),
         source="srt/arg_groups/validation_hook.py check_two_batch_overlap; "
         "srt/batch_overlap/two_batch_overlap.py model_forward_stages",

@@ -343,3 +343,29 @@ def test_cpu_recipe_refuses_tree_drafts():
     with pytest.raises(Eagle3ConfigError, match="topk 1 only"):
         build_engine_config(inst, model_path="/m", tp=1, device="cpu",
                             test_args=draft_path_server_args(inst, "/d", steps=2, topk=2))
+
+
+def test_tbo_sm_count_stands_in_for_the_device_query_only() -> None:
+    """Two-batch overlap's SM-count query (operations_strategy.py:106) on CPU: the
+    stand-in device properties, DeepEP's communication SMs, every other torch
+    attribute torch's own; the installed SGLang's module when there is one."""
+    from types import ModuleType
+
+    from pytest_eagle3.worker.cpu.patches import STANDIN_COMM_SMS, STANDIN_SMS, tbo_sm_count
+
+    if torch.cuda.is_available():
+        pytest.skip("the fill is a no-op where CUDA is available")
+    module = ModuleType("operations_strategy_stand_in")
+    module.torch = torch
+    tbo_sm_count(module)
+    props = module.torch.cuda.get_device_properties(device="cuda")
+    assert props.multi_processor_count - module.DeepEPConfig.get_instance().num_sms == STANDIN_SMS - STANDIN_COMM_SMS
+    assert module.torch.zeros is torch.zeros and module.torch.cuda.is_available is torch.cuda.is_available
+    from pytest_eagle3.sglang_source.install import sglang_location_and_version
+
+    location, _ = sglang_location_and_version()
+    source = location / "srt/batch_overlap/operations_strategy.py" if location is not None else None
+    if source is None or not source.is_file():
+        pytest.skip("needs an installed SGLang with srt/batch_overlap/operations_strategy.py")
+    text = source.read_text()
+    assert "torch.cuda.get_device_properties" in text and "DeepEPConfig.get_instance().num_sms" in text

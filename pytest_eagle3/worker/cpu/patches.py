@@ -10,6 +10,8 @@ docs/design.md, "SGLang on a plain x86 CPU", measured on sglang 0.5.23.
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
+from typing import Any
 
 logger = logging.getLogger("pytest_eagle3.cpu")
 
@@ -84,3 +86,55 @@ def torch_native_dp_padding() -> None:
         return
     if not hasattr(TorchNativeAttnBackend, "get_cpu_graph_seq_len_fill_value"):
         TorchNativeAttnBackend.get_cpu_graph_seq_len_fill_value = lambda self: 1
+
+
+#: SM counts the CPU tier reports to two-batch overlap's operation strategies: an
+#: H100's 132 SMs and 20 for communication kernels.  They only size DeepGEMM's SM
+#: split, which does nothing without DeepGEMM (none on CPU).
+STANDIN_SMS = 132
+STANDIN_COMM_SMS = 20
+TBO_SM_LINE = "pytest-eagle3: two-batch overlap's SM counts stood in on CPU ({sms} SMs, {comm} for communication)"
+
+
+def tbo_sm_count(module: Any) -> None:
+    """Give two-batch overlap's operation strategies the SM counts they ask the GPU for.
+
+    0.5.23's ``srt/batch_overlap/operations_strategy.py`` builds each TBO layer's
+    operation list with ``torch.cuda.get_device_properties("cuda").multi_processor_count``
+    (lines 106, 252, 329) minus ``DeepEPConfig.get_instance().num_sms`` (110, 256,
+    331), to split SMs between DeepGEMM and communication
+    (``deep_gemm_wrapper.configure_deep_gemm_num_sms``).  On CPU the first raises
+    "Found no NVIDIA driver" and the second needs ``deep_ep``.  This gives the
+    module a ``torch`` whose ``cuda.get_device_properties`` reports
+    :data:`STANDIN_SMS` (every other attribute is torch's own) and a
+    ``DeepEPConfig`` reporting :data:`STANDIN_COMM_SMS`; the operations
+    themselves are SGLang's.  A no-op where CUDA is available.
+    """
+    import torch
+
+    if torch.cuda.is_available() or not hasattr(module, "torch"):
+        return
+    real = module.torch
+
+    class _Cuda:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real.cuda, name)
+
+        @staticmethod
+        def get_device_properties(device: Any = None) -> SimpleNamespace:  # noqa: ARG004
+            return SimpleNamespace(multi_processor_count=STANDIN_SMS, name="pytest-eagle3 CPU stand-in")
+
+    class _Torch:
+        cuda = _Cuda()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+    class _DeepEPConfig:
+        @classmethod
+        def get_instance(cls) -> SimpleNamespace:
+            return SimpleNamespace(num_sms=STANDIN_COMM_SMS)
+
+    module.torch = _Torch()
+    module.DeepEPConfig = _DeepEPConfig
+    logger.warning(TBO_SM_LINE.format(sms=STANDIN_SMS, comm=STANDIN_COMM_SMS))
