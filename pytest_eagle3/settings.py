@@ -65,6 +65,8 @@ class Settings:
 
     Attributes:
         tp: tensor-parallel size of the run (one of :data:`TP_CHOICES`).
+        pp: pipeline-parallel size of its engines (``--eagle3-pp``; SGLang's ``pp_size``,
+            passed with the server arguments when above 1).
         device: ``"cpu"`` or ``"cuda"``.
         target: a preset name (``fixtures/targets/<name>.json``) or a path to a checkpoint directory.
         cache_dir: per-user cache of checkpoints and references (may not exist yet).
@@ -104,6 +106,7 @@ class Settings:
     """
 
     tp: int = 1
+    pp: int = 1
     device: str = "cpu"
     target: str = DEFAULT_TARGETS["cpu"]
     cache_dir: Path = field(default_factory=lambda: default_cache_dir()[0])

@@ -20,6 +20,7 @@ from pytest_eagle3.contracts.stacks import STACKS
 from pytest_eagle3.target.spec import DEFAULT_ARCHITECTURE, resolve_target
 from pytest_eagle3.sglang_source.install import locate
 from pytest_eagle3.sglang_source.model_code import read_rules
+from pytest_eagle3.sglang_source.pp_code import read_pp_code
 from pytest_eagle3.errors import Eagle3SGLangMissing
 from pytest_eagle3.cli.inspection import unreadable_dict
 from pytest_eagle3.cli.preflight import inspect_draft
@@ -121,6 +122,8 @@ def add_inspect_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--sglang-version", type=_version, metavar="V", help="predict for upstream SGLang V "
                    "from the version table (for an SGLang that is not installed) instead of reading the "
                    "installed SGLang's rule from its model file")
+    p.add_argument("--pp", type=_positive, metavar="N", help="a pipeline-parallel size: whether the installed "
+                   "SGLang serves EAGLE-3 at PP N, and which stage each layer it captures for this draft is on")
     p.add_argument("--json", action="store_true", help="print JSON with stable keys (see below)")
     return p
 
@@ -174,5 +177,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_dict(), indent=2))
     else:
         print("\n".join(result.lines()))
+        if args.pp is not None and args.pp > 1 and location is not None:
+            pp = read_pp_code(location, architecture)
+            print(f"pp:        {pp.describe()}")
+            print("\n".join("           " + line.strip() if i else "           " + line
+                            for i, line in enumerate(pp.split_lines(args.pp, L, result.prediction.layers_to_capture))))
     return result.exit_code
 

@@ -5,7 +5,9 @@ Subcommands:
 * ``info``: the installed SGLang, the capture API it offers, its aux
   layer-id rule and whether layer 0 can be captured, read from the model file
   of ``--architecture`` (``sglang_source/model_code.py``), with ``--ids`` predicting
-  what a list of draft ids will capture on a ``--layers``-layer target.
+  what a list of draft ids will capture on a ``--layers``-layer target; what it
+  does with pipeline parallelism (``sglang_source/pp_code.py``), and with
+  ``--pp N`` SGLang's own layer split and the stage of each layer to capture.
 * ``inspect``: a draft checkpoint's training contract against what an SGLang
   version captures for it, with a verdict and a fix (``preflight.py``).
 * ``stacks``: the facts the training-stack contracts rely on, read from
@@ -30,6 +32,7 @@ from pytest_eagle3.cli.stacks import add_stacks_parser, cmd_stacks
 from pytest_eagle3.capture.api import Eagle3CaptureUnsupported, select_method
 from pytest_eagle3.conventions import predict, rule_for_version
 from pytest_eagle3.sglang_source.install import probe
+from pytest_eagle3.sglang_source.pp_code import read_pp_code
 from pytest_eagle3.stack_source.catalog import FACTS
 from pytest_eagle3.stack_source.report import provenance
 from pytest_eagle3.target.spec import DEFAULT_ARCHITECTURE
@@ -53,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--ids", type=_ids, help="draft aux layer ids to predict, e.g. 1,4,6")
     info.add_argument("--layers", type=int, default=None, help="target layer count L (needed with --ids)")
     info.add_argument("--cache", default=None, help="cache dir for the SGLang flag probe (default: none)")
+    info.add_argument("--pp", type=int, default=None, metavar="N",
+                      help="a pipeline-parallel size: SGLang's layer split over N stages (needs --layers), "
+                      "and with --ids which stage each layer to capture is on")
     info.add_argument("--architecture", default=None, metavar="NAME",
                       help="the target's config.json architecture whose model file to read "
                       "(default: DeepseekV3ForCausalLM)")
@@ -83,9 +89,16 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"note: the version number {install.version} suggests '{table.kind}' and layer 0 "
               f"{'capturable' if table.embedding.capturable else 'not capturable'} (upstream releases); "
               "the installed code decides")
+    pp = read_pp_code(install.location, architecture)
+    print(f"pipeline parallelism: {pp.describe()}")
     print("training and serving stacks (the facts the contracts rely on; pytest-eagle3 stacks checks them):")
     for stack in FACTS:
         print("  " + provenance(stack).replace("\n", "\n  "))
+    if args.pp is not None and (args.pp < 1 or args.layers is None):
+        print("pytest-eagle3 info: --pp needs a size >= 1 and --layers L", file=sys.stderr)
+        return 2
+    if args.pp is not None and args.pp > 1 and args.ids is None:
+        print("\n".join(pp.split_lines(args.pp, args.layers)))
     if args.ids is not None:
         if args.layers is None:
             print("pytest-eagle3 info: --ids needs --layers L", file=sys.stderr)
@@ -100,6 +113,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"ids {args.ids} -> layers_to_capture {list(p.layers_to_capture)}")
         for slot, index in enumerate(p.snapshots):
             print(f"  slot {slot}: {full_label(index, args.layers)}")
+        if args.pp is not None and args.pp > 1:
+            print("\n".join(pp.split_lines(args.pp, args.layers, p.layers_to_capture)))
         if p.embedding_fails:
             print(f"  SGLang fails at the first forward: layer 0 cannot be captured ({emb.why})")
             return 1

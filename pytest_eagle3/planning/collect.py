@@ -26,6 +26,7 @@ from pytest_eagle3.planning import cases
 from pytest_eagle3.planning.declare import MLA_MAIN, PORTABLE_CASE, USER_DRAFT, EngineNeed, NeedContext
 from pytest_eagle3.planning.request import acceptance_draft, acceptance_request, installed_rule, resolve
 from pytest_eagle3.sglang_source.id_keys import DRAFT_FILES, has_draft_model
+from pytest_eagle3.sglang_source.pp_code import read_pp_code
 from pytest_eagle3.target.spec import DEFAULT_ARCHITECTURE
 
 if TYPE_CHECKING:
@@ -56,6 +57,8 @@ NO_DRAFT_PATH = (
     "{sglang} has neither --enable-return-aux-hidden-states nor --enable-return-hidden-states: "
     "its captures cannot be read"
 )
+#: ``--eagle3-pp`` on an SGLang that refuses EAGLE-3 or its captures at PP (every engine would exit at startup).
+PP_GATE = "--eagle3-pp {pp}: {why}"
 NO_EMBEDDING_ID = "{sglang} cannot capture the embedding: {layer0}; id rule {rule}: no id list yields hs[0]"
 NO_ACCEPTANCE_DRAFT = (
     "acceptance needs a trained EAGLE-3 draft: target {target} ships none; pass --eagle3-draft PATH"
@@ -191,6 +194,10 @@ def collect_reason(need: EngineNeed, ctx: NeedContext) -> str | None:
         if ctx.install.flags and not (ctx.install.has_arg("enable_return_aux_hidden_states")
                                       or ctx.install.has_arg("enable_return_hidden_states")):
             return NO_DRAFT_PATH.format(sglang=ctx.install.describe())
+        if s.pp > 1:
+            pp = read_pp_code(ctx.install.location, arch)
+            if pp.eagle_gate is not None or pp.capture_gate is not None:
+                return PP_GATE.format(pp=s.pp, why=pp.describe())
     if need.case == USER_DRAFT or ctx.install is None or ctx.facts is None:
         return None
     try:

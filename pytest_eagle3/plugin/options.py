@@ -22,7 +22,8 @@ import pytest
 
 from pytest_eagle3.contracts.stacks import STACKS
 from pytest_eagle3.plugin.parsers import (
-    parse_accept_length, parse_accept_rate, parse_device, parse_plan_gpus, parse_sglang_arg, parse_timeout, parse_tp,
+    parse_accept_length, parse_accept_rate, parse_device, parse_plan_gpus, parse_pp, parse_sglang_arg, parse_timeout,
+    parse_tp,
 )
 from pytest_eagle3.settings import CACHE_ENV, DEFAULT_STARTUP_TIMEOUT, DEFAULT_TARGETS
 from pytest_eagle3.sglang_source.norm_code import NORM_PATHS
@@ -49,6 +50,10 @@ SPELLED_OPTIONS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
         dest="eagle3_tp", metavar="N", type=parse_tp, default=None,
         help="tensor-parallel size of the run, one of 1, 2, 4, 8 (default 1); tests marked "
         "tp(n) with n above it are skipped")),
+    "--eagle3-pp": MappingProxyType(dict(
+        dest="eagle3_pp", metavar="N", type=parse_pp, default=None,
+        help="pipeline-parallel size of the run's engines (SGLang --pp-size; default 1); where the "
+        "installed SGLang refuses EAGLE-3 or its captures at PP, the run says so and starts none")),
     "--eagle3-device": MappingProxyType(dict(
         dest="eagle3_device", metavar="cpu|cuda", type=parse_device, default=None,
         help="where SGLang runs (default auto: cuda when a GPU is visible, else cpu)")),
@@ -62,7 +67,7 @@ SPELLED_OPTIONS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
 def add_options(parser: pytest.Parser) -> None:
     """Register the ``eagle3`` option group and its ini keys."""
     group = parser.getgroup("eagle3", "EAGLE-3 aux hidden states (pytest-eagle3)")
-    for name in ("--eagle3-tp", "--eagle3-device"):
+    for name in ("--eagle3-tp", "--eagle3-pp", "--eagle3-device"):
         group.addoption(name, **SPELLED_OPTIONS[name])
     group.addoption(
         "--eagle3-target", dest="eagle3_target", metavar="PRESET|PATH", default=None,

@@ -17,6 +17,7 @@ from pytest_eagle3.settings import DEVICE_CHOICES, TP_CHOICES
 
 # Messages (tests import these).
 MSG_BAD_TP = "--eagle3-tp/--tp: expected one of {choices} (tensor-parallel ranks), got {value!r}"
+MSG_BAD_PP = "--eagle3-pp/--pp: expected a pipeline-parallel size of at least 1, got {value!r}"
 MSG_BAD_DEVICE = "--eagle3-device/--device: expected one of {choices}, got {value!r}"
 MSG_BAD_SGLANG_ARG = (
     "--sglang-arg: expected KEY=VALUE (VALUE is JSON when it parses, else a string), got {value!r}"
@@ -35,6 +36,17 @@ def parse_tp(value: str) -> int:
     if tp not in TP_CHOICES:
         raise pytest.UsageError(MSG_BAD_TP.format(choices=join(TP_CHOICES), value=value))
     return tp
+
+
+def parse_pp(value: str) -> int:
+    """``--pp`` parser: an int >= 1."""
+    try:
+        pp = int(value)
+    except ValueError:
+        pp = 0
+    if pp < 1:
+        raise pytest.UsageError(MSG_BAD_PP.format(value=value))
+    return pp
 
 
 def parse_device(value: str) -> str | None:

@@ -80,6 +80,7 @@ def resolve_settings(config: pytest.Config, *, validate: bool = True) -> Setting
     opt = config.option
 
     tp, sources["tp"] = option_with_source(config, dest="eagle3_tp", default=1)
+    pp, sources["pp"] = option_with_source(config, dest="eagle3_pp", default=1)
 
     gpu = config.stash.get(GPU_PROBE_KEY, None)
     if gpu is None:  # probed once per run, however many hooks resolve settings
@@ -121,6 +122,10 @@ def resolve_settings(config: pytest.Config, *, validate: bool = True) -> Setting
     if cli_args:
         args += list(cli_args)
         arg_sources.append("cli")
+    if pp > 1 and not any(name.replace("-", "_") == "pp_size" for name, _ in args):
+        args.append(("pp_size", pp))  # --eagle3-pp is SGLang's --pp-size for every engine
+        if "cli" not in arg_sources:
+            arg_sources.append("cli")
     sources["sglang_args"] = "+".join(arg_sources) or "default"
 
     timeout, sources["startup_timeout"] = option_with_source(config, dest="eagle3_startup_timeout",
@@ -134,7 +139,7 @@ def resolve_settings(config: pytest.Config, *, validate: bool = True) -> Setting
 
     draft = getattr(opt, "eagle3_draft", None)
     settings = Settings(
-        tp=tp, device=device, target=str(target), cache_dir=cache_dir, rebuild=bool(rebuild),
+        tp=tp, pp=pp, device=device, target=str(target), cache_dir=cache_dir, rebuild=bool(rebuild),
         sglang_args=tuple(args), startup_timeout=float(timeout),
         sources=MappingProxyType(sources), gpu=gpu,
         draft=Path(draft).expanduser() if draft else None,

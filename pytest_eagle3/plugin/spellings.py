@@ -1,4 +1,4 @@
-"""The short spellings ``--tp``, ``--device`` and ``--sglang-arg``: second names
+"""The short spellings ``--tp``, ``--pp``, ``--device`` and ``--sglang-arg``: second names
 of the ``--eagle3-*`` options, added only where no other option has them.
 
 A project's own ``--device`` (a common ``parser.addoption`` in ML repositories)
@@ -20,7 +20,8 @@ from pytest_eagle3.plugin.options import SPELLED_OPTIONS
 
 #: The short spellings pytest-eagle3 is known by -> the option each stands for.
 SHORT_SPELLINGS: Mapping[str, str] = MappingProxyType({
-    "--tp": "--eagle3-tp", "--device": "--eagle3-device", "--sglang-arg": "--eagle3-sglang-arg",
+    "--tp": "--eagle3-tp", "--pp": "--eagle3-pp", "--device": "--eagle3-device",
+    "--sglang-arg": "--eagle3-sglang-arg",
 })
 HEADER_SPELLING_TAKEN = "eagle3: {short} belongs to {owner} here; pytest-eagle3's is {long}"
 ANONYMOUS_OWNER = "custom options (a conftest's parser.addoption)"
@@ -58,7 +59,7 @@ class TakenSpelling:
 
 
 def add_short_spellings(parser: pytest.Parser) -> tuple[TakenSpelling, ...]:
-    """Add ``--tp``, ``--device`` and ``--sglang-arg`` as second names of the
+    """Add ``--tp``, ``--pp``, ``--device`` and ``--sglang-arg`` as second names of the
     ``--eagle3-*`` options, each only where no other option has it yet.
 
     Called once the initial conftests are loaded (their ``pytest_addoption`` has

@@ -24,6 +24,11 @@ from pytest_eagle3.sglang_source.model_files import METHOD, FoundMethod, ModelFi
 _DELEGATES = ("model", "language_model")
 
 
+#: Which pipeline stage the stand-in is: the last (the rank that captures) unless
+#: :func:`call_method` is asked about an earlier one.
+_stage = {"last": True}
+
+
 class _StandIn:
     """Any attribute is another stand-in and calls return one: what the method
     reads besides the config and the inner model (``get_parallel()``, a logger).
@@ -45,7 +50,7 @@ class _StandIn:
 
     def __bool__(self) -> bool:
         if self._name.endswith("is_last_rank"):
-            return True
+            return _stage["last"]
         raise Unreadable(f"it branches on {self._name}, which this reader cannot evaluate")
 
 
@@ -180,8 +185,12 @@ def _compile(reader: "ModelFileReader", method: FoundMethod) -> Callable[..., An
 
 
 def call_method(reader: ModelFileReader, top: tuple[ParsedFile, ast.ClassDef], ids: Sequence[int] | None,
-                num_layers: int) -> list[int]:
+                num_layers: int, *, last_stage: bool = True) -> list[int]:
     """``layers_to_capture`` as SGLang's method on ``top`` sets it for ``ids`` and ``num_layers`` layers.
+
+    ``last_stage=False``: as on an earlier pipeline stage (``pp_group.is_last_rank``
+    false); a method that returns there sets nothing, which raises :class:`Unreadable`
+    ("it set no layers_to_capture").
 
     Raises:
         Unreadable: the method does what the stand-in cannot evaluate.
@@ -189,6 +198,7 @@ def call_method(reader: ModelFileReader, top: tuple[ParsedFile, ast.ClassDef], i
     """
     run = _Run(reader, num_layers)
     this = _Model("self", run, top)
+    _stage["last"] = last_stage
     try:
         getattr(this, METHOD)(None if ids is None else list(ids))
     except Unreadable:
@@ -200,6 +210,8 @@ def call_method(reader: ModelFileReader, top: tuple[ParsedFile, ast.ClassDef], i
         if isinstance(exc, (IndexError, KeyError, ValueError)) or (isinstance(exc, TypeError) and not standin):
             raise SetupFailed(f"{type(exc).__name__}: {exc}") from None
         raise Unreadable(f"it raised {type(exc).__name__}: {exc} on the stand-in") from None
+    finally:
+        _stage["last"] = True
     if run.unknown is not None:
         raise Unreadable(run.unknown)
     if not run.assigned:

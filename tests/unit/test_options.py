@@ -13,7 +13,7 @@ import pytest
 from pytest_eagle3.engine import gpus
 from pytest_eagle3.engine.gpus import detect_gpus
 from pytest_eagle3.plugin import validate
-from pytest_eagle3.plugin.parsers import MSG_BAD_SGLANG_ARG, MSG_BAD_TIMEOUT, MSG_BAD_TP, parse_sglang_arg
+from pytest_eagle3.plugin.parsers import MSG_BAD_PP, MSG_BAD_SGLANG_ARG, MSG_BAD_TIMEOUT, MSG_BAD_TP, parse_sglang_arg
 from pytest_eagle3.plugin.validate import MSG_NO_GPU, check_tp_divides
 from pytest_eagle3.settings import GpuProbe, Settings
 
@@ -28,7 +28,7 @@ def test_dump(pytestconfig):
     s = get_settings(pytestconfig)
     with open("settings.json", "w") as fh:
         json.dump({
-            "tp": s.tp, "device": s.device, "target": s.target, "cache_dir": str(s.cache_dir),
+            "tp": s.tp, "pp": s.pp, "device": s.device, "target": s.target, "cache_dir": str(s.cache_dir),
             "rebuild": s.rebuild, "sglang_args": [list(p) for p in s.sglang_args],
             "startup_timeout": s.startup_timeout, "sources": dict(s.sources), "cpu_norm": s.cpu_norm,
         }, fh)
@@ -99,6 +99,11 @@ def test_bad_tp_is_one_line_naming_the_flag(pytester: pytest.Pytester, value: st
     assert expected.startswith("--eagle3-tp/--tp: expected one of 1, 2, 4 or 8")
 
 
+def test_bad_pp_is_one_line_naming_the_flag(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_subprocess("--pp", "0")
+    assert usage_error_lines(result) == ["ERROR: " + MSG_BAD_PP.format(value="0")]
+
+
 def test_sglang_arg_without_equals(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_subprocess("--sglang-arg", "foo")
     assert usage_error_lines(result) == ["ERROR: " + MSG_BAD_SGLANG_ARG.format(value="foo")]
@@ -161,15 +166,15 @@ def test_cli_values_and_sources(pytester: pytest.Pytester, tmp_path: Path) -> No
         "--eagle3-cache", str(tmp_path / "c"), "--eagle3-rebuild",
         "--sglang-arg", "disable-cuda-graph=true", "--sglang-arg", "mem_fraction_static=0.5",
         "--sglang-arg", "attention_backend=intel_amx", "--sglang-arg", "ids=[3, 31]",
-        "--eagle3-startup-timeout", "90", "--eagle3-cpu-norm", "native",
+        "--eagle3-startup-timeout", "90", "--eagle3-cpu-norm", "native", "--pp", "2",
     )
-    assert (s["tp"], s["device"], s["target"], s["rebuild"], s["startup_timeout"], s["cpu_norm"]) == (
-        2, "cpu", "/models/x", True, 90.0, "native"
+    assert (s["tp"], s["pp"], s["device"], s["target"], s["rebuild"], s["startup_timeout"], s["cpu_norm"]) == (
+        2, 2, "cpu", "/models/x", True, 90.0, "native"
     )
     assert s["cache_dir"] == str(tmp_path / "c")
     assert s["sglang_args"] == [
         ["disable_cuda_graph", True], ["mem_fraction_static", 0.5],
-        ["attention_backend", "intel_amx"], ["ids", [3, 31]],
+        ["attention_backend", "intel_amx"], ["ids", [3, 31]], ["pp_size", 2],  # --pp is SGLang's --pp-size
     ]
     assert set(s["sources"].values()) == {"cli"}
 
