@@ -23,6 +23,7 @@ from typing import Any, Mapping
 import pytest
 
 from pytest_eagle3.draft.wiring import CORRECT
+from pytest_eagle3.plugin.current_item import TracksCurrentItem
 from pytest_eagle3.plugin.session import item_tp
 from pytest_eagle3.verdicts.run_cause import (
     OFFLINE, POINTER, SERVED, TITLE, Observation, RunDiagnosis, diagnose_run,
@@ -93,12 +94,11 @@ def observations_of(report: Any, where: Mapping[str, Any], ok: bool | None = Non
     return [{**base, **fields}]
 
 
-class DiagnosisPlugin:
+class DiagnosisPlugin(TracksCurrentItem):
     """Collects the run's observations and prints the run-level diagnosis."""
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
-        self.item: pytest.Item | None = None
         self.observations: list[Observation] = []
         self._result: RunDiagnosis | None = None
         self._done = False
@@ -118,14 +118,6 @@ class DiagnosisPlugin:
         context = {"test": item.nodeid, "tp": item_tp(item), "check": "captures", **where}
         for entry in observations_of(report, context, ok):
             item.user_properties.append((OBSERVATION_PROPERTY, entry))
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
-        self.item = item
-        try:
-            return (yield)
-        finally:
-            self.item = None
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: Any) -> Generator[None, Any, Any]:

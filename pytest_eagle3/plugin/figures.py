@@ -21,13 +21,13 @@ Nothing here imports torch or sglang.
 from __future__ import annotations
 
 import math
-from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
 from pytest_eagle3.draft.wiring import CORRECT, MISWIRINGS
+from pytest_eagle3.plugin.current_item import TracksCurrentItem
 
 TITLE = "eagle3 figures"
 WORST_PROPERTY = "eagle3_worst_rel_err"
@@ -68,24 +68,15 @@ class CaseFigure:
 
 
 @dataclass
-class Figures:
+class Figures(TracksCurrentItem):
     """Collects the run's figures from test reports and prints them."""
 
-    item: pytest.Item | None = None
     acceptance: list[tuple[str, ...]] = field(default_factory=list)
     power: list[str] = field(default_factory=list)
     cases: dict[str, CaseFigure] = field(default_factory=dict)
 
     def __hash__(self) -> int:
         return id(self)
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
-        self.item = item
-        try:
-            return (yield)
-        finally:
-            self.item = None
 
     def pytest_eagle3_verdict(self, config: pytest.Config, report: Any) -> None:
         err, tol = worst_expected_error(report), getattr(report, "tol", None)

@@ -43,6 +43,7 @@ import pytest
 
 from pytest_eagle3.verdicts import summary
 from pytest_eagle3.sglang_source.install import sglang_location_and_version
+from pytest_eagle3.plugin.current_item import TracksCurrentItem
 from pytest_eagle3.plugin.diagnosis import OBSERVATION_PROPERTY
 from pytest_eagle3.plugin.run import get_run, get_settings
 
@@ -50,14 +51,13 @@ SCHEMA = 1
 VERDICT_PROPERTY = "eagle3_verdict"
 
 
-class ReportWriter:
+class ReportWriter(TracksCurrentItem):
     """Collects the per-test facts of one run and writes the JSON report."""
 
     def __init__(self, config: pytest.Config, path: Path) -> None:
         self.config = config
         self.path = Path(path)
         self.tests: dict[str, dict[str, Any]] = {}
-        self._item: pytest.Item | None = None
 
     def __repr__(self) -> str:
         return f"<ReportWriter {self.path}>"
@@ -66,16 +66,8 @@ class ReportWriter:
         return id(self)
 
     def pytest_eagle3_verdict(self, config: pytest.Config, report: Any) -> None:
-        if self._item is not None:
-            self._item.user_properties.append((VERDICT_PROPERTY, summary.report_record(report)))
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Any:
-        self._item = item
-        try:
-            return (yield)
-        finally:
-            self._item = None
+        if self.item is not None:
+            self.item.user_properties.append((VERDICT_PROPERTY, summary.report_record(report)))
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         props = [(k, v) for k, v in report.user_properties if str(k).startswith("eagle3_")]
