@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    if args.pp is not None and (args.pp < 1 or args.layers is None):
+        print("pytest-eagle3 info: --pp needs a size >= 1 and --layers L", file=sys.stderr)
+        return 2
     install = probe(args.cache)
     print(install.describe())
     try:
@@ -94,9 +97,6 @@ def cmd_info(args: argparse.Namespace) -> int:
     print("training and serving stacks (the facts the contracts rely on; pytest-eagle3 stacks checks them):")
     for stack in FACTS:
         print("  " + provenance(stack).replace("\n", "\n  "))
-    if args.pp is not None and (args.pp < 1 or args.layers is None):
-        print("pytest-eagle3 info: --pp needs a size >= 1 and --layers L", file=sys.stderr)
-        return 2
     if args.pp is not None and args.pp > 1 and args.ids is None:
         print("\n".join(pp.split_lines(args.pp, args.layers)))
     if args.ids is not None:
