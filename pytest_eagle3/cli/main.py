@@ -69,8 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    if args.pp is not None and (args.pp < 1 or args.layers is None):
-        print("pytest-eagle3 info: --pp needs a size >= 1 and --layers L", file=sys.stderr)
+    if args.pp is not None and (args.pp < 1 or args.layers is None or not 1 <= args.pp <= args.layers):
+        print("pytest-eagle3 info: --pp N needs --layers L with 1 <= N <= L", file=sys.stderr)
         return 2
     install = probe(args.cache)
     print(install.describe())

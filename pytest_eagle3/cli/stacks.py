@@ -53,7 +53,7 @@ def _download(specs: Sequence[str], dest: Path) -> None:
         raise RuntimeError(f"pip download failed (exit {done.returncode}):\n{tail}")
 
 
-def _copies(args: argparse.Namespace, tmp: Path) -> list[StackFiles]:
+def _copies(args: argparse.Namespace, tmp: Path) -> tuple[list[StackFiles], list[str]]:
     paths = [Path(p) for p in args.paths]
     if args.download is not None:
         _download(args.download or LATEST, tmp)
@@ -63,24 +63,29 @@ def _copies(args: argparse.Namespace, tmp: Path) -> list[StackFiles]:
         missing = [name for name, files in zip(FACTS, found) if files is None]
         if missing:
             print(f"not installed here: {', '.join(missing)} (give a wheel, or --download)")
-        return [f for f in found if f is not None]
-    return [open_path(p) for path in paths for p in _expand(path)]
+        return [f for f in found if f is not None], missing
+    return [open_path(p) for path in paths for p in _expand(path)], []
 
 
 def cmd_stacks(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="eagle3-stacks-") as tmp:
         try:
-            copies = _copies(args, Path(tmp))
+            copies, missing = _copies(args, Path(tmp))
         except RuntimeError as exc:
             print(f"pytest-eagle3 stacks: {exc}", file=sys.stderr)
             return 2
-        changed = 0
+        changed = older = 0
         for files in copies:
             report = read_stack(files)
             print("\n".join(report.lines()))
             changed += len(report.broken)
+            older += len(report.older)
     if not copies:
         print("no stack to read")
         return 0
-    print(f"{changed} fact(s) changed" if changed else "every recorded fact holds")
+    if changed:
+        print(f"{changed} fact(s) changed")
+    else:
+        print("every fact read holds" + (" or matches an older release the project models" if older else "")
+              + (f" (not checked: {', '.join(missing)})" if missing else ""))
     return 1 if changed else 0

@@ -34,6 +34,8 @@ from pytest_eagle3.worker.faults import FaultError, read_fault
 
 MSG_PLAN_GPUS_ALONE = "--eagle3-plan-gpus goes with --eagle3-plan (it only pretends GPUs for the plan)"
 PLAN_GPU_PROBE = "--eagle3-plan: pretending {count} GPUs ({why})"
+MSG_PP_DISAGREE = ("--eagle3-pp {pp} and the server argument pp_size={value!r} disagree: give the "
+                   "pipeline-parallel size once (--eagle3-pp N)")
 
 
 def option_with_source(config: pytest.Config, *, dest: str | None = None, env: str | None = None,
@@ -122,8 +124,21 @@ def resolve_settings(config: pytest.Config, *, validate: bool = True) -> Setting
     if cli_args:
         args += list(cli_args)
         arg_sources.append("cli")
-    if pp > 1 and not any(name.replace("-", "_") == "pp_size" for name, _ in args):
-        args.append(("pp_size", pp))  # --eagle3-pp is SGLang's --pp-size for every engine
+    # --eagle3-pp is SGLang's --pp-size for every engine; a pp_size among the server
+    # args is the same setting (the PP gate is read for it too), and the two must agree.
+    given = [value for name, value in args if name.replace("-", "_") == "pp_size"]
+    if given:
+        try:
+            arg_pp = int(given[-1])
+        except (TypeError, ValueError):
+            arg_pp = 0
+        if arg_pp < 1 or (sources["pp"] != "default" and arg_pp != pp):
+            if validate:
+                raise pytest.UsageError(MSG_PP_DISAGREE.format(pp=pp, value=given[-1]))
+        else:
+            pp = arg_pp
+    elif pp > 1:
+        args.append(("pp_size", pp))
         if "cli" not in arg_sources:
             arg_sources.append("cli")
     sources["sglang_args"] = "+".join(arg_sources) or "default"

@@ -96,7 +96,7 @@ class PpCode:
         """What SGLang's capture does at PP, gate or no gate."""
         if self.earlier_stages_capture is False:
             return (f"captures on the last stage only: {METHOD} returns on every other stage ({self.stage_check}; "
-                    f"{EARLIER_STAGE_ISSUE}), so lifting the gate alone would serve a draft incomplete captures")
+                    f"{EARLIER_STAGE_ISSUE}), so with the gate lifted a layer of an earlier stage is never captured")
         if self.earlier_stages_capture:
             return "sets the layers to capture on every stage"
         return f"is unknown ({self.why_unknown})"
@@ -122,14 +122,15 @@ class PpCode:
             held = [v for v in (layers_to_capture or ()) if start <= v < end]
             line = f"  stage {rank}: layers {start}-{end - 1}"
             if layers_to_capture is not None:
+                names = f"layer {held[0]}" if len(held) == 1 else "layers " + ", ".join(map(str, held))
                 if not held:
                     line += ": none of the layers to capture"
                 elif last or self.earlier_stages_capture:
-                    line += f": captures layers {held}"
+                    line += f": captures {names}"
                 elif self.earlier_stages_capture is False:
-                    line += f": layers {held} are never captured (not the last stage)"
+                    line += f": {names} never captured (not the last stage)"
                 else:
-                    line += f": layers {held} (whether they are captured is unknown)"
+                    line += f": {names} (whether captured is unknown)"
             lines.append(line)
         return lines
 

@@ -14,6 +14,7 @@ from pytest_eagle3.engine import gpus
 from pytest_eagle3.engine.gpus import detect_gpus
 from pytest_eagle3.plugin import validate
 from pytest_eagle3.plugin.parsers import MSG_BAD_PP, MSG_BAD_SGLANG_ARG, MSG_BAD_TIMEOUT, MSG_BAD_TP, parse_sglang_arg
+from pytest_eagle3.plugin.resolve import MSG_PP_DISAGREE
 from pytest_eagle3.plugin.validate import MSG_NO_GPU, check_tp_divides
 from pytest_eagle3.settings import GpuProbe, Settings
 
@@ -102,6 +103,14 @@ def test_bad_tp_is_one_line_naming_the_flag(pytester: pytest.Pytester, value: st
 def test_bad_pp_is_one_line_naming_the_flag(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_subprocess("--pp", "0")
     assert usage_error_lines(result) == ["ERROR: " + MSG_BAD_PP.format(value="0")]
+
+
+def test_pp_size_among_the_server_args_is_the_pp_of_the_run(pytester: pytest.Pytester) -> None:
+    """``--sglang-arg pp_size=2`` is ``--pp 2`` (the PP gate is read for it too); the two must agree."""
+    s = run_settings(pytester, "--sglang-arg", "pp-size=2")
+    assert s["pp"] == 2 and s["sglang_args"] == [["pp_size", 2]]
+    result = pytester.runpytest_subprocess("--pp", "2", "--sglang-arg", "pp_size=4")
+    assert usage_error_lines(result) == ["ERROR: " + MSG_PP_DISAGREE.format(pp=2, value=4)]
 
 
 def test_sglang_arg_without_equals(pytester: pytest.Pytester) -> None:

@@ -32,10 +32,10 @@ def test_the_installed_gates_split_and_stage_check() -> None:
     assert pp.stages(61, 4) == [(0, 15), (15, 30), (30, 45), (45, 61)]  # the last stage gets the extra layer
     text = pp.describe()
     assert text.startswith("this SGLang refuses EAGLE-3 with pipeline parallelism at startup (srt/arg_groups/")
-    assert EARLIER_STAGE_ISSUE in text and "lifting the gate alone would serve a draft incomplete captures" in text
+    assert EARLIER_STAGE_ISSUE in text and "with the gate lifted a layer of an earlier stage is never captured" in text
     lines = pp.split_lines(2, 8, [0, 3, 5])
-    assert lines[1:] == ["  stage 0: layers 0-3: layers [0, 3] are never captured (not the last stage)",
-                         "  stage 1: layers 4-7: captures layers [5]"]
+    assert lines[1:] == ["  stage 0: layers 0-3: layers 0, 3 never captured (not the last stage)",
+                         "  stage 1: layers 4-7: captures layer 5"]
 
 
 def test_an_sglang_without_the_gates(tmp_path: Path) -> None:
@@ -69,7 +69,8 @@ def test_inspect_and_info_say_the_same(capsys: pytest.CaptureFixture[str]) -> No
     out = capsys.readouterr().out
     described = read_pp_code(LOCATION).describe()
     assert f"pp:        {described}" in out
-    assert "stage 0: layers 0-3: layers [0, 3] are never captured (not the last stage)" in out
+    assert "stage 0: layers 0-3: layers 0, 3 never captured (not the last stage)" in out
     assert main(["info", "--layers", "8", "--pp", "2"]) == 0
     out = capsys.readouterr().out
     assert f"pipeline parallelism: {described}" in out and "  stage 1: layers 4-7" in out
+    assert main(["info", "--layers", "2", "--pp", "4"]) == 2  # more stages than layers
