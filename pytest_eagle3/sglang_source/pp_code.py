@@ -4,9 +4,9 @@ gate, SGLang's own layer split, and which pipeline stage captures aux hidden sta
 Read on 0.5.23 (``pip download --no-deps sglang==0.5.23``):
 
 * ``srt/arg_groups/validation_hook.py`` ``check_pipeline_parallel_compat``
-  (line 131) asserts "Pipeline parallelism currently only supports EAGLE
+  (the assert at line 132) says "Pipeline parallelism currently only supports EAGLE
   (non-multi-layer) speculative decoding": an EAGLE-3 engine exits at startup
-  with ``--pp-size`` > 1; line 724 refuses ``--enable-return-aux-hidden-states``
+  with ``--pp-size`` > 1; the raise at line 725 refuses ``--enable-return-aux-hidden-states``
   unless ``pp_size == 1`` ("the capture hooks only see the layers on the last
   pipeline rank").
 * ``srt/distributed/utils.py`` ``get_pp_indices`` (line 110) splits the layers:
