@@ -32,7 +32,7 @@ from pytest_eagle3.cli.stacks import add_stacks_parser, cmd_stacks
 from pytest_eagle3.capture.api import Eagle3CaptureUnsupported, select_method
 from pytest_eagle3.conventions import predict, rule_for_version
 from pytest_eagle3.sglang_source.install import probe
-from pytest_eagle3.sglang_source.pp_code import read_pp_code
+from pytest_eagle3.sglang_source.pp_code import read_family_stage_checks, read_pp_code
 from pytest_eagle3.stack_source.catalog import FACTS
 from pytest_eagle3.stack_source.report import provenance
 from pytest_eagle3.target.spec import DEFAULT_ARCHITECTURE
@@ -97,6 +97,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     print("training and serving stacks (the facts the contracts rely on; pytest-eagle3 stacks checks them):")
     for stack in FACTS:
         print("  " + provenance(stack).replace("\n", "\n  "))
+    if args.pp is not None and args.pp > 1:
+        print(f"model families at PP: {read_family_stage_checks(install.location).describe()}")
     if args.pp is not None and args.pp > 1 and args.ids is None:
         print("\n".join(pp.split_lines(args.pp, args.layers)))
     if args.ids is not None:

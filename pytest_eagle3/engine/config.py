@@ -19,6 +19,7 @@ from pytest_eagle3.engine.cpu import recipe
 from pytest_eagle3.engine.cuda.recipe import CudaRecipe
 from pytest_eagle3.sglang_source.install import SGLangInstall
 from pytest_eagle3.sglang_source.norm_code import AUTO, resolve_norm_path
+from pytest_eagle3.sglang_source.pp_code import read_pp_code
 from pytest_eagle3.worker.env import RECORD_TARGET_ENV
 from pytest_eagle3.worker.recorder_hook import TARGET as RECORD_TARGET
 from pytest_eagle3.worker.env import HOOKS_ENV
@@ -233,13 +234,14 @@ def build_engine_config(
     args: dict[str, Any] = base_server_args(model_path, tp)
     env: dict[str, str] = {}
     architecture = _architecture(model_path)
+    pp = int(layers.get("pp_size") or 1)
     if device == "cpu":
         speculative = has_draft(layers)
         if speculative and int(layers.get("speculative_eagle_topk") or 1) > 1:
             raise Eagle3ConfigError(CPU_TOPK.format(topk=layers["speculative_eagle_topk"]))
         amx = speculative or recipe.refuses_plain_attention(install.location, architecture) is not None
         args.update(recipe.cpu_server_args(speculative=speculative, amx_attention=amx))
-        env.update(recipe.cpu_env(tp, amx_attention=amx
+        env.update(recipe.cpu_env(tp * pp, amx_attention=amx
                                   and layers.get("attention_backend", recipe.SPECULATIVE_ATTENTION)
                                   == recipe.SPECULATIVE_ATTENTION,
                                   norm_path=resolve_norm_path(norm_path, install.norm_code())[0],
@@ -264,6 +266,10 @@ def build_engine_config(
         base = env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
         env["PYTHONPATH"] = str(SITE_HOOK_DIR) + (os.pathsep + base if base else "")
     args.update(layers)
+    if pp > 1 and install.location and "disable_overlap_schedule" not in layers \
+            and read_pp_code(install.location, architecture).overlap_gate is not None:
+        # SGLang refuses PP with its overlap schedule (0.5.23 validation_hook.py:121), as a user finds out.
+        args["disable_overlap_schedule"] = True
     for name in list(args):
         if not install.has_arg(name):
             # A default this fork does not know (e.g. skip_server_warmup on old versions).

@@ -34,6 +34,7 @@ from pytest_eagle3.engine.config import EngineConfig
 from pytest_eagle3.engine.lease import GpuLeaser
 from pytest_eagle3.worker.env import RECORD_DIR_ENV
 from pytest_eagle3.engine.server import SGLangServer
+from pytest_eagle3.engine.pp_start import explain_start
 from pytest_eagle3.engine.start_failures import StartFailures
 from pytest_eagle3.errors import Eagle3EngineError, Eagle3StartCauseSeen
 
@@ -76,6 +77,9 @@ class EnginePool:
     start_failures: StartFailures = field(default_factory=StartFailures)
     #: Every config asked for, in order (with :attr:`upcoming`: the run's configurations).
     requested: list[EngineConfig] = field(default_factory=list)
+    #: The installed SGLang's package folder: a failed start at PP is read against its code
+    #: (:mod:`pytest_eagle3.engine.pp_start`).
+    sglang_location: str | None = None
     #: Names of failed configs whose error is already a one-line pointer to another's report.
     _pointers: set[str] = field(default_factory=set)
 
@@ -124,6 +128,9 @@ class EnginePool:
             server.wait_ready(progress=self.progress)
         except Eagle3EngineError as exc:
             who = who or "the first test that used it"
+            explained = explain_start(config, exc.cause, self.sglang_location)
+            if explained is not None:
+                exc = Eagle3EngineError(f"{explained}\n{exc}", cause=explained)
             self._failed[config] = (str(exc), who)
             line = self.start_failures.record(config, exc.cause, who)
             for blocked in [c for c in self._starting if self.start_failures.blocked(c) is not None]:
@@ -132,7 +139,7 @@ class EnginePool:
                 self._failed[config] = (line, who)
                 self._pointers.add(config.name)
                 raise Eagle3StartCauseSeen(line, cause=exc.cause) from None
-            raise
+            raise exc
         if self.progress:
             waited = f" (prefetched: this run waited {time.monotonic() - t0:.0f} s for it)" if prefetched else ""
             self.progress(f"SGLang {config.name} ready in {server.startup_seconds:.0f} s{waited}")

@@ -62,16 +62,24 @@ def first_error(text: str, *, package: str = "sglang") -> tuple[str, str | None]
     return None
 
 
+#: What a scheduler process logs before the exception that ends it (``srt/managers/scheduler.py``
+#: ``run_scheduler_process``, 0.5.x): the root cause, where the launcher's own follow-up errors
+#: (its warm-up request to a server that is going down) may be logged first.
+SCHEDULER_EXCEPTION = "Scheduler hit an exception"
+
+
 def startup_cause(path: Path, offset: int = 0) -> str:
     """``": RuntimeError: ... (sglang/srt/x.py:100)"`` for :data:`STARTUP_FAILED`, or ``""``;
-    reads the log from ``offset`` (where this start's output begins)."""
+    reads the log from ``offset`` (where this start's output begins), from the first
+    :data:`SCHEDULER_EXCEPTION` on where a scheduler logged one."""
     try:
         with open(path, "rb") as f:
             f.seek(offset)
             text = f.read().decode(errors="replace")
     except OSError:
         return ""
-    found = first_error(text)
+    at = text.find(SCHEDULER_EXCEPTION)
+    found = (first_error(text[text.rfind("\n", 0, at) + 1:]) if at >= 0 else None) or first_error(text)
     if found is None:
         return ""
     error, where = found

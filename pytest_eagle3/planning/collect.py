@@ -27,10 +27,12 @@ from pytest_eagle3.planning.declare import MLA_MAIN, PORTABLE_CASE, USER_DRAFT, 
 from pytest_eagle3.planning.request import acceptance_draft, acceptance_request, installed_rule, resolve
 from pytest_eagle3.sglang_source.id_keys import DRAFT_FILES, has_draft_model
 from pytest_eagle3.sglang_source.pp_code import read_pp_code
+from pytest_eagle3.worker.upstream_fixes import PP_LIFTS, UpstreamFixError, read_fix
 from pytest_eagle3.target.spec import DEFAULT_ARCHITECTURE
 
 if TYPE_CHECKING:
     from pytest_eagle3.conventions import IdRule
+    from pytest_eagle3.sglang_source.pp_code import PpCode
 
 # Reasons a (TP, need) pair is left out at collection (one summary line each).
 TP1_ONLY = (
@@ -59,6 +61,9 @@ NO_DRAFT_PATH = (
 )
 #: ``--eagle3-pp`` on an SGLang that refuses EAGLE-3 or its captures at PP (every engine would exit at startup).
 PP_GATE = "--eagle3-pp {pp}: {why}"
+#: The capture-only mode's PP check lifted by an upstream fix; EAGLE-3 itself is still refused.
+PP_EAGLE_GATE = ("--eagle3-pp {pp}: this SGLang refuses EAGLE-3 with pipeline parallelism at startup ({gate}); "
+                 "{fix} lifts only the capture-only mode's check, so the engines that serve a draft do not start")
 NO_EMBEDDING_ID = "{sglang} cannot capture the embedding: {layer0}; id rule {rule}: no id list yields hs[0]"
 NO_ACCEPTANCE_DRAFT = (
     "acceptance needs a trained EAGLE-3 draft: target {target} ships none; pass --eagle3-draft PATH"
@@ -195,9 +200,9 @@ def collect_reason(need: EngineNeed, ctx: NeedContext) -> str | None:
                                       or ctx.install.has_arg("enable_return_hidden_states")):
             return NO_DRAFT_PATH.format(sglang=ctx.install.describe())
         if s.pp > 1:
-            pp = read_pp_code(ctx.install.location, arch)
-            if pp.eagle_gate is not None or pp.capture_gate is not None:
-                return PP_GATE.format(pp=s.pp, why=pp.describe())
+            reason = _pp_reason(need, s.pp, read_pp_code(ctx.install.location, arch))
+            if reason is not None:
+                return reason
     if need.case == USER_DRAFT or ctx.install is None or ctx.facts is None:
         return None
     try:
@@ -219,6 +224,27 @@ def collect_reason(need: EngineNeed, ctx: NeedContext) -> str | None:
     if need.needs_embedding and prediction.known and 0 not in prediction.snapshots:
         return NO_EMBEDDING_ID.format(sglang=ctx.install.describe(), rule=rule.describe(),
                                       layer0=_layer0_text(rule))
+    return None
+
+
+def _pp_reason(need: EngineNeed, pp_size: int, pp: "PpCode") -> str | None:
+    """Why ``need`` is left out at ``--eagle3-pp`` > 1 (``None``: it runs).
+
+    An upstream fix that lifts the capture-only mode's check
+    (:data:`pytest_eagle3.worker.upstream_fixes.PP_LIFTS`, named by
+    :data:`pytest_eagle3.worker.env.FIX_ENV`) keeps the capture tests; the
+    engines that serve a draft still meet SGLang's EAGLE-3 gate.
+    """
+    try:
+        fix = read_fix()
+    except UpstreamFixError:
+        fix = None
+    if fix not in PP_LIFTS:
+        if pp.eagle_gate is not None or pp.capture_gate is not None:
+            return PP_GATE.format(pp=pp_size, why=pp.describe())
+        return None
+    if pp.eagle_gate is not None and any(n.acceptance for n in need.engine_set().values()):
+        return PP_EAGLE_GATE.format(pp=pp_size, gate=f"{pp.eagle_gate}: {pp.eagle_gate.text!r}", fix=fix)
     return None
 
 

@@ -190,6 +190,7 @@ def eagle3_engine_pool(request: pytest.FixtureRequest, eagle3_settings: Settings
         on_start=on_start,
         lease=eagle3_gpu_lease,
         upcoming=_engine_order(request.session, eagle3_settings, eagle3_sglang),
+        sglang_location=str(eagle3_sglang.location) if eagle3_sglang.location else None,
     )
     run.pool = pool
     yield pool

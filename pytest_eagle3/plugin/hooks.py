@@ -40,7 +40,7 @@ from pytest_eagle3.plugin.run import Eagle3Run, get_run, get_settings, register_
 from pytest_eagle3.plugin import session as eagle3_session
 from pytest_eagle3.plugin.session import ENGINE_LOGS_KEY, log_sections, uses_eagle3
 from pytest_eagle3.plugin.spellings import add_short_spellings
-from pytest_eagle3.plugin.validate import check_gpu_selection, check_target, check_user_draft
+from pytest_eagle3.plugin.validate import check_gpu_selection, check_pp, check_target, check_user_draft
 
 FIXTURES_MODULE = "pytest_eagle3.plugin.fixtures"
 BISECT_PLUGIN = "eagle3-bisect"
@@ -263,6 +263,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     own = [item for item in session.items if uses_eagle3(getattr(item, "fixturenames", ()))]
     settings = get_settings(session.config)
+    check_pp(settings)
     if own:
         check_gpu_selection(session.config, settings)
     if any(TARGET_FIXTURE in getattr(item, "fixturenames", ()) for item in own):

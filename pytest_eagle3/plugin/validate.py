@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -29,8 +30,12 @@ from pytest_eagle3.contracts.stacks import STACKS
 from pytest_eagle3.plugin.options import ENV_CACHE, ENV_TARGET, INI_TARGET
 from pytest_eagle3.plugin.parsers import MSG_BAD_TP, join
 from pytest_eagle3.settings import TP_CHOICES, Settings
+from pytest_eagle3.sglang_source import install as sglang_install
 from pytest_eagle3.target.prompts import load_prompts
 from pytest_eagle3.target.spec import LocalTarget, resolve_target
+
+if TYPE_CHECKING:
+    from pytest_eagle3.sglang_source.install import SGLangInstall
 
 MSG_DRAFT_NEEDS_STACK = (
     "--eagle3-draft and --eagle3-stack go together: name the draft directory and the "
@@ -40,7 +45,7 @@ MSG_NO_GPU = (
     "--device cuda: no GPU is visible ({probe}); run with --device cpu, or fix CUDA_VISIBLE_DEVICES"
 )
 MSG_TOO_FEW_GPUS = (
-    "--tp {tp} needs {tp} GPUs on --device cuda but {count} are visible ({probe}); "
+    "--tp {tp} needs {n} GPUs on --device cuda but {count} are visible ({probe}); "
     "lower --tp or make more GPUs visible"
 )
 MSG_CACHE_NOT_WRITABLE = (
@@ -50,6 +55,14 @@ MSG_CACHE_NOT_WRITABLE = (
 MSG_TP_HEADS = (
     "--tp {tp} does not divide the target's {heads} attention heads; use --tp {valid}"
 )
+MSG_PP_LAYERS = (
+    "--eagle3-pp {pp} is more pipeline stages than the target's {layers} layers: use --eagle3-pp {layers} or fewer"
+)
+#: On cpu every rank of every stage is a process on this machine (TP 8 is the most the CPU tier runs).
+MSG_PP_CPU_PROCESSES = (
+    "--tp {tp} x --eagle3-pp {pp} is {n} SGLang processes: the CPU tier runs at most 8; lower --tp or --eagle3-pp"
+)
+MSG_PP_NO_FLAG = "--eagle3-pp {pp}: {sglang} has no --pp-size (no pipeline parallelism to test)"
 MSG_GPU_NONE = (
     "-m gpu selects the GPU suite, but no GPU is visible ({how}); run it on the CPU tier "
     "with --device cpu, or on a machine with GPUs"
@@ -66,12 +79,16 @@ def validate_settings(settings: Settings) -> None:
         raise pytest.UsageError(MSG_DRAFT_NEEDS_STACK)
     if settings.tp not in TP_CHOICES:
         raise pytest.UsageError(MSG_BAD_TP.format(choices=join(TP_CHOICES), value=str(settings.tp)))
+    ranks = settings.tp * settings.pp
+    if settings.device == "cpu" and ranks > max(TP_CHOICES):
+        raise pytest.UsageError(MSG_PP_CPU_PROCESSES.format(tp=settings.tp, pp=settings.pp, n=ranks))
     if settings.device == "cuda":
         if settings.gpu.count == 0:
             raise pytest.UsageError(MSG_NO_GPU.format(probe=settings.gpu.how))
-        if settings.gpu.count < settings.tp:
+        if settings.gpu.count < ranks:
+            tp = str(settings.tp) if settings.pp == 1 else f"{settings.tp} x --eagle3-pp {settings.pp}"
             raise pytest.UsageError(
-                MSG_TOO_FEW_GPUS.format(tp=settings.tp, count=settings.gpu.count, probe=settings.gpu.how)
+                MSG_TOO_FEW_GPUS.format(tp=tp, n=ranks, count=settings.gpu.count, probe=settings.gpu.how)
             )
     # The default cache is checked only when a test uses it (check_target, below):
     # a read-only HOME must not break unrelated runs where the plugin is installed.
@@ -170,6 +187,38 @@ def check_target(settings: Settings) -> None:
         except Eagle3Error as exc:
             raise pytest.UsageError(f"--eagle3-prompts: {exc}") from None
     check_cache(settings)
+
+
+def check_pp(settings: Settings) -> None:
+    """``--eagle3-pp`` > 1 against the target's layers and the installed SGLang's flags
+    (asked for PP, the run checks it even where collection left every test out).
+
+    Raises:
+        pytest.UsageError: :data:`MSG_PP_LAYERS` or :data:`MSG_PP_NO_FLAG` (a bad target
+            is :func:`check_target`'s to report).
+    """
+    if settings.pp < 2:
+        return
+    try:
+        layers = resolve_target(settings.target).facts.num_layers
+    except Eagle3Error:
+        return
+    if settings.pp > layers:
+        raise pytest.UsageError(MSG_PP_LAYERS.format(pp=settings.pp, layers=layers))
+    try:
+        install = sglang_install.probe(settings.cache_dir)
+    except Eagle3Error:
+        return  # no SGLang: each test reports that itself
+    problem = check_pp_flag(settings.pp, install)
+    if problem:
+        raise pytest.UsageError(problem)
+
+
+def check_pp_flag(pp: int, install: "SGLangInstall | None") -> str | None:
+    """Error line when ``--eagle3-pp`` > 1 meets an SGLang without ``--pp-size``, else ``None``."""
+    if pp > 1 and install is not None and install.flags and not install.has_arg("pp_size"):
+        return MSG_PP_NO_FLAG.format(pp=pp, sglang=install.describe())
+    return None
 
 
 def _with_target_source(message: str, settings: Settings) -> str:

@@ -41,6 +41,7 @@ GATE_FILES = ("srt/arg_groups/validation_hook.py", "srt/server_args.py")
 #: A phrase of each gate's message (0.5.23).
 EAGLE_GATE_PHRASE = "Pipeline parallelism currently only supports EAGLE"
 CAPTURE_GATE_PHRASE = "only supports pp_size == 1"
+OVERLAP_GATE_PHRASE = "Pipeline parallelism is not compatible with overlap schedule"
 SPLIT_FILE = "srt/distributed/utils.py"
 SPLIT_FUNCTION = "get_pp_indices"
 #: SGLang's issue on the captures of earlier stages.
@@ -76,6 +77,9 @@ class PpCode:
             or None when it was not found.
         split_where: where the split was read.
         why_unknown: why ``earlier_stages_capture`` is unknown.
+        overlap_gate: the check that refuses PP with the overlap schedule (0.5.23
+            ``validation_hook.py:121``; None: none found), so a PP engine needs
+            ``--disable-overlap-schedule``.
     """
 
     eagle_gate: Where | None
@@ -85,6 +89,7 @@ class PpCode:
     split: Callable[[int, int, int], tuple[int, int]] | None
     split_where: str
     why_unknown: str = ""
+    overlap_gate: Where | None = None
 
     def stages(self, num_layers: int, pp_size: int) -> list[tuple[int, int]] | None:
         """``[(start, end), ...]`` per stage (end exclusive), by SGLang's own split."""
@@ -188,6 +193,66 @@ def _stage_check(reader: ModelFileReader, architecture: str) -> tuple[bool | Non
     return True, where, ""
 
 
+MODELS_DIR = "srt/models"
+
+
+@dataclass(frozen=True)
+class FamilyStageChecks:
+    """Each model file's ``set_eagle3_layers_to_capture``, sorted by what it does at PP.
+
+    Attributes:
+        last_stage_only: ``file:line`` of the methods whose first statement returns
+            unless ``pp_group.is_last_rank`` (0.5.23: ``deepseek_v2.py``, ``llama.py``,
+            ``qwen3_moe.py`` and 16 more): their earlier stages never capture.
+        every_stage: methods without a stage test (they set layers on every stage).
+        delegating: methods that hand the ids to another model's method (multimodal wrappers).
+    """
+
+    last_stage_only: tuple[str, ...]
+    every_stage: tuple[str, ...]
+    delegating: tuple[str, ...]
+
+    def describe(self) -> str:
+        def names(where: tuple[str, ...]) -> str:
+            return ", ".join(w.split(":")[0].removesuffix(".py") for w in where) or "none"
+
+        def count(where: tuple[str, ...]) -> str:
+            return f"{len(where)} model file" + ("" if len(where) == 1 else "s")
+
+        return (f"{count(self.last_stage_only)}: captures on the last stage only ({METHOD} returns "
+                f"on the others: {names(self.last_stage_only)}); {count(self.every_stage)} have no stage test "
+                f"({names(self.every_stage)}); {count(self.delegating)} hand the ids to another model")
+
+
+def _first_statement(method: ast.FunctionDef) -> ast.stmt | None:
+    body = [n for n in method.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+    return body[0] if body else None
+
+
+@functools.lru_cache(maxsize=8)
+def read_family_stage_checks(location: str | Path) -> FamilyStageChecks:
+    """Sort every ``set_eagle3_layers_to_capture`` under ``srt/models`` of the SGLang at ``location``."""
+    early, every, delegating = [], [], []
+    for path in sorted((Path(location) / MODELS_DIR).glob("*.py")):
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, UnicodeDecodeError):
+            continue
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.FunctionDef) and node.name == METHOD):
+                continue
+            where = f"{path.name}:{node.lineno}"
+            first = _first_statement(node)
+            if (isinstance(first, ast.If) and "is_last_rank" in ast.unparse(first.test)
+                    and first.body and isinstance(first.body[0], ast.Return)):
+                early.append(where)
+            elif any(isinstance(n, ast.Attribute) and n.attr == METHOD for n in ast.walk(node)):
+                delegating.append(where)
+            else:
+                every.append(where)
+    return FamilyStageChecks(tuple(early), tuple(every), tuple(delegating))
+
+
 @functools.lru_cache(maxsize=8)
 def read_pp_code(location: str | Path, architecture: str = "DeepseekV3ForCausalLM") -> PpCode:
     """Read the gates, the split and the stage check from the installed SGLang at ``location``
@@ -196,4 +261,4 @@ def read_pp_code(location: str | Path, architecture: str = "DeepseekV3ForCausalL
     split, split_where = _read_split(root)
     captures, where, why = _stage_check(ModelFileReader(root), architecture)
     return PpCode(_find_phrase(root, EAGLE_GATE_PHRASE), _find_phrase(root, CAPTURE_GATE_PHRASE),
-                  captures, where, split, split_where, why)
+                  captures, where, split, split_where, why, _find_phrase(root, OVERLAP_GATE_PHRASE))

@@ -13,7 +13,7 @@ SGLang's own code either way; what a switch skips is only the hand-over of the
 list from the server arguments to that call.  Faults on that method
 (:mod:`pytest_eagle3.worker.fault_injection`) apply to a switched list too.
 
-Proof that a switch ran: each rank writes ``IDS.applied.rank<r>`` (JSON
+Proof that a switch ran: each rank (at PP, of the last stage) writes ``IDS.applied.rank<r>`` (JSON
 ``{"ids": ..., "layers_to_capture": [...]}``) after applying, and the test
 process refuses captures whose every rank did not apply the ids it asked for
 (:meth:`pytest_eagle3.capture.runner.CaptureRunner`).
@@ -71,6 +71,8 @@ def _before_forward(*args: Any, **kwargs: Any) -> None:
     ids = json.loads(raw.decode())
     model.set_eagle3_layers_to_capture(list(ids) if ids is not None else None)
     layers = list(getattr(getattr(model, "model", None), "layers_to_capture", []) or [])
+    if not recorder_hook.is_last_pp_stage():
+        return None  # at PP, the last stage's list is the one its captures follow
     rank, _ = recorder_hook._tp_rank_and_size()
     out = Path(directory) / APPLIED_FILE.format(rank=rank)
     tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")  # one per rank: ranks write at once

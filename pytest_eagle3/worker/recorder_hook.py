@@ -65,6 +65,17 @@ def _tp_rank_and_size() -> tuple[int, int]:
         return int(dist.get_rank()), int(dist.get_world_size())
 
 
+def is_last_pp_stage() -> bool:
+    """Whether this worker is on the last pipeline stage (always, without PP): the stage
+    whose captures reach the draft (``srt/distributed/parallel_state.py`` ``get_pp_group``)."""
+    try:
+        from sglang.srt.distributed.parallel_state import get_pp_group
+
+        return bool(get_pp_group().is_last_rank)
+    except (ImportError, AttributeError, AssertionError):
+        return True
+
+
 def _shard(model: Any) -> tuple[int, int] | None:
     indices = getattr(getattr(model, "embed_tokens", None), "shard_indices", None)
     if indices is None:

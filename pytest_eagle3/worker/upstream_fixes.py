@@ -22,6 +22,14 @@ imported, and production servers never see it.
   layer that receives such a stream gets a copy of it, so a capture the model
   kept is never the tensor an in-place norm later rewrites (the PR's second
   half: captures "can be overwritten by subsequent fused normalization").
+* ``pp-capture-gate-lifted`` (the open PRs that loosen SGLang's PP gates,
+  #39378, #39602, #38698): the capture-only mode's ``pp_size == 1`` check
+  lifted, nothing else (:mod:`pytest_eagle3.worker.pp_relay`).
+* ``pp-capture-relay`` (SGLang issue #39634, earlier stages never capture):
+  the lift, plus each pipeline stage capturing its own layers, the captures
+  travelling to the last stage with the hidden states, and the per-request
+  return travelling back to the stage that answers
+  (:mod:`pytest_eagle3.worker.pp_relay`).
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import logging
 import os
 from typing import Any, Callable
 
+from pytest_eagle3.worker import pp_relay
 from pytest_eagle3.worker.env import FIX_ENV
 
 #: fix -> (what it changes, the upstream pull request it follows).
@@ -39,7 +48,19 @@ CATALOG: dict[str, tuple[str, str]] = {
         "stream, a copy the next layer's norms never write",
         "SGLang PR #39286 (Gemma 3 captures omit the residual)",
     ),
+    "pp-capture-gate-lifted": (
+        "the capture-only mode's pp_size == 1 check (validation_hook.py handle_aux_hidden_state_capture) runs on "
+        "a view whose pp_size reads 1; SGLang's capture path behind it is unchanged",
+        "the open PRs that loosen SGLang's PP gates (#39378, #39602, #38698)",
+    ),
+    "pp-capture-relay": (
+        "the lift, and each pipeline stage captures its own layers; the captures travel to the last stage in the "
+        "proxy tensors, and the per-request hidden states travel back in the output tensors",
+        "SGLang issue #39634 (at PP only the last stage captures)",
+    ),
 }
+#: The fixes that lift SGLang's capture-only PP check (collection keeps the PP tests under them).
+PP_LIFTS = frozenset({"pp-capture-gate-lifted", "pp-capture-relay"})
 
 GEMMA3_LAYER = "sglang.srt.models.gemma3_causal.Gemma3DecoderLayer.forward"
 #: Logged once per process at the fix's first call (the e2e test reads it back).
@@ -91,4 +112,6 @@ def install(fix: str | None = None) -> str | None:
 
     if fix == "gemma3-capture-residual":
         HookRegistry.register(GEMMA3_LAYER, _around_gemma3_layer, HookType.AROUND)
+    elif fix in PP_LIFTS:
+        pp_relay.install(relay=fix == "pp-capture-relay")
     return fix

@@ -22,11 +22,12 @@ import pytest
 from pytest_eagle3.target.checkpoint.cache import cache_key
 from pytest_eagle3.plugin import header
 from pytest_eagle3.target.checkpoint import builder, cache, ensure_checkpoint, entry_dir
-from pytest_eagle3.sglang_source.install import IMPORT_FAILED, NOT_INSTALLED
+from pytest_eagle3.sglang_source.install import IMPORT_FAILED, NOT_INSTALLED, SGLangInstall
 from pytest_eagle3.engine.pool import FAILED_BEFORE
 from pytest_eagle3.errors import Eagle3ConfigError
 from pytest_eagle3.plugin.options import ENV_TARGET
-from pytest_eagle3.plugin.validate import MSG_CACHE_NOT_WRITABLE, MSG_FROM_SOURCE, check_tp_divides
+from pytest_eagle3.plugin.validate import (MSG_CACHE_NOT_WRITABLE, MSG_FROM_SOURCE, MSG_PP_CPU_PROCESSES,
+                                           MSG_PP_LAYERS, MSG_PP_NO_FLAG, check_pp_flag, check_tp_divides)
 from pytest_eagle3.plugin.session import LOG_SECTION, LOG_SHOWN_BEFORE
 from pytest_eagle3.target.spec import MISSING_CONFIG_MSG, UNKNOWN_TARGET_MSG, TargetSpec, list_presets
 
@@ -178,6 +179,31 @@ def test_tp_that_does_not_divide_the_heads(pytester: pytest.Pytester, tmp_path: 
     assert message == "--tp 4 does not divide the target's 6 attention heads; use --tp 1 or 2"
     assert_usage_error(result, message)
     assert not cache_dir.exists()
+
+
+def test_pp_above_the_layers_and_too_many_cpu_processes(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """``--pp 6`` on a 4-layer target, and ``--pp 16`` (or ``--tp 4 --pp 4``) on cpu: one usage
+    line each, before any engine."""
+    target = tmp_path / "four-layers"
+    target.mkdir()
+    (target / "config.json").write_text(
+        '{"num_hidden_layers": 4, "hidden_size": 96, "vocab_size": 256, "num_attention_heads": 6}'
+    )
+    cache_dir = tmp_path / "cache"
+    result = run_suite(pytester, cache_dir, "--pp", "6", "--eagle3-target", str(target))
+    assert_usage_error(result, MSG_PP_LAYERS.format(pp=6, layers=4))
+    assert not (cache_dir / "checkpoints").exists()
+    result = run_suite(pytester, cache_dir, "--pp", "16")
+    assert_usage_error(result, MSG_PP_CPU_PROCESSES.format(tp=1, pp=16, n=16))
+    result = run_suite(pytester, cache_dir, "--tp", "4", "--pp", "4")
+    assert_usage_error(result, MSG_PP_CPU_PROCESSES.format(tp=4, pp=4, n=16))
+
+
+def test_pp_on_an_sglang_without_pp_size() -> None:
+    """A fork whose server has no ``--pp-size``: one line naming it."""
+    fork = SGLangInstall(version="0.0.1", location="/fork/sglang", flags=frozenset({"tp-size"}), python="python")
+    assert check_pp_flag(2, fork) == MSG_PP_NO_FLAG.format(pp=2, sglang=fork.describe())
+    assert check_pp_flag(1, fork) is None and check_pp_flag(2, None) is None
 
 
 def test_target_directory_without_config(pytester: pytest.Pytester, tmp_path: Path) -> None:

@@ -74,3 +74,28 @@ def test_inspect_and_info_say_the_same(capsys: pytest.CaptureFixture[str]) -> No
     out = capsys.readouterr().out
     assert f"pipeline parallelism: {described}" in out and "  stage 1: layers 4-7" in out
     assert main(["info", "--layers", "2", "--pp", "4"]) == 2  # more stages than layers
+
+
+def test_each_model_files_stage_check(tmp_path: Path) -> None:
+    """Model files sorted by their ``set_eagle3_layers_to_capture``: returns unless the last
+    stage, no stage test, or hands the ids on."""
+    from pytest_eagle3.sglang_source.pp_code import read_family_stage_checks
+
+    models = tmp_path / "srt" / "models"
+    models.mkdir(parents=True)
+    (models / "early.py").write_text(
+        "class A:\n    def set_eagle3_layers_to_capture(self, ids=None):\n        '''doc'''\n"
+        "        if not self.pp_group.is_last_rank:\n            return\n        self.model.layers_to_capture = ids\n")
+    (models / "every.py").write_text(
+        "class B:\n    def set_eagle3_layers_to_capture(self, ids=None):\n        self.model.layers_to_capture = ids\n")
+    (models / "wrapper.py").write_text(
+        "class C:\n    def set_eagle3_layers_to_capture(self, ids=None):\n"
+        "        self.language_model.set_eagle3_layers_to_capture(ids)\n")
+    checks = read_family_stage_checks(tmp_path)
+    assert checks.last_stage_only == ("early.py:2",) and checks.every_stage == ("every.py:2",)
+    assert checks.delegating == ("wrapper.py:2",)
+    assert checks.describe().startswith("1 model file: captures on the last stage only")
+    if LOCATION is not None and (LOCATION / "srt/arg_groups/validation_hook.py").is_file():
+        installed = read_family_stage_checks(LOCATION)
+        assert any(w.startswith("deepseek_v2.py:") for w in installed.last_stage_only)
+        assert any(w.startswith("llama.py:") for w in installed.last_stage_only)

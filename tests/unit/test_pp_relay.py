@@ -1,0 +1,191 @@
+"""worker/pp_relay.py without an engine: the stage arithmetic, the relay of each
+stage's captures and of the per-request hidden states, the lift of the
+capture-only check; engine/pp_start.py's ``[pp-earlier-stage]`` line; and
+collection under the lift.
+
+On the real engine: ``tests/e2e/test_pp.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from pytest_eagle3.engine import pp_start, server_log
+from pytest_eagle3.engine.config import EngineConfig
+from pytest_eagle3.planning import collect, declare
+from pytest_eagle3.settings import GpuProbe, Settings
+from pytest_eagle3.sglang_source import install
+from pytest_eagle3.sglang_source.install import sglang_location_and_version
+from pytest_eagle3.target.spec import TargetSpec
+from pytest_eagle3.worker import pp_relay, upstream_fixes
+from pytest_eagle3.worker.env import FIX_ENV
+
+LOCATION, _ = sglang_location_and_version()
+needs_validation_hook = pytest.mark.skipif(
+    LOCATION is None or not (LOCATION / "srt/arg_groups/validation_hook.py").is_file(),
+    reason="needs an installed SGLang with srt/arg_groups/validation_hook.py (0.5.23)")
+H = 4
+
+
+def test_the_fixes_are_in_the_catalog() -> None:
+    assert upstream_fixes.PP_LIFTS <= set(upstream_fixes.CATALOG)
+    assert upstream_fixes.read_fix({FIX_ENV: "pp-capture-relay"}) == "pp-capture-relay"
+
+
+def test_stage_ids_and_merge() -> None:
+    assert pp_relay.stage_ids([0, 3, 5], 0, 4) == [0, 3]
+    assert pp_relay.stage_ids([0, 3, 5], 4, 8) == [5]
+    assert pp_relay.stage_ids([8], 4, 8) == []  # id L: never a layer's input
+    a, b = torch.zeros(3, 2 * H), torch.ones(3, H)
+    assert pp_relay.merge(None, b) is b and pp_relay.merge(a, None) is a
+    merged = pp_relay.merge(a, b)
+    assert merged.shape == (3, 3 * H) and merged[:, :2 * H].eq(0).all() and merged[:, 2 * H:].eq(1).all()
+
+
+class _Group(SimpleNamespace):
+    pass
+
+
+class _Proxy:
+    def __init__(self, tensors: dict[str, Any]) -> None:
+        self.tensors = tensors
+
+
+def _stage(rank: int, start: int, end: int, wanted: list[int]) -> SimpleNamespace:
+    group = _Group(is_first_rank=rank == 0, is_last_rank=rank == 1, rank_in_group=rank, world_size=2)
+    return SimpleNamespace(pp_group=group, layers_to_capture=list(wanted), start_layer=start, end_layer=end)
+
+
+def test_a_stage_relays_its_own_layers_and_the_last_stage_puts_them_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stage 0 (layers 0-3) captures ids 0 and 3 and sends them with the proxy tensors;
+    stage 1 (layers 4-7) captures id 5 and returns ``[tokens, 3 * H]``, stage 0's columns first."""
+    seen: list[list[int]] = []
+    rows0 = torch.arange(3 * 2 * H, dtype=torch.float32).reshape(3, 2 * H)
+
+    def stage0_forward(model: Any, *args: Any, **kwargs: Any) -> _Proxy:
+        seen.append(list(model.layers_to_capture))
+        return _Proxy({"hidden_states": torch.zeros(3, H)})
+
+    monkeypatch.setattr(pp_relay, "_with_recorded_packer",
+                        lambda original, model, *a, **k: (original(model, *a, **k), rows0))
+    stage0 = _stage(0, 0, 4, [0, 3, 5])
+    proxy = pp_relay.around_stage_forward(stage0_forward, stage0, "ids", "pos", "batch", None, None)
+    assert seen == [[0, 3]] and stage0.layers_to_capture == [0, 3, 5]  # restored after the forward
+    assert proxy.tensors[pp_relay.STAGE_KEY] is rows0
+
+    own = torch.full((3, H), 7.0)
+
+    def stage1_forward(model: Any, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        seen.append(list(model.layers_to_capture))
+        return torch.zeros(3, H), own
+
+    stage1 = _stage(1, 4, 8, [0, 3, 5])
+    hidden, aux = pp_relay.around_stage_forward(stage1_forward, stage1, "ids", "pos", "batch", None, proxy)
+    assert seen[-1] == [5] and aux.shape == (3, 3 * H)
+    assert torch.equal(aux[:, :2 * H], rows0) and torch.equal(aux[:, 2 * H:], own)
+
+
+def test_the_last_stage_without_layers_of_its_own_returns_the_relayed_rows() -> None:
+    rows = torch.ones(2, 2 * H)
+    stage1 = _stage(1, 4, 8, [0, 3])
+    out = pp_relay.around_stage_forward(lambda model, *a, **k: torch.zeros(2, H), stage1,
+                                        pp_proxy_tensors=_Proxy({pp_relay.STAGE_KEY: rows}))
+    assert out[1] is rows
+
+
+def test_without_pp_or_captures_the_forward_is_sglangs() -> None:
+    single = SimpleNamespace(pp_group=_Group(is_first_rank=True, is_last_rank=True), layers_to_capture=[0, 3],
+                             start_layer=0, end_layer=8)
+    assert pp_relay.around_stage_forward(lambda model, *a, **k: "sglang", single) == "sglang"
+
+
+def test_set_layers_runs_sglangs_rule_on_an_earlier_stage() -> None:
+    """SGLang's method returns at once unless ``pp_group.is_last_rank``: the fix lets it run
+    (the inner model's list set) and leaves the stage's ``capture_aux_hidden_states`` off."""
+
+    def sglang_method(model: Any, layer_ids: list[int]) -> None:
+        if not model.pp_group.is_last_rank:
+            return
+        model.capture_aux_hidden_states = True
+        model.model.layers_to_capture = list(layer_ids)
+
+    group = _Group(is_last_rank=False)
+    model = SimpleNamespace(pp_group=group, capture_aux_hidden_states=False, model=SimpleNamespace(layers_to_capture=[]))
+    pp_relay.around_set_layers(sglang_method, model, [0, 3, 5])
+    assert model.model.layers_to_capture == [0, 3, 5] and model.capture_aux_hidden_states is False
+    assert model.pp_group is group
+
+
+def test_the_per_request_hidden_states_ride_back_to_the_first_stage() -> None:
+    hidden = torch.ones(5, 3 * H)
+    result = SimpleNamespace(logits_output=SimpleNamespace(hidden_states=hidden), extend_input_len_per_req=[2, 3])
+    sent = pp_relay.after_prepare_outputs({"next_token_ids": 0}, None, result, SimpleNamespace(return_hidden_states=True))
+    assert sent[pp_relay.RETURN_KEY] is not None and sent[pp_relay.RETURN_LENS_KEY] == [2, 3]
+    assert pp_relay.RETURN_KEY not in pp_relay.after_prepare_outputs(
+        {}, None, result, SimpleNamespace(return_hidden_states=False))
+
+    received = SimpleNamespace(logits_output=SimpleNamespace(hidden_states=None), extend_input_len_per_req=None)
+    out = pp_relay.around_prep_result(lambda *a: received, None, "batch", "meta", _Proxy(sent))
+    assert torch.equal(out.logits_output.hidden_states, hidden) and out.extend_input_len_per_req == [2, 3]
+
+
+def test_the_capture_check_sees_pp_size_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    vh = pytest.importorskip("sglang.srt.arg_groups.validation_hook")
+    args = SimpleNamespace(pp_size=2, other="x")
+    monkeypatch.setattr(vh, "resolving_view", lambda a: a)
+    seen = pp_relay.around_capture_check(lambda a: (vh.resolving_view(a).pp_size, vh.resolving_view(a).other), args)
+    assert seen == (1, "x") and args.pp_size == 2 and vh.resolving_view(args) is args
+
+
+def _config(tmp_path: Path, pp: int) -> EngineConfig:
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 8}))
+    return EngineConfig(model_path=str(tmp_path), tp=1, device="cpu",
+                        server_args=(("pp_size", pp), ("tp_size", 1)), env=())
+
+
+@needs_validation_hook
+def test_a_short_packer_at_pp_is_named(tmp_path: Path) -> None:
+    cause = "RuntimeError: captured 2 of 3 aux hidden states (sglang/srt/layers/aux_hidden_states.py:87)"
+    line = pp_start.explain_start(_config(tmp_path, 2), cause, str(LOCATION))
+    assert line is not None and line.startswith("[pp-earlier-stage] at PP 2 only the last stage captures")
+    assert "the last stage holds layers 4-7 and captured 2 of the 3 layers to capture" in line
+    assert "the other one lies on an earlier stage (stage 0: layers 0-3)" in line and "#39634" in line
+    assert pp_start.explain_start(_config(tmp_path, 1), cause, str(LOCATION)) is None
+    assert pp_start.explain_start(_config(tmp_path, 2), "TypeError: x", str(LOCATION)) is None
+
+
+def test_the_start_cause_is_the_schedulers_exception(tmp_path: Path) -> None:
+    """The launcher's warm-up request to a dying server may be logged before the
+    scheduler's traceback: the scheduler's is the cause."""
+    log = tmp_path / "s.log"
+    log.write_text(
+        "Traceback (most recent call last):\n"
+        '  File "/x/sglang/srt/entrypoints/http_server.py", line 9, in warm\n'
+        "ConnectionRefusedError: [Errno 111] Connection refused\n"
+        "[PP1] Scheduler hit an exception: Traceback (most recent call last):\n"
+        '  File "/x/sglang/srt/layers/aux_hidden_states.py", line 87, in finalize\n'
+        "RuntimeError: captured 2 of 3 aux hidden states\n")
+    assert server_log.startup_cause(log) == \
+        ": RuntimeError: captured 2 of 3 aux hidden states (sglang/srt/layers/aux_hidden_states.py:87)"
+
+
+@needs_validation_hook
+def test_under_a_lift_the_capture_tests_stay_and_acceptance_meets_the_eagle_gate(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(FIX_ENV, "pp-capture-gate-lifted")
+    facts = TargetSpec.preset("tiny-dsv3").facts
+    sglang = install.probe(None)
+    settings = Settings(tp=1, pp=2, device="cpu", gpu=GpuProbe(0, "test"))
+    ctx = declare.NeedContext(settings, 1, sglang, facts)
+    needs = declare.case_needs()
+    reasons = {n.name: collect.collect_reason(n, ctx) for n in needs}
+    gated = {name for name, r in reasons.items() if r is not None and r.startswith("--eagle3-pp 2: this SGLang refuses")}
+    assert gated == {n.name for n in needs if any(m.acceptance for m in n.engine_set().values())}
+    assert any(r is None for r in reasons.values())
+    assert all("pp-capture-gate-lifted lifts only the capture-only mode's check" in reasons[g] for g in gated)
