@@ -23,6 +23,7 @@ from pytest_eagle3.capture.draft_path import capture_draft_path
 from pytest_eagle3.engine.standin_proof import NOT_TAKEN, configured, not_taken
 from pytest_eagle3.engine.recordings import Recorder, decode_records, prefill_records, request_forwards
 from pytest_eagle3.errors import Eagle3EngineError
+from pytest_eagle3.sglang_source.pp_code import read_pp_code
 
 #: An engine that switches ids did not apply a request's ids on every rank.
 IDS_NOT_SWITCHED = (
@@ -103,6 +104,16 @@ class CaptureRunner:
         (:data:`pytest_eagle3.worker.cpu.allreduce_fusion.FUSION_ENV`)."""
         config = self.last_config or self.engine_config(None)
         return config.env_dict().get(FUSION_ENV) == "1"
+
+    @property
+    def pp_stages(self) -> tuple[tuple[int, int], ...]:
+        """``((start, end), ...)`` per pipeline stage of this runner's engines (end exclusive),
+        by the installed SGLang's own ``get_pp_indices``; ``()`` at PP 1 or where it is unknown."""
+        pp = int(self.options.pp or 1)
+        if pp < 2 or self.facts is None or not self.install.location:
+            return ()
+        stages = read_pp_code(self.install.location).stages(self.facts.num_layers, pp)
+        return tuple(stages or ())
 
     def engine_config(self, layer_ids: Sequence[int] | None, extra_args: Mapping[str, Any] | None = None,
                       draft: str | None = None) -> "EngineConfig":

@@ -34,7 +34,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
-from pytest_eagle3.planning.selftest import contrast_plan, self_test_args, self_test_plan
+from pytest_eagle3.planning.selftest import contrast_plan, self_test_args, self_test_env, self_test_plan
+from pytest_eagle3.worker.faults import NEEDS_PP
 from pytest_eagle3.worker.faults import RUN_LEVEL, named_as
 
 #: Verdicts of one kind.
@@ -244,7 +245,9 @@ def self_test(work: Path, *, no_tp: int = 1, kinds: Sequence[str] | None = None,
         tp, tests = plan[kind]
         progress(f"[{n}/{total}] fault {kind} at TP {tp}: {', '.join(tests)}")
         confine = contrasts.get(kind, ())
-        run = runner(work / kind, (*tests, *confine), tp, kind, [*extra, *self_test_args(kind)])
+        env = self_test_env(kind)
+        run = runner(work / kind, (*tests, *confine), tp, kind, [*extra, *self_test_args(kind)],
+                     **({"env": {**os.environ, **env}} if env else {}))
         if run.returncode == USAGE_ERROR:
             result.usage_error = _usage_line(run.output)
             return result
@@ -255,8 +258,12 @@ def self_test(work: Path, *, no_tp: int = 1, kinds: Sequence[str] | None = None,
     tp = max(plan[k][0] for k in chosen)
     progress(f"[{total}/{total}] control, no fault, at TP {tp}: {len(tests)} tests")
     # The control runs every path the faults did (in-place norms, fused all-reduce).
-    paths = list(dict.fromkeys(a for k in chosen for a in self_test_args(k)))
-    run = runner(work / "control", tests, tp, None, [*extra, *paths])
+    # The control at PP only when every chosen kind runs at PP (its tests pass at PP with
+    # the relay: tests/e2e/test_pp.py); a mixed run keeps its control at PP 1.
+    at_pp = all(k in NEEDS_PP for k in chosen)
+    paths = [a for k in dict.fromkeys(self_test_args(k) for k in chosen if at_pp or k not in NEEDS_PP) for a in k]
+    env = {key: value for k in chosen if at_pp for key, value in self_test_env(k).items()}
+    run = runner(work / "control", tests, tp, None, [*extra, *paths], **({"env": {**os.environ, **env}} if env else {}))
     verdict, detail = judge(None, tests, run)
     result.control = KindResult(None, tp, tests, verdict, detail, run.seconds, work / "control" / "output.txt")
     progress(f"      {verdict} in {run.seconds:.0f} s: {detail}")

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from pytest_eagle3.worker.faults import CATALOG, NEEDS_FUSED_ALLREDUCE, NEEDS_INPLACE_NORM, NEEDS_TP
+from pytest_eagle3.worker.env import FIX_ENV
+from pytest_eagle3.worker.faults import CATALOG, NEEDS_FUSED_ALLREDUCE, NEEDS_INPLACE_NORM, NEEDS_PP, NEEDS_TP
 
-__all__ = ["NEEDS_TP", "Catch", "contrast_plan", "suite_catches", "self_test_args", "self_test_plan"]
+__all__ = ["NEEDS_TP", "Catch", "contrast_plan", "suite_catches", "self_test_args", "self_test_env", "self_test_plan"]
 
 #: The marker a packaged test names the fault kinds it must catch with.
 CATCHES_MARK = "eagle3_catches"
@@ -143,9 +144,22 @@ def self_test_args(kind: str | None) -> tuple[str, ...]:
     :data:`~pytest_eagle3.worker.faults.NEEDS_INPLACE_NORM`,
     ``--eagle3-cpu-allreduce-fusion`` for those in
     :data:`~pytest_eagle3.worker.faults.NEEDS_FUSED_ALLREDUCE` (both act on cpu
-    only; a GPU runs these paths natively).  ``None``: none."""
+    only; a GPU runs these paths natively), ``--eagle3-pp 2`` for those in
+    :data:`~pytest_eagle3.worker.faults.NEEDS_PP`.  ``None``: none."""
     if kind in NEEDS_INPLACE_NORM:
         return ("--eagle3-cpu-norm", "inplace")
     if kind in NEEDS_FUSED_ALLREDUCE:
         return ("--eagle3-cpu-allreduce-fusion",)
+    if kind in NEEDS_PP:
+        return ("--eagle3-pp", "2")
     return ()
+
+
+#: The upstream fix a PP kind's engines run with: it relays each stage's captures, which the fault corrupts.
+PP_FIX = "pp-capture-relay"
+
+
+def self_test_env(kind: str | None) -> dict[str, str]:
+    """Environment a fault's child run adds: :data:`FIX_ENV` = :data:`PP_FIX` for the kinds in
+    :data:`~pytest_eagle3.worker.faults.NEEDS_PP`; ``{}`` for the others."""
+    return {FIX_ENV: PP_FIX} if kind in NEEDS_PP else {}

@@ -32,14 +32,16 @@ def tolerance(settings: Settings) -> float:
 
 
 def evidence(checkpoint: Path, prompts: Sequence[Sequence[int]], facts: "TargetFacts", tp: int, *,
-             attn_tp: int | None = None, fused_allreduce: bool = False) -> list:
+             attn_tp: int | None = None, fused_allreduce: bool = False,
+             pp_stages: Sequence[tuple[int, int]] = ()) -> list:
     """Per prompt, the lazy candidates that let a failing comparison name its bug
     (:func:`pytest_eagle3.verdicts.evidence.checkpoint_evidence`): nothing is
     read or computed unless a slot matches no snapshot.  ``fused_allreduce``:
-    the engine fuses its MLP all-reduces into the next norm (``eagle3_capture.fused_allreduce``)."""
+    the engine fuses its MLP all-reduces into the next norm (``eagle3_capture.fused_allreduce``);
+    ``pp_stages``: its pipeline stages' layers (``eagle3_capture.pp_stages``)."""
 
     return checkpoint_evidence(checkpoint, prompts, tp=tp, vocab_size=facts.vocab_size, attn_tp=attn_tp,
-                               fused_allreduce=fused_allreduce)
+                               fused_allreduce=fused_allreduce, pp_stages=pp_stages)
 
 
 def returned_rows(cap, ref, ev=None):

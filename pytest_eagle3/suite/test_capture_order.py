@@ -35,6 +35,8 @@ from pytest_eagle3.verdicts.order import check_capture_order, check_width
 # draft consumes wrongly: right, the contrast the run-level diagnosis needs.
 @pytest.mark.eagle3_catches("stale-no-residual", "draft-fc-reversed", need=cases.WIDE_CASE, contrast=True)
 @pytest.mark.eagle3_catches("offset-missing", need="specforge-default-ids", tp=1)
+# At --eagle3-pp 2 ids [0, 3, 5] span both stages (layers 0-3 and 4-7).
+@pytest.mark.eagle3_catches("pp-earlier-stage-zeroed", need=cases.WIDE_CASE, tp=1)
 def test_capture_order(eagle3_engine_request, eagle3_capture, eagle3_reference, eagle3_model_config,
                        eagle3_sglang, eagle3_settings, eagle3_checkpoint, eagle3_tp, record_property, pytestconfig):
     req = eagle3_engine_request
@@ -45,7 +47,7 @@ def test_capture_order(eagle3_engine_request, eagle3_capture, eagle3_reference, 
     record_property("eagle3_rule", rule.to_dict())
     captures = eagle3_capture.run(req)
     candidates = evidence(eagle3_checkpoint, eagle3_capture.prompts, eagle3_model_config, eagle3_tp,
-                          fused_allreduce=eagle3_capture.fused_allreduce)
+                          fused_allreduce=eagle3_capture.fused_allreduce, pp_stages=eagle3_capture.pp_stages)
     checks = []  # every request judged, then the first wrong one stops the test
     for cap, ref, ev in zip(captures, eagle3_reference, candidates):
         n = len(req.predicted) if rule.known else cap.width // H

@@ -57,7 +57,7 @@ def test_draft_receives_its_training_contract(eagle3_engine_request, eagle3_capt
     tol = tolerance(eagle3_settings)
     captures = eagle3_capture.run(req)
     candidates = evidence(eagle3_checkpoint, eagle3_capture.prompts, eagle3_model_config, eagle3_tp,
-                          fused_allreduce=eagle3_capture.fused_allreduce)
+                          fused_allreduce=eagle3_capture.fused_allreduce, pp_stages=eagle3_capture.pp_stages)
     checks = []  # every request judged, then the first wrong one stops the test
     for cap, ref, ev in zip(captures, eagle3_reference, candidates):
         ref, ev = returned_rows(cap, ref, ev)

@@ -75,12 +75,12 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_set, eagle3_
     extended = extended_candidates = None
     attn_tp = attention_tp(eagle3_tp, req.extra_args)
     candidates = evidence(eagle3_checkpoint, eagle3_capture.prompts, eagle3_model_config, eagle3_tp, attn_tp=attn_tp,
-                          fused_allreduce=eagle3_capture.fused_allreduce)
+                          fused_allreduce=eagle3_capture.fused_allreduce, pp_stages=eagle3_capture.pp_stages)
     if req.decode_steps:
         seqs = [list(c.prompt) + list(c.output_ids[:-1]) for c in captures]
         extended = ensure_reference(eagle3_checkpoint, seqs)
         extended_candidates = evidence(eagle3_checkpoint, seqs, eagle3_model_config, eagle3_tp, attn_tp=attn_tp,
-                                       fused_allreduce=eagle3_capture.fused_allreduce)
+                                       fused_allreduce=eagle3_capture.fused_allreduce, pp_stages=eagle3_capture.pp_stages)
     # Every request is judged before the test stops on the first wrong one: the
     # run-level diagnosis weighs which requests, modes and paths were right.
     checks = []

@@ -101,11 +101,11 @@ def test_every_rank_fully_reduced(rank_captures, eagle3_reference, eagle3_model_
                   tol=tolerance(eagle3_settings))
     report = check_rank_slots(got.prefill, eagle3_reference, **kwargs,
                               evidence=evidence(eagle3_checkpoint, eagle3_capture.prompts, facts, eagle3_tp,
-                                                fused_allreduce=eagle3_capture.fused_allreduce))
+                                                fused_allreduce=eagle3_capture.fused_allreduce, pp_stages=eagle3_capture.pp_stages))
     fail_if_bad(report, config=pytestconfig, where=rank_where(req, got))
     # Decode rows: candidates of the extended sequences at the decode positions.
     seqs = [list(c.prompt) + list(c.output_ids[:-1]) for c in got.captures]
-    candidates = evidence(eagle3_checkpoint, seqs, facts, eagle3_tp, fused_allreduce=eagle3_capture.fused_allreduce)
+    candidates = evidence(eagle3_checkpoint, seqs, facts, eagle3_tp, fused_allreduce=eagle3_capture.fused_allreduce, pp_stages=eagle3_capture.pp_stages)
     decode_evidence = [lambda ev=ev, T=len(c.prompt): ev().rows(T, T + DECODE_STEPS)
                        for ev, c in zip(candidates, got.captures)]
     fail_if_bad(check_rank_slots(got.decode, decode_references(eagle3_checkpoint, got), **kwargs,

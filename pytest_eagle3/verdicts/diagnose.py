@@ -99,7 +99,14 @@ KINDS = (
     "offset-twice", "offset-missing", "ids-ignored", "reversed-order", "permuted-order",
     "normalized-input", "no-residual", "partial-sum", "dp-gather-scaled", "scaled",
     "unreduced-embedding", "zero-rows", "wrong-request-rows", "aliased-capture", "before-fused-allreduce",
-    "precision",
+    "precision", "pp-earlier-stage",
+)
+
+#: Wrong slots that are exactly the layers of earlier pipeline stages (:attr:`Evidence.pp_stages`).
+PP_EARLIER_TEXT = (
+    "slot{s} {slots} (layer{s} {layers}, on {stages}) {are} wrong while the last stage's slot{ls} ({last}) "
+    "{lare} right: the captures of layers held by an earlier pipeline stage do not reach the draft as they "
+    "were captured (SGLang issue #39634)"
 )
 
 
@@ -342,4 +349,31 @@ def diagnose_slots(captured: Any, reference: Any, verdicts: Sequence[Any], *, ex
             kinds.append(kind)
             slot_lines[v.slot] = SLOT_HOLDS.format(slot=v.slot, what=what, err=fmt_err(err), why=why,
                                                    tag=TAG.format(kind=kind))
+    if any(not v.ok for v in verdicts) and evidence is not None:
+        text = pp_earlier_stage_text(verdicts, expected, resolve(evidence).pp_stages)
+        if text is not None:
+            kinds.insert(0, "pp-earlier-stage")
+            patterns.insert(0, PATTERN.format(tag=TAG.format(kind="pp-earlier-stage"), text=text))
     return Diagnosis(slot_lines=slot_lines, pattern_lines=tuple(patterns), kinds=tuple(dict.fromkeys(kinds)))
+
+
+def pp_earlier_stage_text(verdicts: Sequence[Any], expected: Sequence[int],
+                          stages: Sequence[tuple[int, int]]) -> str | None:
+    """The ``[pp-earlier-stage]`` line when the wrong slots are exactly those whose layer
+    (``expected[slot]`` is ``hs[i]``, the input of layer ``i``) an earlier stage holds and
+    at least one slot of the last stage is right; ``None`` otherwise or without PP."""
+    if len(stages) < 2:
+        return None
+    last_start = stages[-1][0]
+    slots = [v for v in verdicts if v.slot < len(expected)]
+    earlier = [v for v in slots if int(expected[v.slot]) < last_start]
+    last = [v for v in slots if int(expected[v.slot]) >= last_start]
+    if not earlier or not last or any(v.ok for v in earlier) or not all(v.ok for v in last):
+        return None
+    held = sorted({r for r, (a, b) in enumerate(stages[:-1]) for v in earlier if a <= int(expected[v.slot]) < b})
+    where = ", ".join(f"stage {r}: layers {stages[r][0]}-{stages[r][1] - 1}" for r in held)
+    plural, last_plural = len(earlier) > 1, len(last) > 1
+    return PP_EARLIER_TEXT.format(
+        s="s" if plural else "", slots=", ".join(str(v.slot) for v in earlier),
+        layers=", ".join(str(int(expected[v.slot])) for v in earlier), stages=where, are="are" if plural else "is",
+        ls="s" if last_plural else "", last=", ".join(str(v.slot) for v in last), lare="are" if last_plural else "is")

@@ -46,6 +46,9 @@ class Evidence:
             layer's all-reduce + add + RMSNorm (FlashInfer's on SM90/SM100, the
             CPU tier's stand-in): a partial sum is then named
             ``[before-fused-allreduce]`` instead of ``[partial-sum]``.
+        pp_stages: ``((start, end), ...)`` the layers of each pipeline stage (end
+            exclusive; ``()`` without PP): wrong slots that are exactly those of
+            layers on earlier stages are named ``[pp-earlier-stage]``.
     """
 
     token_ids: Sequence[int] | None = None
@@ -60,6 +63,7 @@ class Evidence:
     partial: Any = None
     others: Mapping[str, Any] = field(default_factory=dict)
     fused_allreduce: bool = False
+    pp_stages: tuple[tuple[int, int], ...] = ()
 
     def rows(self, start: int, stop: int) -> "Evidence":
         """The same evidence for rows ``start:stop`` (compare a slice of a prompt)."""
@@ -110,11 +114,13 @@ def layer_norms(checkpoint_dir: Path) -> tuple[Any, float]:
 
 def checkpoint_evidence(checkpoint_dir: Path, prompts: Sequence[Sequence[int]], *, tp: int, vocab_size: int,
                         attn_tp: int | None = None, cache_dir: Path | None = None,
-                        fused_allreduce: bool = False) -> list[Callable[[], Evidence]]:
+                        fused_allreduce: bool = False,
+                        pp_stages: Sequence[tuple[int, int]] = ()) -> list[Callable[[], Evidence]]:
     """One lazy :class:`Evidence` per prompt: norms from the checkpoint, the
     reference's inside-the-layer tensors (one transformers run for all prompts,
     cached), token ids, TP sizes, whether the engine fuses its all-reduces
-    (:attr:`Evidence.fused_allreduce`).  Nothing is read until a diagnosis asks."""
+    (:attr:`Evidence.fused_allreduce`), the pipeline stages (:attr:`Evidence.pp_stages`).
+    Nothing is read until a diagnosis asks."""
     from functools import lru_cache
 
     prompts = [[int(t) for t in p] for p in prompts]
@@ -130,7 +136,7 @@ def checkpoint_evidence(checkpoint_dir: Path, prompts: Sequence[Sequence[int]], 
             d = details[i]
             return Evidence(token_ids=prompts[i], vocab_size=vocab_size, tp=tp, attn_tp=attn_tp, norms=norms,
                             norm_eps=eps, post_attention=d["post_attention"], mlp=d["mlp"], partial=d.get("partial"),
-                            fused_allreduce=fused_allreduce,
+                            fused_allreduce=fused_allreduce, pp_stages=tuple(map(tuple, pp_stages)),
                             **({"mlp_what": d["mlp_what"]} if d.get("mlp_what") else {}))
         return build
 

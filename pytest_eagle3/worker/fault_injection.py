@@ -44,6 +44,7 @@ from typing import Any, Callable
 
 from pytest_eagle3.worker.fault_when import forward_matches
 from pytest_eagle3.worker.faults import CONFINED, FaultError, describe, read_fault
+from pytest_eagle3.worker import pp_relay
 
 
 logger = logging.getLogger("pytest_eagle3.faults")
@@ -424,6 +425,8 @@ def install(fault: dict[str, Any] | None = None) -> dict[str, Any] | None:
         HookRegistry.register(PACKER_FINALIZE, _around_packer_finalize_half, HookType.AROUND)
     elif kind == "draft-fc-reversed":
         HookRegistry.register(DRAFT_FORWARD, _around_draft_forward, HookType.AROUND)
+    elif kind == "pp-earlier-stage-zeroed":
+        HookRegistry.register(pp_relay.SEND_PROXY, pp_relay.around_send_proxy_zeroed, HookType.AROUND)
     elif kind == "aliased-capture":
         HookRegistry.register(PACKER_APPEND, _around_packer_append, HookType.AROUND)
         HookRegistry.register(PACKER_FINALIZE, _around_packer_finalize, HookType.AROUND)

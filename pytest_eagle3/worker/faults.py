@@ -118,6 +118,11 @@ CATALOG: dict[str, tuple[str, str]] = {
         "(llama_eagle3.LlamaModel.forward); the target's captures are right",
         "a draft-side consumer bug: the fc input concatenated in another order than the draft was trained on",
     ),
+    "pp-earlier-stage-zeroed": (
+        "at pipeline parallelism, the captures an earlier stage relays to the next are sent as zeros "
+        "(needs the pp-capture-relay upstream fix, which relays them; --eagle3-pp 2)",
+        "SGLang issue #39634 (earlier pipeline stages' layers lost from the captures)",
+    ),
 }
 
 #: Kinds confined to one path, as ``(the kind whose computation they run, its options)``.
@@ -145,7 +150,8 @@ RUN_LEVEL: dict[str, str] = {
 }
 #: Per-test tags of kinds that are not a diagnosis kind of their own
 #: (``None``: no single test can name it; only the run-level diagnosis does).
-TEST_TAGS: dict[str, str | None] = {"half-precision-copy": "precision", "draft-fc-reversed": None}
+TEST_TAGS: dict[str, str | None] = {"half-precision-copy": "precision", "draft-fc-reversed": None,
+                                   "pp-earlier-stage-zeroed": "pp-earlier-stage"}
 
 
 def named_as(kind: str) -> str | None:
@@ -160,6 +166,8 @@ def named_as(kind: str) -> str | None:
 #: Kinds that need TP > 1 to change anything.
 NEEDS_TP = ("unreduced-embedding", "partial-sum", "dp-gather-scaled", "before-fused-allreduce",
             "partial-sum-on-rank-decode")
+#: Kinds that need pipeline parallelism and the upstream fix that relays each stage's captures.
+NEEDS_PP = ("pp-earlier-stage-zeroed",)
 #: Kinds that change nothing unless SGLang's norms run in place (the CPU tier's
 #: ``--eagle3-cpu-norm inplace``, every GPU and Xeon AMX server).
 NEEDS_INPLACE_NORM = ("aliased-capture",)

@@ -49,6 +49,8 @@ SET_LAYERS = "sglang.srt.models.deepseek_v2.DeepseekV2ForCausalLM.set_eagle3_lay
 STAGE_FORWARD = "sglang.srt.models.deepseek_v2.DeepseekV2Model.forward"
 PREPARE_OUTPUTS = "sglang.srt.managers.scheduler_pp_mixin.SchedulerPPMixin._pp_prepare_tensor_dict"
 PREP_RESULT = "sglang.srt.managers.scheduler_pp_mixin.SchedulerPPMixin._pp_prep_batch_result"
+#: Where a stage sends its proxy tensors to the next (the ``pp-earlier-stage-zeroed`` fault's place).
+SEND_PROXY = "sglang.srt.managers.scheduler_pp_mixin.SchedulerPPMixin._pp_send_proxy_to_next_stage"
 #: Proxy-tensor key of the earlier stages' captures, ``[tokens, k * H]``.
 STAGE_KEY = "pytest_eagle3_aux_hidden_states"
 #: Output-tensor key of the last stage's per-request hidden states.
@@ -216,6 +218,16 @@ def around_prep_result(original: Callable, scheduler: Any, batch: Any, mb_metada
     if getattr(result, "extend_input_len_per_req", None) is None:
         result.extend_input_len_per_req = pp_outputs.tensors.get(RETURN_LENS_KEY)
     return result
+
+
+def around_send_proxy_zeroed(original: Callable, scheduler: Any, result: Any, *args: Any, **kwargs: Any) -> Any:
+    """The fault ``pp-earlier-stage-zeroed`` (:mod:`pytest_eagle3.worker.fault_injection`): the
+    relayed captures leave this stage as zeros; the hidden states and every other proxy tensor
+    are sent as they are."""
+    tensors = getattr(getattr(result, "pp_hidden_states_proxy_tensors", None), "tensors", None)
+    if tensors is not None and tensors.get(STAGE_KEY) is not None:
+        tensors[STAGE_KEY] = tensors[STAGE_KEY].new_zeros(tensors[STAGE_KEY].shape)
+    return original(scheduler, result, *args, **kwargs)
 
 
 def install(relay: bool) -> None:

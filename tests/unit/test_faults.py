@@ -21,7 +21,7 @@ PUBLIC_KINDS = (
     "offset-twice", "offset-missing", "ids-ignored", "reversed-order", "normalized-input", "no-residual",
     "unreduced-embedding", "partial-sum", "dp-gather-scaled", "aliased-capture", "before-fused-allreduce",
     "wrong-request-rows", "no-residual-on-cache-hit", "no-residual-on-later-chunk", "partial-sum-on-rank-decode",
-    "stale-no-residual", "half-precision-copy", "draft-fc-reversed",
+    "stale-no-residual", "half-precision-copy", "draft-fc-reversed", "pp-earlier-stage-zeroed",
 )
 
 
@@ -37,6 +37,7 @@ def test_catalog_lists_every_public_bug_class_with_its_source() -> None:
     assert "#26163" in CATALOG["wrong-request-rows"][1]
     assert "#39286" in CATALOG["aliased-capture"][1]
     assert "#28343" in CATALOG["before-fused-allreduce"][1]
+    assert "#39634" in CATALOG["pp-earlier-stage-zeroed"][1]
 
 
 def test_diagnosis_tags_cover_the_catalog() -> None:

@@ -189,3 +189,43 @@ def test_under_a_lift_the_capture_tests_stay_and_acceptance_meets_the_eagle_gate
     assert gated == {n.name for n in needs if any(m.acceptance for m in n.engine_set().values())}
     assert any(r is None for r in reasons.values())
     assert all("pp-capture-gate-lifted lifts only the capture-only mode's check" in reasons[g] for g in gated)
+
+
+def test_wrong_slots_of_earlier_stages_are_named() -> None:
+    """``[pp-earlier-stage]``: exactly the slots whose layers an earlier stage holds are
+    wrong, and a slot of the last stage is right."""
+    from pytest_eagle3.verdicts.diagnose import pp_earlier_stage_text
+
+    def verdicts(*ok: bool) -> list[SimpleNamespace]:
+        return [SimpleNamespace(slot=i, ok=v) for i, v in enumerate(ok)]
+
+    stages = ((0, 4), (4, 8))
+    text = pp_earlier_stage_text(verdicts(False, False, True), [0, 3, 5], stages)
+    assert text is not None and text.startswith("slots 0, 1 (layers 0, 3, on stage 0: layers 0-3) are wrong while "
+                                                "the last stage's slot (2) is right")
+    assert pp_earlier_stage_text(verdicts(False, True, True), [0, 3, 5], stages) is None  # slot 1 (stage 0) right
+    assert pp_earlier_stage_text(verdicts(False, False, False), [0, 3, 5], stages) is None  # the last stage's too
+    assert pp_earlier_stage_text(verdicts(False, False, True), [0, 3, 5], ((0, 8),)) is None  # no PP
+    three = pp_earlier_stage_text(verdicts(True, False, True), [1, 3, 6], ((0, 2), (2, 5), (5, 8)))
+    assert three is None  # slot 0 (stage 0) right, slot 1 (stage 1) wrong: not every earlier slot
+    assert "stage 1: layers 2-4" in pp_earlier_stage_text(verdicts(False, False, True), [2, 3, 6],
+                                                          ((0, 2), (2, 5), (5, 8)))
+
+
+def test_the_pp_fault_runs_at_pp_with_the_relay() -> None:
+    from pytest_eagle3.planning.selftest import PP_FIX, self_test_args, self_test_env
+    from pytest_eagle3.worker.faults import CATALOG, NEEDS_PP, named_as
+
+    assert NEEDS_PP == ("pp-earlier-stage-zeroed",) and NEEDS_PP[0] in CATALOG
+    assert self_test_args(NEEDS_PP[0]) == ("--eagle3-pp", "2") and self_test_env(NEEDS_PP[0]) == {FIX_ENV: PP_FIX}
+    assert self_test_env("offset-twice") == {} and named_as(NEEDS_PP[0]) == "pp-earlier-stage"
+    assert PP_FIX in upstream_fixes.PP_LIFTS
+
+
+def test_the_zeroed_relay_fault_touches_only_the_relayed_captures() -> None:
+    rows, hidden = torch.ones(3, 2 * H), torch.ones(3, H)
+    result = SimpleNamespace(pp_hidden_states_proxy_tensors=_Proxy({pp_relay.STAGE_KEY: rows, "hidden_states": hidden}))
+    sent = pp_relay.around_send_proxy_zeroed(lambda scheduler, r: r.pp_hidden_states_proxy_tensors.tensors, None,
+                                             result)
+    assert sent[pp_relay.STAGE_KEY].eq(0).all() and sent[pp_relay.STAGE_KEY].shape == rows.shape
+    assert sent["hidden_states"] is hidden

@@ -3,6 +3,7 @@ the child pytest (the real children run in ``tests/e2e/test_fault_self_test.py``
 
 from __future__ import annotations
 
+from pytest_eagle3.worker.env import FIX_ENV
 from pytest_eagle3.worker.faults import RUN_LEVEL, named_as
 
 from pathlib import Path
@@ -48,9 +49,11 @@ def fake_runner(missed: str | None = None, control_fails: bool = False):
     """A child that fails every test naming the fault, except ``missed``; the
     control passes unless ``control_fails``."""
     calls = []
+    envs = {}
 
-    def run(where: Path, tests, tp, fault, extra):
+    def run(where: Path, tests, tp, fault, extra, env=None):
         calls.append((where.name, tp, fault, tuple(extra)))
+        envs[where.name] = env
         if fault is None:
             return child({t: "failed" if control_fails else "passed" for t in tests}, rc=int(control_fails))
         if fault == missed:
@@ -62,6 +65,7 @@ def fake_runner(missed: str | None = None, control_fails: bool = False):
                      diagnosis={"tag": tag, "headline": f"[{tag}] ..."} if tag else None)
 
     run.calls = calls
+    run.envs = envs
     return run
 
 
@@ -76,7 +80,14 @@ def test_every_kind_then_the_control_with_the_users_arguments(tmp_path) -> None:
     assert paths["aliased-capture"] == ("--eagle3-cpu-norm", "inplace")
     assert paths["before-fused-allreduce"] == ("--eagle3-cpu-allreduce-fusion",)
     assert paths["partial-sum"] == ()
+    assert paths["pp-earlier-stage-zeroed"] == ("--eagle3-pp", "2")
+    assert runner.envs["pp-earlier-stage-zeroed"][FIX_ENV] == "pp-capture-relay" and runner.envs["partial-sum"] is None
+    # A mixed run's control stays at PP 1; a PP-only run's control runs at PP 2 with the relay.
     assert paths["control"] == ("--eagle3-cpu-norm", "inplace", "--eagle3-cpu-allreduce-fusion")
+    assert runner.envs["control"] is None
+    pp_only = fake_runner()
+    selftest.self_test(tmp_path / "pp", kinds=["pp-earlier-stage-zeroed"], progress=lambda m: None, runner=pp_only)
+    assert pp_only.calls[-1][3] == ("--eagle3-pp", "2") and pp_only.envs["control"][FIX_ENV] == "pp-capture-relay"
     assert {(k, tp) for k, tp, f, _ in runner.calls if f} == {(k, plan[k][0]) for k in plan}
     table = selftest.render(result)
     assert table[-1] == f"{len(plan)} of {len(plan)} faults caught and named; control passed"
