@@ -115,5 +115,6 @@ def describe_blocks(blocks: Sequence[GpuBlock]) -> str:
 
 
 def settings_blocks(settings: "Settings", env: Mapping[str, str] | None = None) -> list[GpuBlock]:
-    """The blocks of a ``--device cuda`` run (``settings.gpu.count`` GPUs, ``settings.tp`` each)."""
-    return gpu_blocks(visible_gpu_ids(settings.gpu.count, env), settings.tp)
+    """The blocks of a ``--device cuda`` run (``settings.gpu.count`` GPUs, ``settings.tp`` x
+    ``settings.pp`` each: at PP an engine's stages take consecutive GPUs from its ``base_gpu_id``)."""
+    return gpu_blocks(visible_gpu_ids(settings.gpu.count, env), settings.tp * max(1, settings.pp))

@@ -86,7 +86,7 @@ def header_lines(config: pytest.Config) -> list[str]:
             blocks = gpu_blocks.describe_blocks(gpu_blocks.settings_blocks(settings))
         except Eagle3Error as exc:
             blocks = str(exc)
-        lines.append(HEADER_GPU_BLOCKS.format(tp=settings.tp, blocks=blocks, lock_dir=lease.default_lock_dir()))
+        lines.append(HEADER_GPU_BLOCKS.format(tp=settings.tp * settings.pp, blocks=blocks, lock_dir=lease.default_lock_dir()))
     return lines
 
 

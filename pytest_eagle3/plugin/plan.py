@@ -84,7 +84,7 @@ MSG_WORKERS = (
 MSG_ENGINE = "engine {n}: {name} (TP {tp}) for {count} test(s)"
 MSG_ENGINE_IDS = "  ids, switched between requests (pytest_eagle3/worker/id_switch.py): {ids}"
 MSG_ENGINE_GPUS = (
-    "  GPUs: CUDA_VISIBLE_DEVICES = the worker's block ({blocks}); TP {tp} uses the first {tp} "
+    "  GPUs: CUDA_VISIBLE_DEVICES = the worker's block ({blocks}); TP {tp} uses the first {n} "
     "GPU(s) of it"
 )
 MSG_ENGINE_NCCL = "  nccl_port: from the block's window ({windows})"
@@ -257,7 +257,7 @@ def render(plan: Plan) -> list[str]:
         except Eagle3Error as exc:
             lines.append(f"GPUs: {exc}")
         else:
-            lines.append(MSG_GPUS.format(count=s.gpu.count, how=s.gpu.how, tp=s.tp,
+            lines.append(MSG_GPUS.format(count=s.gpu.count, how=s.gpu.how, tp=s.tp * s.pp,
                                          blocks=gpu_blocks.describe_blocks(blocks), lock_dir=lease.default_lock_dir()))
     else:
         lines.append(MSG_CPU)
@@ -272,7 +272,10 @@ def render(plan: Plan) -> list[str]:
             lines.append(MSG_ENGINE_IDS.format(ids="; ".join(
                 str(list(i)) if i is not None else "SGLang's default" for i in planned.ids)))
         if blocks:
-            lines.append(MSG_ENGINE_GPUS.format(blocks=gpu_blocks.describe_blocks(blocks), tp=config.tp))
+            pp = int(dict(config.server_args).get("pp_size") or 1)
+            lines.append(MSG_ENGINE_GPUS.format(blocks=gpu_blocks.describe_blocks(blocks),
+                                                tp=config.tp if pp == 1 else f"{config.tp} x PP {pp}",
+                                                n=config.tp * pp))
             if nccl:
                 windows = ", ".join(f"{b.ports.start}-{b.ports.stop - 1}" for b in blocks)
                 lines.append(MSG_ENGINE_NCCL.format(windows=windows))

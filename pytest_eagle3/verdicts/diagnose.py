@@ -349,8 +349,9 @@ def diagnose_slots(captured: Any, reference: Any, verdicts: Sequence[Any], *, ex
             kinds.append(kind)
             slot_lines[v.slot] = SLOT_HOLDS.format(slot=v.slot, what=what, err=fmt_err(err), why=why,
                                                    tag=TAG.format(kind=kind))
-    if any(not v.ok for v in verdicts) and evidence is not None:
-        text = pp_earlier_stage_text(verdicts, expected, resolve(evidence).pp_stages)
+    # Only where a slot matched nothing (the evidence is built then anyway; it is costly).
+    if wrong and evidence is not None:
+        text = pp_earlier_stage_text(verdicts, expected, ev.pp_stages)
         if text is not None:
             kinds.insert(0, "pp-earlier-stage")
             patterns.insert(0, PATTERN.format(tag=TAG.format(kind="pp-earlier-stage"), text=text))

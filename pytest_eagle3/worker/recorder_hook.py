@@ -72,7 +72,7 @@ def is_last_pp_stage() -> bool:
         from sglang.srt.distributed.parallel_state import get_pp_group
 
         return bool(get_pp_group().is_last_rank)
-    except (ImportError, AttributeError, AssertionError):
+    except (ImportError, AttributeError, AssertionError, RuntimeError):  # no groups in this process: no PP
         return True
 
 

@@ -229,3 +229,14 @@ def test_the_zeroed_relay_fault_touches_only_the_relayed_captures() -> None:
                                              result)
     assert sent[pp_relay.STAGE_KEY].eq(0).all() and sent[pp_relay.STAGE_KEY].shape == rows.shape
     assert sent["hidden_states"] is hidden
+
+
+def test_a_gpu_block_holds_every_stage() -> None:
+    """At PP an engine's stages take consecutive GPUs from its base GPU: blocks of TP x PP."""
+    from pytest_eagle3.engine.gpu_blocks import settings_blocks
+
+    settings = Settings(tp=4, pp=2, device="cuda", gpu=GpuProbe(8, "test"))
+    (block,) = settings_blocks(settings, env={})
+    assert block.gpus == tuple(str(i) for i in range(8))
+    assert [b.gpus for b in settings_blocks(Settings(tp=2, pp=1, device="cuda", gpu=GpuProbe(4, "t")), env={})] == \
+        [("0", "1"), ("2", "3")]
