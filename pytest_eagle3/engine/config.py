@@ -19,7 +19,7 @@ from pytest_eagle3.engine.cpu import recipe
 from pytest_eagle3.engine.cuda.recipe import CudaRecipe
 from pytest_eagle3.sglang_source.install import SGLangInstall
 from pytest_eagle3.sglang_source.norm_code import AUTO, resolve_norm_path
-from pytest_eagle3.sglang_source.pp_code import read_pp_code
+from pytest_eagle3.sglang_source.pp_code import PP_SPEC_SWITCH, read_pp_code
 from pytest_eagle3.worker.env import RECORD_TARGET_ENV
 from pytest_eagle3.worker.recorder_hook import TARGET as RECORD_TARGET
 from pytest_eagle3.worker.env import HOOKS_ENV
@@ -266,10 +266,14 @@ def build_engine_config(
         base = env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
         env["PYTHONPATH"] = str(SITE_HOOK_DIR) + (os.pathsep + base if base else "")
     args.update(layers)
-    if pp > 1 and install.location and "disable_overlap_schedule" not in layers \
-            and read_pp_code(install.location, architecture).overlap_gate is not None:
-        # SGLang refuses PP with its overlap schedule (0.5.23 validation_hook.py:121), as a user finds out.
-        args["disable_overlap_schedule"] = True
+    if pp > 1 and install.location:
+        pp_code = read_pp_code(install.location, architecture)
+        if "disable_overlap_schedule" not in layers and pp_code.overlap_gate is not None:
+            # SGLang refuses PP with its overlap schedule (0.5.23 validation_hook.py:121), as a user finds out.
+            args["disable_overlap_schedule"] = True
+        if has_draft(layers) and pp_code.spec_switch is not None:
+            # Speculative decoding at PP outside PD prefill runs SGLang's PP relay behind this switch.
+            env.setdefault(PP_SPEC_SWITCH, "1")
     for name in list(args):
         if not install.has_arg(name):
             # A default this fork does not know (e.g. skip_server_warmup on old versions).

@@ -130,7 +130,7 @@ class EnginePool:
             who = who or "the first test that used it"
             explained = explain_start(config, exc.cause, self.sglang_location)
             if explained is not None:
-                exc = Eagle3EngineError(f"{explained}\n{exc}", cause=explained)
+                exc = Eagle3EngineError(f"{explained[1]}\n{exc}", cause=explained[0])
             self._failed[config] = (str(exc), who)
             line = self.start_failures.record(config, exc.cause, who)
             for blocked in [c for c in self._starting if self.start_failures.blocked(c) is not None]:

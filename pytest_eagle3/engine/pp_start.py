@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 #: SGLang's packer when fewer layers were captured than it was sized for (0.5.23 aux_hidden_states.py).
 PACKER_SHORT = re.compile(r"captured (?P<got>\d+) of (?P<want>\d+) aux hidden states")
 
+#: The cause a failed start at PP is grouped by (one root cause, one failure, whatever the counts).
+PP_EARLIER_STAGE_CAUSE = "[pp-earlier-stage] at PP {pp} only the last stage captures ({check}; {issue})"
 PP_EARLIER_STAGE = (
     "[pp-earlier-stage] at PP {pp} only the last stage captures: the engine died at its first forward with "
     "{cause}; the last stage holds layers {start}-{end} and captured {got} of the {want} layers to capture, "
@@ -47,9 +49,12 @@ def _num_layers(model_path: str) -> int | None:
     return int(value) if value else None
 
 
-def explain_start(config: "EngineConfig", cause: str | None, sglang_location: str | None) -> str | None:
-    """The ``[pp-earlier-stage]`` line for a start that failed with ``cause`` at ``pp_size`` > 1,
-    ``None`` when the cause is not the packer's short count or the run is not at PP."""
+def explain_start(config: "EngineConfig", cause: str | None,
+                  sglang_location: str | None) -> tuple[str, str] | None:
+    """``(cause, line)`` for a start that failed with ``cause`` at ``pp_size`` > 1: the cause
+    the run groups failed starts by (:data:`PP_EARLIER_STAGE_CAUSE`, the same for every
+    engine this root cause stops) and the ``[pp-earlier-stage]`` line with this engine's
+    counts; ``None`` when the cause is not the packer's short count or the run is not at PP."""
     args = dict(config.server_args)
     pp = int(args.get("pp_size") or 1)
     found = PACKER_SHORT.search(cause or "")
@@ -66,7 +71,8 @@ def explain_start(config: "EngineConfig", cause: str | None, sglang_location: st
     check = code.stage_check or "set_eagle3_layers_to_capture"
     one_stage = len(stages) == 2
     missing = "the other one lies" if want - got == 1 else f"the other {want - got} lie"
-    return PP_EARLIER_STAGE.format(pp=pp, cause=cause, start=start, end=end - 1, got=got, want=want,
+    line = PP_EARLIER_STAGE.format(pp=pp, cause=cause, start=start, end=end - 1, got=got, want=want,
                                    missing=missing, where="an earlier stage" if one_stage else "earlier stages",
                                    capture="captures" if one_stage else "capture", stages=earlier, check=check,
                                    issue=EARLIER_STAGE_ISSUE)
+    return PP_EARLIER_STAGE_CAUSE.format(pp=pp, check=check, issue=EARLIER_STAGE_ISSUE), line

@@ -61,9 +61,6 @@ NO_DRAFT_PATH = (
 )
 #: ``--eagle3-pp`` on an SGLang that refuses EAGLE-3 or its captures at PP (every engine would exit at startup).
 PP_GATE = "--eagle3-pp {pp}: {why}"
-#: The capture-only mode's PP check lifted by an upstream fix; EAGLE-3 itself is still refused.
-PP_EAGLE_GATE = ("--eagle3-pp {pp}: this SGLang refuses EAGLE-3 with pipeline parallelism at startup ({gate}); "
-                 "{fix} lifts only the capture-only mode's check, so the engines that serve a draft do not start")
 NO_EMBEDDING_ID = "{sglang} cannot capture the embedding: {layer0}; id rule {rule}: no id list yields hs[0]"
 NO_ACCEPTANCE_DRAFT = (
     "acceptance needs a trained EAGLE-3 draft: target {target} ships none; pass --eagle3-draft PATH"
@@ -200,7 +197,7 @@ def collect_reason(need: EngineNeed, ctx: NeedContext) -> str | None:
                                       or ctx.install.has_arg("enable_return_hidden_states")):
             return NO_DRAFT_PATH.format(sglang=ctx.install.describe())
         if s.pp > 1:
-            reason = _pp_reason(need, s.pp, read_pp_code(ctx.install.location, arch))
+            reason = _pp_reason(s.pp, read_pp_code(ctx.install.location, arch))
             if reason is not None:
                 return reason
     if need.case == USER_DRAFT or ctx.install is None or ctx.facts is None:
@@ -227,24 +224,19 @@ def collect_reason(need: EngineNeed, ctx: NeedContext) -> str | None:
     return None
 
 
-def _pp_reason(need: EngineNeed, pp_size: int, pp: "PpCode") -> str | None:
-    """Why ``need`` is left out at ``--eagle3-pp`` > 1 (``None``: it runs).
+def _pp_reason(pp_size: int, pp: "PpCode") -> str | None:
+    """Why the engine tests are left out at ``--eagle3-pp`` > 1 (``None``: they run).
 
-    An upstream fix that lifts the capture-only mode's check
+    An upstream fix that lifts SGLang's PP checks on EAGLE-3
     (:data:`pytest_eagle3.worker.upstream_fixes.PP_LIFTS`, named by
-    :data:`pytest_eagle3.worker.env.FIX_ENV`) keeps the capture tests; the
-    engines that serve a draft still meet SGLang's EAGLE-3 gate.
+    :data:`pytest_eagle3.worker.env.FIX_ENV`) keeps every test.
     """
     try:
         fix = read_fix()
     except UpstreamFixError:
         fix = None
-    if fix not in PP_LIFTS:
-        if pp.eagle_gate is not None or pp.capture_gate is not None:
-            return PP_GATE.format(pp=pp_size, why=pp.describe())
-        return None
-    if pp.eagle_gate is not None and any(n.acceptance for n in need.engine_set().values()):
-        return PP_EAGLE_GATE.format(pp=pp_size, gate=f"{pp.eagle_gate}: {pp.eagle_gate.text!r}", fix=fix)
+    if fix not in PP_LIFTS and (pp.eagle_gate is not None or pp.capture_gate is not None):
+        return PP_GATE.format(pp=pp_size, why=pp.describe())
     return None
 
 

@@ -42,6 +42,9 @@ GATE_FILES = ("srt/arg_groups/validation_hook.py", "srt/server_args.py")
 EAGLE_GATE_PHRASE = "Pipeline parallelism currently only supports EAGLE"
 CAPTURE_GATE_PHRASE = "only supports pp_size == 1"
 OVERLAP_GATE_PHRASE = "Pipeline parallelism is not compatible with overlap schedule"
+#: SGLang's switch for speculative decoding at PP outside PD prefill (0.5.23 ``srt/environ.py``;
+#: its PP checks name it, ``validation_hook.py`` ``check_pipeline_parallel_compat``).
+PP_SPEC_SWITCH = "SGLANG_ENABLE_PP_SPEC"
 SPLIT_FILE = "srt/distributed/utils.py"
 SPLIT_FUNCTION = "get_pp_indices"
 #: SGLang's issue on the captures of earlier stages.
@@ -80,6 +83,8 @@ class PpCode:
         overlap_gate: the check that refuses PP with the overlap schedule (0.5.23
             ``validation_hook.py:121``; None: none found), so a PP engine needs
             ``--disable-overlap-schedule``.
+        spec_switch: a check naming :data:`PP_SPEC_SWITCH` (None: none found): a
+            speculative engine at PP needs that variable set to ``1`` outside PD prefill.
     """
 
     eagle_gate: Where | None
@@ -90,6 +95,7 @@ class PpCode:
     split_where: str
     why_unknown: str = ""
     overlap_gate: Where | None = None
+    spec_switch: Where | None = None
 
     def stages(self, num_layers: int, pp_size: int) -> list[tuple[int, int]] | None:
         """``[(start, end), ...]`` per stage (end exclusive), by SGLang's own split."""
@@ -261,4 +267,5 @@ def read_pp_code(location: str | Path, architecture: str = "DeepseekV3ForCausalL
     split, split_where = _read_split(root)
     captures, where, why = _stage_check(ModelFileReader(root), architecture)
     return PpCode(_find_phrase(root, EAGLE_GATE_PHRASE), _find_phrase(root, CAPTURE_GATE_PHRASE),
-                  captures, where, split, split_where, why, _find_phrase(root, OVERLAP_GATE_PHRASE))
+                  captures, where, split, split_where, why, _find_phrase(root, OVERLAP_GATE_PHRASE),
+                  _find_phrase(root, PP_SPEC_SWITCH))

@@ -2,12 +2,15 @@
 
 Two upstream fixes of :mod:`pytest_eagle3.worker.upstream_fixes` live here:
 
-``pp-capture-gate-lifted`` lifts only the capture-only mode's PP check
-(``handle_aux_hidden_state_capture``, ``srt/arg_groups/validation_hook.py:725``
-on 0.5.23: "only supports pp_size == 1"), as the open upstream PRs that loosen
-the PP gates would (SGLang #39378, #39602, #38698): the check runs on a view of
-the server args whose ``pp_size`` reads 1; every other check and the engine
-see the real value.  Behind it, SGLang's own capture path runs unchanged: only
+``pp-capture-gate-lifted`` lifts SGLang's two PP checks on EAGLE-3, as the
+open upstream PRs that loosen the PP gates would (SGLang #39378, #39602,
+#38698): the capture-only mode's (``handle_aux_hidden_state_capture``,
+``srt/arg_groups/validation_hook.py:725`` on 0.5.23: "only supports pp_size ==
+1") runs on a view of the server args whose ``pp_size`` reads 1, and
+``check_pipeline_parallel_compat`` (``:132``, "only supports EAGLE") on one
+whose ``speculative_algorithm`` reads ``EAGLE`` for ``EAGLE3``, so EAGLE-3 meets
+the checks EAGLE meets (SGLang's PP speculative relay, ``SGLANG_ENABLE_PP_SPEC``,
+included); every other check and the engine see the real values.  Behind them, SGLang's own capture path runs unchanged: only
 the last stage captures (``DeepseekV2ForCausalLM.set_eagle3_layers_to_capture``
 returns at once on every other stage, ``srt/models/deepseek_v2.py:3459``;
 SGLang issue #39634).
@@ -43,8 +46,10 @@ import logging
 import os
 from typing import Any, Callable
 
-#: The capture-only mode's argument check (lifted) and the DeepSeek entry points (fixed).
+#: The capture-only mode's argument check and the PP check that refuses EAGLE-3 (lifted),
+#: and the DeepSeek entry points (fixed).
 CAPTURE_CHECK = "sglang.srt.arg_groups.validation_hook.handle_aux_hidden_state_capture"
+PP_CHECK = "sglang.srt.arg_groups.validation_hook.check_pipeline_parallel_compat"
 SET_LAYERS = "sglang.srt.models.deepseek_v2.DeepseekV2ForCausalLM.set_eagle3_layers_to_capture"
 STAGE_FORWARD = "sglang.srt.models.deepseek_v2.DeepseekV2Model.forward"
 PREPARE_OUTPUTS = "sglang.srt.managers.scheduler_pp_mixin.SchedulerPPMixin._pp_prepare_tensor_dict"
@@ -75,6 +80,27 @@ class _PpSizeOne:
 
     def __setattr__(self, name: str, value: Any) -> None:
         setattr(self._inner, name, value)
+
+
+class _Eagle3AsEagle:
+    """A view of SGLang's resolved config whose ``speculative_algorithm`` reads ``EAGLE``
+    where it is ``EAGLE3`` (reads only; everything else passes through)."""
+
+    def __init__(self, inner: Any) -> None:
+        object.__setattr__(self, "_inner", inner)
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._inner, name)
+        if name == "speculative_algorithm" and isinstance(value, str) and value.upper() == "EAGLE3":
+            return "EAGLE"
+        return value
+
+
+def around_pp_check(original: Callable, cfg: Any) -> Any:
+    """AROUND ``check_pipeline_parallel_compat``: EAGLE-3 meets the checks EAGLE meets
+    (0.5.23 ``validation_hook.py:132`` accepts only EAGLE; its PP speculative relay,
+    ``SGLANG_ENABLE_PP_SPEC``, and the other checks apply unchanged)."""
+    return original(_Eagle3AsEagle(cfg))
 
 
 def around_capture_check(original: Callable, server_args: Any) -> Any:
@@ -235,6 +261,7 @@ def install(relay: bool) -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(CAPTURE_CHECK, around_capture_check, HookType.AROUND)
+    HookRegistry.register(PP_CHECK, around_pp_check, HookType.AROUND)
     if not relay:
         return
     HookRegistry.register(SET_LAYERS, around_set_layers, HookType.AROUND)

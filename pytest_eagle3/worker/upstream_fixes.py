@@ -23,8 +23,8 @@ imported, and production servers never see it.
   kept is never the tensor an in-place norm later rewrites (the PR's second
   half: captures "can be overwritten by subsequent fused normalization").
 * ``pp-capture-gate-lifted`` (the open PRs that loosen SGLang's PP gates,
-  #39378, #39602, #38698): the capture-only mode's ``pp_size == 1`` check
-  lifted, nothing else (:mod:`pytest_eagle3.worker.pp_relay`).
+  #39378, #39602, #38698): the capture-only mode's ``pp_size == 1`` check and
+  the EAGLE-only PP check lifted, nothing else (:mod:`pytest_eagle3.worker.pp_relay`).
 * ``pp-capture-relay`` (SGLang issue #39634, earlier stages never capture):
   the lift, plus each pipeline stage capturing its own layers, the captures
   travelling to the last stage with the hidden states, and the per-request
@@ -50,7 +50,8 @@ CATALOG: dict[str, tuple[str, str]] = {
     ),
     "pp-capture-gate-lifted": (
         "the capture-only mode's pp_size == 1 check (validation_hook.py handle_aux_hidden_state_capture) runs on "
-        "a view whose pp_size reads 1; SGLang's capture path behind it is unchanged",
+        "a view whose pp_size reads 1, the EAGLE-only PP check (check_pipeline_parallel_compat) on one where "
+        "EAGLE3 reads EAGLE; SGLang's capture path behind them is unchanged",
         "the open PRs that loosen SGLang's PP gates (#39378, #39602, #38698)",
     ),
     "pp-capture-relay": (
@@ -59,7 +60,7 @@ CATALOG: dict[str, tuple[str, str]] = {
         "SGLang issue #39634 (at PP only the last stage captures)",
     ),
 }
-#: The fixes that lift SGLang's capture-only PP check (collection keeps the PP tests under them).
+#: The fixes that lift SGLang's PP checks on EAGLE-3 (collection keeps the PP tests under them).
 PP_LIFTS = frozenset({"pp-capture-gate-lifted", "pp-capture-relay"})
 
 GEMMA3_LAYER = "sglang.srt.models.gemma3_causal.Gemma3DecoderLayer.forward"

@@ -4,17 +4,18 @@ over gloo), three ways, on the same checkpoint, reference and requests.
 * as shipped: SGLang refuses EAGLE-3 and the capture-only mode at PP
   (``srt/arg_groups/validation_hook.py``): every engine test is left out with one
   reason, and nothing starts;
-* the capture-only check lifted (upstream fix ``pp-capture-gate-lifted``, as
-  the open upstream PRs loosen it): SGLang's capture path behind the gate runs,
-  the engine dies at its first forward with its packer short of the layers of
+* both checks lifted (upstream fix ``pp-capture-gate-lifted``, as the open
+  upstream PRs loosen them): SGLang's capture path behind the gate runs, every
+  engine dies at its first forward with its packer short of the layers of
   stage 0, and one failure names it ``[pp-earlier-stage]`` (SGLang issue
   #39634) while every other test points to it;
-* the lift plus the fix (``pp-capture-relay``: each stage captures its own
+* the lifts plus the fix (``pp-capture-relay``: each stage captures its own
   layers, the captures travel with the hidden states): every capture, contract,
-  per-rank and path test passes, and each stage's log says which layers it
-  captured.
+  per-rank, path and acceptance test passes (EAGLE-3 through SGLang's PP
+  speculative relay, ``SGLANG_ENABLE_PP_SPEC``), and each stage's log says
+  which layers it captured.
 
-About 3 minutes on 2 cores (two engine starts).
+About 7 minutes on 2 cores (five engine starts).
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ def test_with_the_fix_the_pp_suite_passes(tmp_path_factory: pytest.TempPathFacto
     assert not _failed(run), run.output[-4000:]
     passed = [n for n, o in run.outcomes.items() if o == "passed"]
     assert len(passed) >= 10 and any(n.startswith("test_capture_order") for n in passed), run.outcomes
+    assert any(n.startswith("test_draft_acceptance_meets_the_gate") for n in passed), run.outcomes
     logs = "".join(p.read_text(errors="replace") for p in work.glob("tmp/**/tp1-cpu-*.log"))
     for stage in (0, 1):
         assert RELAY_LINE.split("{stage}")[0] + f"{stage} of 2 captured layers" in logs, "no relay line"

@@ -152,8 +152,10 @@ def _config(tmp_path: Path, pp: int) -> EngineConfig:
 @needs_validation_hook
 def test_a_short_packer_at_pp_is_named(tmp_path: Path) -> None:
     cause = "RuntimeError: captured 2 of 3 aux hidden states (sglang/srt/layers/aux_hidden_states.py:87)"
-    line = pp_start.explain_start(_config(tmp_path, 2), cause, str(LOCATION))
-    assert line is not None and line.startswith("[pp-earlier-stage] at PP 2 only the last stage captures")
+    key, line = pp_start.explain_start(_config(tmp_path, 2), cause, str(LOCATION))
+    assert line.startswith("[pp-earlier-stage] at PP 2 only the last stage captures")
+    other = pp_start.explain_start(_config(tmp_path, 2), cause.replace("2 of 3", "1 of 3"), str(LOCATION))
+    assert other[0] == key and other[1] != line  # one cause for every engine it stops; each line its counts
     assert "the last stage holds layers 4-7 and captured 2 of the 3 layers to capture" in line
     assert "the other one lies on an earlier stage (stage 0: layers 0-3)" in line and "#39634" in line
     assert pp_start.explain_start(_config(tmp_path, 1), cause, str(LOCATION)) is None
@@ -176,19 +178,28 @@ def test_the_start_cause_is_the_schedulers_exception(tmp_path: Path) -> None:
 
 
 @needs_validation_hook
-def test_under_a_lift_the_capture_tests_stay_and_acceptance_meets_the_eagle_gate(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(FIX_ENV, "pp-capture-gate-lifted")
+@pytest.mark.parametrize("fix", [None, "pp-capture-gate-lifted"])
+def test_under_a_lift_every_pp_test_stays(monkeypatch: pytest.MonkeyPatch, fix: str | None) -> None:
+    if fix:
+        monkeypatch.setenv(FIX_ENV, fix)
+    else:
+        monkeypatch.delenv(FIX_ENV, raising=False)
     facts = TargetSpec.preset("tiny-dsv3").facts
     sglang = install.probe(None)
     settings = Settings(tp=1, pp=2, device="cpu", gpu=GpuProbe(0, "test"))
     ctx = declare.NeedContext(settings, 1, sglang, facts)
-    needs = declare.case_needs()
-    reasons = {n.name: collect.collect_reason(n, ctx) for n in needs}
-    gated = {name for name, r in reasons.items() if r is not None and r.startswith("--eagle3-pp 2: this SGLang refuses")}
-    assert gated == {n.name for n in needs if any(m.acceptance for m in n.engine_set().values())}
-    assert any(r is None for r in reasons.values())
-    assert all("pp-capture-gate-lifted lifts only the capture-only mode's check" in reasons[g] for g in gated)
+    reasons = {collect.collect_reason(n, ctx) for n in declare.case_needs()}
+    gated = {r for r in reasons if r is not None and r.startswith("--eagle3-pp 2:")}
+    assert bool(gated) == (fix is None)
+
+
+def test_eagle3_meets_the_checks_eagle_meets() -> None:
+    """The PP check runs on a view where EAGLE3 reads EAGLE; other reads pass through."""
+    cfg = SimpleNamespace(speculative_algorithm="EAGLE3", disable_overlap_schedule=True)
+    seen = pp_relay.around_pp_check(lambda c: (c.speculative_algorithm, c.disable_overlap_schedule), cfg)
+    assert seen == ("EAGLE", True) and cfg.speculative_algorithm == "EAGLE3"
+    assert pp_relay.around_pp_check(lambda c: c.speculative_algorithm, SimpleNamespace(speculative_algorithm=None)) \
+        is None
 
 
 def test_wrong_slots_of_earlier_stages_are_named() -> None:
@@ -240,3 +251,29 @@ def test_a_gpu_block_holds_every_stage() -> None:
     assert block.gpus == tuple(str(i) for i in range(8))
     assert [b.gpus for b in settings_blocks(Settings(tp=2, pp=1, device="cuda", gpu=GpuProbe(4, "t")), env={})] == \
         [("0", "1"), ("2", "3")]
+
+
+@needs_validation_hook
+def test_a_pp_engine_is_configured_as_the_installed_checks_ask(tmp_path: Path) -> None:
+    """At PP the installed SGLang asserts ``disable_overlap_schedule`` and runs speculative
+    decoding behind ``SGLANG_ENABLE_PP_SPEC``: the engine gets both, one OMP core per rank of
+    every stage."""
+    from pytest_eagle3.capture.draft_path import draft_path_server_args
+    from pytest_eagle3.engine.config import build_engine_config
+    from pytest_eagle3.sglang_source.pp_code import PP_SPEC_SWITCH
+
+    sglang = install.probe(None)
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"architectures": ["DeepseekV3ForCausalLM"]}))
+    capture = build_engine_config(sglang, model_path=str(model), tp=2, device="cpu",
+                                  test_args={"enable_return_aux_hidden_states": True,
+                                             "speculative_algorithm": "EAGLE3"}, user_args=[("pp_size", 2)])
+    assert capture.args()["disable_overlap_schedule"] is True and PP_SPEC_SWITCH not in capture.env_dict()
+    assert capture.env_dict()["SGLANG_CPU_OMP_THREADS_BIND"].count("|") == 3  # 2 TP ranks x 2 stages
+    spec = build_engine_config(sglang, model_path=str(model), tp=1, device="cpu",
+                               test_args=draft_path_server_args(sglang, "/d"), user_args=[("pp_size", 2)])
+    assert spec.env_dict()[PP_SPEC_SWITCH] == "1"
+    plain = build_engine_config(sglang, model_path=str(model), tp=1, device="cpu",
+                                test_args=draft_path_server_args(sglang, "/d"))
+    assert PP_SPEC_SWITCH not in plain.env_dict() and "disable_overlap_schedule" not in plain.args()
