@@ -19,7 +19,8 @@ Each stage goes through the package functions the suite itself uses:
 5. the main job: ``python -m pytest --pyargs pytest_eagle3.suite --tp 2
    -p no:cacheprovider --eagle3-cache <cache>`` with the cache warmed above (~5 min),
    once per ``--main-job-paths`` entry (``inplace``, ``native``: SGLang's norm path;
-   ``fused``: the all-reduce fusion path), one after the other; or, with
+   ``fused``: the all-reduce fusion path; ``pp2``: every engine at pipeline
+   parallelism 2 with ``PYTEST_EAGLE3_UPSTREAM_FIX=pp-capture-relay``), one after the other; or, with
    ``--main-job-first-and-warm``, on a new empty cache (a new machine's first
    run) and again on that cache (warm).  Each main job reports its engine starts,
    their summed start time and how long the tests waited for engines (from the
@@ -51,6 +52,7 @@ from pytest_eagle3.target.checkpoint.cache import cache_key
 from pytest_eagle3.plugin.validate import check_tp_divides
 from pytest_eagle3.settings import DEFAULT_TARGETS, TP_CHOICES
 from pytest_eagle3.target.spec import TargetSpec, load_packaged_prompts
+from pytest_eagle3.worker.env import FIX_ENV
 
 REPO = Path(__file__).resolve().parent.parent
 MAIN_JOB_TP = 2
@@ -235,7 +237,12 @@ MAIN_JOB_PATHS = {
     # The default run with, and explicitly without, the next engine started in the background.
     "prefetch": ("--eagle3-prefetch",),
     "no-prefetch": ("--eagle3-no-prefetch",),
+    # Pipeline parallelism 2 (every engine: TP x 2 processes), with SGLang's PP checks
+    # lifted and each stage's captures relayed to the last (MAIN_JOB_ENV).
+    "pp2": ("--eagle3-pp", "2"),
 }
+#: ``--main-job-paths`` values -> environment the main job adds.
+MAIN_JOB_ENV = {"pp2": {FIX_ENV: "pp-capture-relay"}}
 
 
 READY = re.compile(r"\[eagle3\] SGLang (\S+) ready in (\d+) s(?: \(prefetched: this run waited (\d+) s for it\))?")
@@ -266,7 +273,7 @@ def run_main_job(cache: Path, path: str = "default", label: str = "") -> dict[st
 
         checkout = Path(pytest_eagle3.__file__).resolve().parent.parent
         proc = subprocess.Popen(cmd, cwd=checkout, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, errors="replace")
+                                text=True, errors="replace", env={**os.environ, **MAIN_JOB_ENV.get(path, {})})
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append(line.rstrip())

@@ -15,7 +15,7 @@ over gloo), three ways, on the same checkpoint, reference and requests.
   speculative relay, ``SGLANG_ENABLE_PP_SPEC``), and each stage's log says
   which layers it captured.
 
-About 7 minutes on 2 cores (five engine starts).
+About 6 minutes on 2 cores (four engine starts).
 """
 
 from __future__ import annotations
@@ -51,7 +51,11 @@ def test_as_shipped_the_gate_leaves_every_engine_test_out(tmp_path_factory: pyte
 def test_with_the_gate_lifted_one_failure_names_the_earlier_stage(
         tmp_path_factory: pytest.TempPathFactory) -> None:
     pytest.importorskip("sglang")
-    run = run_inner(tmp_path_factory.mktemp("pp-lifted"), SUITE, env={FIX_ENV: "pp-capture-gate-lifted"})
+    # The capture and contract tests (one engine): the acceptance engines fail for the same
+    # cause (measured: docs/compatibility.md), at 40 s a start.
+    run = run_inner(tmp_path_factory.mktemp("pp-lifted"),
+                    ["--pyargs", "pytest_eagle3.suite.test_capture_order", "pytest_eagle3.suite.test_contracts",
+                     *SUITE[2:]], env={FIX_ENV: "pp-capture-gate-lifted"})
     failed = _failed(run)
     assert failed and len(failed) == len(run.outcomes), run.output[-3000:]
     full = [n for n, m in failed.items() if "lines of the SGLang log ---" in m]
