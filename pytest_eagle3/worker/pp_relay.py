@@ -10,12 +10,12 @@ open upstream PRs that loosen the PP gates would (SGLang #39378, #39602,
 ``check_pipeline_parallel_compat`` (``:132``, "only supports EAGLE") on one
 whose ``speculative_algorithm`` reads ``EAGLE`` for ``EAGLE3``, so EAGLE-3 meets
 the checks EAGLE meets (SGLang's PP speculative relay, ``SGLANG_ENABLE_PP_SPEC``,
-included); every other check and the engine see the real values.  Behind them, SGLang's own capture path runs unchanged: only
-the last stage captures (``DeepseekV2ForCausalLM.set_eagle3_layers_to_capture``
-returns at once on every other stage, ``srt/models/deepseek_v2.py:3459``;
-SGLang issue #39634).
+included); every other check and the engine see the real values.  Behind
+them, SGLang's own capture path runs unchanged: only the last stage captures
+(``DeepseekV2ForCausalLM.set_eagle3_layers_to_capture`` returns at once on
+every other stage, ``srt/models/deepseek_v2.py:3459``; SGLang issue #39634).
 
-``pp-capture-relay`` is that lift plus a minimal fix, in three parts:
+``pp-capture-relay`` is those lifts plus a minimal fix, in three parts:
 
 1. every stage learns the ids: ``set_eagle3_layers_to_capture`` runs SGLang's
    own rule on a non-last stage too (its ``pp_group`` read as the last rank),
@@ -37,7 +37,8 @@ SGLang issue #39634).
    ``srt/managers/scheduler_components/batch_result_processor.py:331``.
 
 Written against 0.5.23's DeepSeek file (the packer, ``AuxHiddenStatePacker``)
-and ``SchedulerPPMixin``; never imported unless the fix is asked for.
+and ``SchedulerPPMixin``.  Imported inside SGLang's processes only where a PP fix
+or the fault ``pp-earlier-stage-zeroed`` is asked for (:func:`around_send_proxy_zeroed`).
 """
 
 from __future__ import annotations
