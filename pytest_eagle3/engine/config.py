@@ -21,6 +21,7 @@ from pytest_eagle3.sglang_source.install import SGLangInstall
 from pytest_eagle3.sglang_source.norm_code import AUTO, resolve_norm_path
 from pytest_eagle3.sglang_source.pp_code import PP_SPEC_SWITCH, read_pp_code
 from pytest_eagle3.worker.env import RECORD_TARGET_ENV
+from pytest_eagle3.worker.upstream_fixes import relay_named
 from pytest_eagle3.worker.recorder_hook import TARGET as RECORD_TARGET
 from pytest_eagle3.worker.env import HOOKS_ENV
 from pytest_eagle3.worker.sglang_hooks import SITE_HOOK_DIR
@@ -271,9 +272,14 @@ def build_engine_config(
         if "disable_overlap_schedule" not in layers and pp_code.overlap_gate is not None:
             # SGLang refuses PP with its overlap schedule (0.5.23 validation_hook.py:121), as a user finds out.
             args["disable_overlap_schedule"] = True
-        if has_draft(layers) and pp_code.spec_switch is not None:
-            # Speculative decoding at PP outside PD prefill runs SGLang's PP relay behind this switch.
+        if (has_draft(layers) and pp_code.spec_switch is not None and PP_SPEC_SWITCH not in os.environ
+                and layers.get("disaggregation_mode") in (None, "null")):
+            # Speculative decoding at PP outside PD prefill runs SGLang's PP relay behind this switch
+            # (a user's own value of it wins).
             env.setdefault(PP_SPEC_SWITCH, "1")
+        if device == "cuda" and "disable_cuda_graph" not in layers and relay_named():
+            # The relayed captures have no CUDA-graph buffer (worker/pp_relay.py): eager forwards.
+            args["disable_cuda_graph"] = True
     for name in list(args):
         if not install.has_arg(name):
             # A default this fork does not know (e.g. skip_server_warmup on old versions).

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pytest_eagle3.sglang_source.pp_code import EARLIER_STAGE_ISSUE, read_pp_code
+from pytest_eagle3.target.spec import DEFAULT_ARCHITECTURE
+from pytest_eagle3.worker.upstream_fixes import relay_named
 
 if TYPE_CHECKING:
     from pytest_eagle3.engine.config import EngineConfig
@@ -40,13 +42,17 @@ PP_EARLIER_STAGE = (
 )
 
 
-def _num_layers(model_path: str) -> int | None:
+def _layers_and_architecture(model_path: str) -> tuple[int | None, str]:
     try:
         config = json.loads((Path(model_path) / "config.json").read_text())
     except (OSError, ValueError):
-        return None
-    value = config.get("num_hidden_layers") or (config.get("text_config") or {}).get("num_hidden_layers")
-    return int(value) if value else None
+        return None, DEFAULT_ARCHITECTURE
+    if not isinstance(config, dict):
+        return None, DEFAULT_ARCHITECTURE
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    value = config.get("num_hidden_layers") or text.get("num_hidden_layers")
+    architectures = config.get("architectures") or [DEFAULT_ARCHITECTURE]
+    return (int(value) if value else None), str(architectures[0])
 
 
 def explain_start(config: "EngineConfig", cause: str | None,
@@ -58,12 +64,15 @@ def explain_start(config: "EngineConfig", cause: str | None,
     args = dict(config.server_args)
     pp = int(args.get("pp_size") or 1)
     found = PACKER_SHORT.search(cause or "")
-    if pp < 2 or found is None or not sglang_location:
+    if pp < 2 or found is None or not sglang_location or relay_named():
+        return None  # under the relay every stage captures: a short packer is something else
+    layers, architecture = _layers_and_architecture(config.model_path)
+    try:
+        code = read_pp_code(sglang_location, architecture)
+        stages = code.stages(layers, pp) if layers else None
+    except Exception:  # noqa: BLE001 - SGLang's own split refused these sizes: no explanation, the cause stands
         return None
-    code = read_pp_code(sglang_location)
-    layers = _num_layers(config.model_path)
-    stages = code.stages(layers, pp) if layers else None
-    if stages is None:
+    if stages is None or code.earlier_stages_capture is not False:
         return None
     start, end = stages[-1]
     got, want = int(found["got"]), int(found["want"])

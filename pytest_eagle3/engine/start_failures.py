@@ -57,7 +57,11 @@ SUMMARY_FIRST = "  full error and log tail: {who}"
 def startup_path(config: "EngineConfig") -> tuple:
     """``config`` without :data:`AFTER_STARTUP_ARGS`: equal for configurations that
     run the same code until the server answers ``/health``."""
-    args = tuple((k, v) for k, v in config.server_args if k not in AFTER_STARTUP_ARGS)
+    # At PP with SGLang's checks lifted, which stage holds the ids decides whether the first
+    # forward fails (engine/pp_start.py): the ids are part of the startup path there.
+    pp = int(dict(config.server_args).get("pp_size") or 1)
+    after = AFTER_STARTUP_ARGS - {"return_aux_hidden_state_layer_ids"} if pp > 1 else AFTER_STARTUP_ARGS
+    args = tuple((k, v) for k, v in config.server_args if k not in after)
     return (config.model_path, config.tp, config.device, args, config.env)
 
 

@@ -263,6 +263,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     own = [item for item in session.items if uses_eagle3(getattr(item, "fixturenames", ()))]
     settings = get_settings(session.config)
+    # Asked for PP (--eagle3-pp or a pp_size server argument), the run checks it even where
+    # collection left every eagle3 test out for SGLang's PP gate.
     check_pp(settings)
     if own:
         check_gpu_selection(session.config, settings)

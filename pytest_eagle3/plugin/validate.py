@@ -46,7 +46,7 @@ MSG_NO_GPU = (
 )
 MSG_TOO_FEW_GPUS = (
     "--tp {tp} needs {n} GPUs on --device cuda but {count} are visible ({probe}); "
-    "lower --tp or make more GPUs visible"
+    "lower {lower} or make more GPUs visible"
 )
 MSG_CACHE_NOT_WRITABLE = (
     "eagle3 cache {path} (from {source}) is not writable: {reason}; "
@@ -88,7 +88,8 @@ def validate_settings(settings: Settings) -> None:
         if settings.gpu.count < ranks:
             tp = str(settings.tp) if settings.pp == 1 else f"{settings.tp} x --eagle3-pp {settings.pp}"
             raise pytest.UsageError(
-                MSG_TOO_FEW_GPUS.format(tp=tp, n=ranks, count=settings.gpu.count, probe=settings.gpu.how)
+                MSG_TOO_FEW_GPUS.format(tp=tp, n=ranks, count=settings.gpu.count, probe=settings.gpu.how,
+                                        lower="--tp" if settings.pp == 1 else "--tp or --eagle3-pp")
             )
     # The default cache is checked only when a test uses it (check_target, below):
     # a read-only HOME must not break unrelated runs where the plugin is installed.

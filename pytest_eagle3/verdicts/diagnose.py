@@ -351,7 +351,7 @@ def diagnose_slots(captured: Any, reference: Any, verdicts: Sequence[Any], *, ex
                                                    tag=TAG.format(kind=kind))
     # Only where a slot matched nothing (the evidence is built then anyway; it is costly).
     if wrong and evidence is not None:
-        text = pp_earlier_stage_text(verdicts, expected, ev.pp_stages)
+        text = pp_earlier_stage_text(verdicts, expected, ev.pp_stages, diagnosed=set(slot_lines))
         if text is not None:
             kinds.insert(0, "pp-earlier-stage")
             patterns.insert(0, PATTERN.format(tag=TAG.format(kind="pp-earlier-stage"), text=text))
@@ -359,10 +359,12 @@ def diagnose_slots(captured: Any, reference: Any, verdicts: Sequence[Any], *, ex
 
 
 def pp_earlier_stage_text(verdicts: Sequence[Any], expected: Sequence[int],
-                          stages: Sequence[tuple[int, int]]) -> str | None:
+                          stages: Sequence[tuple[int, int]], diagnosed: "set[int] | frozenset[int]" = frozenset(),
+                          ) -> str | None:
     """The ``[pp-earlier-stage]`` line when the wrong slots are exactly those whose layer
-    (``expected[slot]`` is ``hs[i]``, the input of layer ``i``) an earlier stage holds and
-    at least one slot of the last stage is right; ``None`` otherwise or without PP."""
+    (``expected[slot]`` is ``hs[i]``, the input of layer ``i``) an earlier stage holds,
+    none of them has a diagnosis of its own (``diagnosed``: the slots that have one), and at
+    least one slot of the last stage is right; ``None`` otherwise or without PP."""
     if len(stages) < 2:
         return None
     last_start = stages[-1][0]
@@ -370,6 +372,8 @@ def pp_earlier_stage_text(verdicts: Sequence[Any], expected: Sequence[int],
     earlier = [v for v in slots if int(expected[v.slot]) < last_start]
     last = [v for v in slots if int(expected[v.slot]) >= last_start]
     if not earlier or not last or any(v.ok for v in earlier) or not all(v.ok for v in last):
+        return None
+    if any(v.slot in diagnosed for v in earlier):
         return None
     held = sorted({r for r, (a, b) in enumerate(stages[:-1]) for v in earlier if a <= int(expected[v.slot]) < b})
     where = ", ".join(f"stage {r}: layers {stages[r][0]}-{stages[r][1] - 1}" for r in held)

@@ -37,7 +37,9 @@ every other stage, ``srt/models/deepseek_v2.py:3459``; SGLang issue #39634).
    ``srt/managers/scheduler_components/batch_result_processor.py:331``.
 
 Written against 0.5.23's DeepSeek file (the packer, ``AuxHiddenStatePacker``)
-and ``SchedulerPPMixin``.  Imported inside SGLang's processes only where a PP fix
+and ``SchedulerPPMixin``, for eager forwards: the relayed rows have no CUDA-graph
+buffer, so an engine at PP under the relay runs without CUDA graphs
+(:func:`pytest_eagle3.engine.config.build_engine_config`).  Imported inside SGLang's processes only where a PP fix
 or the fault ``pp-earlier-stage-zeroed`` is asked for (:func:`around_send_proxy_zeroed`).
 """
 
@@ -141,9 +143,12 @@ def around_set_layers(original: Callable, model: Any, *args: Any, **kwargs: Any)
         model.capture_aux_hidden_states = False  # this stage returns proxy tensors, not captures
 
 
-def stage_ids(layers_to_capture: list[int], start: int, end: int) -> list[int]:
-    """The ids this stage's layers capture: ``start <= id < end`` (id ``i`` is layer ``i``'s input)."""
-    return [i for i in layers_to_capture if start <= i < end]
+def stage_ids(layers_to_capture: list[int], start: int, end: int, *, first: bool = False,
+              last: bool = False) -> list[int]:
+    """The ids this stage's layers capture: ``start <= id < end`` (id ``i`` is layer ``i``'s
+    input).  An id outside every stage stays with the first (below 0) or the last stage
+    (``L`` and above), whose packer then falls short as SGLang's does at PP 1."""
+    return [i for i in layers_to_capture if (first or start <= i) and (last or i < end)]
 
 
 def merge(earlier: Any, own: Any) -> Any:
@@ -166,13 +171,14 @@ def around_stage_forward(original: Callable, model: Any, *args: Any, **kwargs: A
         return original(model, *args, **kwargs)
     proxy = kwargs.get("pp_proxy_tensors", args[4] if len(args) > 4 else None)
     earlier = None if proxy is None else proxy.tensors.get(STAGE_KEY)
-    own_ids = stage_ids(wanted, model.start_layer, model.end_layer)
+    own_ids = stage_ids(wanted, model.start_layer, model.end_layer, first=group.is_first_rank,
+                        last=group.is_last_rank)
     model.layers_to_capture = own_ids  # SGLang's packer is sized by this list
     try:
         if group.is_last_rank:
             out = original(model, *args, **kwargs)
         else:
-            out, own = _with_recorded_packer(original, model, *args, **kwargs)
+            out, own = _with_recorded_packer(original, model, bool(own_ids), *args, **kwargs)
     finally:
         model.layers_to_capture = wanted
     _log_once(group, own_ids)
@@ -184,11 +190,17 @@ def around_stage_forward(original: Callable, model: Any, *args: Any, **kwargs: A
     if isinstance(out, tuple):
         hidden, own = out
         return hidden, merge(earlier, own)
-    return (out, earlier) if earlier is not None else out
+    if earlier is None:  # SGLang's caller unpacks (hidden, aux): fail as its packer does
+        raise RuntimeError(f"captured 0 of {len(wanted)} aux hidden states (pytest-eagle3 pp relay: none "
+                           f"arrived from earlier stages, none on this stage's layers)")
+    return out, earlier
 
 
-def _with_recorded_packer(original: Callable, model: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
-    """A non-last stage's forward, and the rows SGLang's packer collected in it (``None``: none).
+def _with_recorded_packer(original: Callable, model: Any, asked: bool, *args: Any,
+                          **kwargs: Any) -> tuple[Any, Any]:
+    """A non-last stage's forward, and the rows SGLang's packer collected in it (``None``: the
+    stage was ``asked`` for none).  A packer short of what it was asked for raises as SGLang's
+    ``finalize`` does ("captured n of k").
 
     The packer is local to the forward, which returns proxy tensors only; the
     module's ``AuxHiddenStatePacker`` is a recording subclass for the call."""
@@ -207,7 +219,7 @@ def _with_recorded_packer(original: Callable, model: Any, *args: Any, **kwargs: 
         out = original(model, *args, **kwargs)
     finally:
         dsv2.AuxHiddenStatePacker = real
-    return out, (made[-1].finalize() if made and len(made[-1]) else None)
+    return out, (made[-1].finalize() if made and asked else None)
 
 
 def _log_once(group: Any, ids: list[int]) -> None:

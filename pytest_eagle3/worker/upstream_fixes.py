@@ -60,8 +60,10 @@ CATALOG: dict[str, tuple[str, str]] = {
         "SGLang issue #39634 (at PP only the last stage captures)",
     ),
 }
+#: The fix that relays each PP stage's captures to the last stage.
+PP_RELAY = "pp-capture-relay"
 #: The fixes that lift SGLang's PP checks on EAGLE-3 (collection keeps the PP tests under them).
-PP_LIFTS = frozenset({"pp-capture-gate-lifted", "pp-capture-relay"})
+PP_LIFTS = frozenset({"pp-capture-gate-lifted", PP_RELAY})
 
 GEMMA3_LAYER = "sglang.srt.models.gemma3_causal.Gemma3DecoderLayer.forward"
 #: Logged once per process at the fix's first call (the e2e test reads it back).
@@ -89,6 +91,14 @@ def read_fix(env: dict[str, str] | None = None) -> str | None:
     return name
 
 
+def relay_named(env: dict[str, str] | None = None) -> bool:
+    """Whether :data:`FIX_ENV` names :data:`PP_RELAY` (an unknown name: no)."""
+    try:
+        return read_fix(env) == PP_RELAY
+    except UpstreamFixError:
+        return False
+
+
 def _around_gemma3_layer(original: Callable, layer: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND ``Gemma3DecoderLayer.forward``: the stream in the captured value."""
     hidden = kwargs.get("hidden_states")
@@ -114,5 +124,5 @@ def install(fix: str | None = None) -> str | None:
     if fix == "gemma3-capture-residual":
         HookRegistry.register(GEMMA3_LAYER, _around_gemma3_layer, HookType.AROUND)
     elif fix in PP_LIFTS:
-        pp_relay.install(relay=fix == "pp-capture-relay")
+        pp_relay.install(relay=fix == PP_RELAY)
     return fix

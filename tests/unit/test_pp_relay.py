@@ -42,6 +42,8 @@ def test_stage_ids_and_merge() -> None:
     assert pp_relay.stage_ids([0, 3, 5], 0, 4) == [0, 3]
     assert pp_relay.stage_ids([0, 3, 5], 4, 8) == [5]
     assert pp_relay.stage_ids([8], 4, 8) == []  # id L: never a layer's input
+    assert pp_relay.stage_ids([5, 8], 4, 8, last=True) == [5, 8]  # ... so the last stage's packer falls short
+    assert pp_relay.stage_ids([-1, 0], 0, 4, first=True) == [-1, 0]
     a, b = torch.zeros(3, 2 * H), torch.ones(3, H)
     assert pp_relay.merge(None, b) is b and pp_relay.merge(a, None) is a
     merged = pp_relay.merge(a, b)
@@ -73,7 +75,7 @@ def test_a_stage_relays_its_own_layers_and_the_last_stage_puts_them_first(monkey
         return _Proxy({"hidden_states": torch.zeros(3, H)})
 
     monkeypatch.setattr(pp_relay, "_with_recorded_packer",
-                        lambda original, model, *a, **k: (original(model, *a, **k), rows0))
+                        lambda original, model, asked, *a, **k: (original(model, *a, **k), rows0 if asked else None))
     stage0 = _stage(0, 0, 4, [0, 3, 5])
     proxy = pp_relay.around_stage_forward(stage0_forward, stage0, "ids", "pos", "batch", None, None)
     assert seen == [[0, 3]] and stage0.layers_to_capture == [0, 3, 5]  # restored after the forward
@@ -97,6 +99,51 @@ def test_the_last_stage_without_layers_of_its_own_returns_the_relayed_rows() -> 
     out = pp_relay.around_stage_forward(lambda model, *a, **k: torch.zeros(2, H), stage1,
                                         pp_proxy_tensors=_Proxy({pp_relay.STAGE_KEY: rows}))
     assert out[1] is rows
+
+
+def test_a_last_stage_with_nothing_fails_as_sglangs_packer_does() -> None:
+    """No rows arrived and none on its layers: SGLang's caller would unpack a bare tensor."""
+    stage1 = _stage(1, 4, 8, [0, 3])
+    with pytest.raises(RuntimeError, match="captured 0 of 2 aux hidden states"):
+        pp_relay.around_stage_forward(lambda model, *a, **k: torch.zeros(2, H), stage1, pp_proxy_tensors=_Proxy({}))
+
+
+def test_the_packer_of_an_earlier_stage_is_recorded_and_restored() -> None:
+    """SGLang's own packer class, swapped for a recording subclass for one forward only; a
+    stage asked for layers it did not capture raises as ``finalize`` does."""
+    dsv2 = pytest.importorskip("sglang.srt.models.deepseek_v2")
+    real = dsv2.AuxHiddenStatePacker
+
+    def forward(model: Any, n: int) -> _Proxy:
+        packer = dsv2.AuxHiddenStatePacker(n)
+        for i in range(n):
+            packer.append(torch.full((3, H), float(i)))
+        return _Proxy({"hidden_states": torch.zeros(3, H)})
+
+    out, rows = pp_relay._with_recorded_packer(forward, None, True, 2)
+    assert dsv2.AuxHiddenStatePacker is real and rows.shape == (3, 2 * H) and rows[:, H:].eq(1).all()
+    assert pp_relay._with_recorded_packer(forward, None, False, 0)[1] is None
+    with pytest.raises(RuntimeError, match="captured 0 of 2"):
+        pp_relay._with_recorded_packer(lambda model: (dsv2.AuxHiddenStatePacker(2), None)[1], None, True)
+    assert dsv2.AuxHiddenStatePacker is real
+
+
+def test_the_hook_targets_are_the_installed_sglangs() -> None:
+    """SGLang's HookRegistry only logs a target it cannot resolve: pin each one and its arguments."""
+    pytest.importorskip("sglang.srt.models.deepseek_v2")
+    import inspect
+    import pkgutil
+
+    wanted = {
+        pp_relay.CAPTURE_CHECK: ["server_args"], pp_relay.PP_CHECK: ["cfg"],
+        pp_relay.SET_LAYERS: ["self", "layer_ids"],
+        pp_relay.STAGE_FORWARD: ["self", "input_ids", "positions", "forward_batch", "input_embeds", "pp_proxy_tensors"],
+        pp_relay.PREPARE_OUTPUTS: ["self", "result", "batch"],
+        pp_relay.PREP_RESULT: ["self", "batch", "mb_metadata", "pp_outputs"],
+        pp_relay.SEND_PROXY: ["self", "result"],
+    }
+    for target, params in wanted.items():
+        assert list(inspect.signature(pkgutil.resolve_name(target)).parameters) == params, target
 
 
 def test_without_pp_or_captures_the_forward_is_sglangs() -> None:
@@ -133,6 +180,11 @@ def test_the_per_request_hidden_states_ride_back_to_the_first_stage() -> None:
     received = SimpleNamespace(logits_output=SimpleNamespace(hidden_states=None), extend_input_len_per_req=None)
     out = pp_relay.around_prep_result(lambda *a: received, None, "batch", "meta", _Proxy(sent))
     assert torch.equal(out.logits_output.hidden_states, hidden) and out.extend_input_len_per_req == [2, 3]
+    # Stage 0 without logprobs: SGLang builds no logits output; the relay makes one.
+    pytest.importorskip("sglang.srt.layers.logits_processor")
+    bare = SimpleNamespace(logits_output=None, extend_input_len_per_req=None)
+    out = pp_relay.around_prep_result(lambda *a: bare, None, "batch", "meta", _Proxy(sent))
+    assert torch.equal(out.logits_output.hidden_states, hidden) and out.logits_output.next_token_logits is None
 
 
 def test_the_capture_check_sees_pp_size_one(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -159,6 +211,9 @@ def test_a_short_packer_at_pp_is_named(tmp_path: Path) -> None:
     assert "the last stage holds layers 4-7 and captured 2 of the 3 layers to capture" in line
     assert "the other one lies on an earlier stage (stage 0: layers 0-3)" in line and "#39634" in line
     assert pp_start.explain_start(_config(tmp_path, 1), cause, str(LOCATION)) is None
+    with pytest.MonkeyPatch.context() as mp:  # under the relay every stage captures: not this defect
+        mp.setenv(FIX_ENV, "pp-capture-relay")
+        assert pp_start.explain_start(_config(tmp_path, 2), cause, str(LOCATION)) is None
     assert pp_start.explain_start(_config(tmp_path, 2), "TypeError: x", str(LOCATION)) is None
 
 
@@ -215,6 +270,8 @@ def test_wrong_slots_of_earlier_stages_are_named() -> None:
     assert text is not None and text.startswith("slots 0, 1 (layers 0, 3, on stage 0: layers 0-3) are wrong while "
                                                 "the last stage's slot (2) is right")
     assert pp_earlier_stage_text(verdicts(False, True, True), [0, 3, 5], stages) is None  # slot 1 (stage 0) right
+    # A slot with a diagnosis of its own (an unreduced embedding) keeps it.
+    assert pp_earlier_stage_text(verdicts(False, False, True), [0, 3, 5], stages, diagnosed={0}) is None
     assert pp_earlier_stage_text(verdicts(False, False, False), [0, 3, 5], stages) is None  # the last stage's too
     assert pp_earlier_stage_text(verdicts(False, False, True), [0, 3, 5], ((0, 8),)) is None  # no PP
     three = pp_earlier_stage_text(verdicts(True, False, True), [1, 3, 6], ((0, 2), (2, 5), (5, 8)))
@@ -277,3 +334,12 @@ def test_a_pp_engine_is_configured_as_the_installed_checks_ask(tmp_path: Path) -
     plain = build_engine_config(sglang, model_path=str(model), tp=1, device="cpu",
                                 test_args=draft_path_server_args(sglang, "/d"))
     assert PP_SPEC_SWITCH not in plain.env_dict() and "disable_overlap_schedule" not in plain.args()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(PP_SPEC_SWITCH, "0")  # the user's own value wins
+        mine = build_engine_config(sglang, model_path=str(model), tp=1, device="cpu",
+                                   test_args=draft_path_server_args(sglang, "/d"), user_args=[("pp_size", 2)])
+        assert PP_SPEC_SWITCH not in mine.env_dict()
+        # Under the relay on cuda the engine runs eager: the relayed rows have no CUDA-graph buffer.
+        mp.setenv(FIX_ENV, "pp-capture-relay")
+        cuda = build_engine_config(sglang, model_path=str(model), tp=1, device="cuda", user_args=[("pp_size", 2)])
+        assert cuda.args().get("disable_cuda_graph") is True
