@@ -227,7 +227,9 @@ def self_test(work: Path, *, no_tp: int = 1, kinds: Sequence[str] | None = None,
     ``no_tp``: the TP size of kinds that need no TP > 1 (1 or 2); kinds in
     :data:`pytest_eagle3.worker.faults.NEEDS_TP` always run at TP 2.
     ``runner(work_dir, tests, tp, fault, extra) -> ChildRun`` runs one child
-    (default :func:`run_child`).
+    (default :func:`run_child`); for a kind that needs an environment of its own
+    (:func:`pytest_eagle3.planning.selftest.self_test_env`) it also gets ``env=``,
+    the whole environment of that child.
 
     Raises:
         ValueError: an unknown kind.
