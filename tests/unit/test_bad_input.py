@@ -167,12 +167,17 @@ def test_unknown_preset_from_env_names_the_variable(
     )
 
 
-def test_tp_that_does_not_divide_the_heads(pytester: pytest.Pytester, tmp_path: Path) -> None:
-    target = tmp_path / "six-heads"
+def _small_target(target: Path) -> Path:
+    """A target directory with only a ``config.json``: 4 layers, 6 attention heads."""
     target.mkdir()
     (target / "config.json").write_text(
         '{"num_hidden_layers": 4, "hidden_size": 96, "vocab_size": 256, "num_attention_heads": 6}'
     )
+    return target
+
+
+def test_tp_that_does_not_divide_the_heads(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    target = _small_target(tmp_path / "six-heads")
     cache_dir = tmp_path / "cache"
     result = run_suite(pytester, cache_dir, "--tp", "4", "--eagle3-target", str(target))
     message = check_tp_divides(4, 6)
@@ -184,11 +189,7 @@ def test_tp_that_does_not_divide_the_heads(pytester: pytest.Pytester, tmp_path: 
 def test_pp_above_the_layers_and_too_many_cpu_processes(pytester: pytest.Pytester, tmp_path: Path) -> None:
     """``--pp 6`` on a 4-layer target, and ``--pp 16`` (or ``--tp 4 --pp 4``) on cpu: one usage
     line each, before any engine."""
-    target = tmp_path / "four-layers"
-    target.mkdir()
-    (target / "config.json").write_text(
-        '{"num_hidden_layers": 4, "hidden_size": 96, "vocab_size": 256, "num_attention_heads": 6}'
-    )
+    target = _small_target(tmp_path / "four-layers")
     cache_dir = tmp_path / "cache"
     result = run_suite(pytester, cache_dir, "--pp", "6", "--eagle3-target", str(target))
     assert_usage_error(result, MSG_PP_LAYERS.format(pp=6, layers=4))
