@@ -34,6 +34,7 @@ from pytest_eagle3.engine.config import EngineConfig
 from pytest_eagle3.engine.lease import GpuLeaser
 from pytest_eagle3.worker.env import RECORD_DIR_ENV
 from pytest_eagle3.engine.server import SGLangServer
+from pytest_eagle3.engine import tbo_start
 from pytest_eagle3.engine.pp_start import explain_start
 from pytest_eagle3.engine.start_failures import StartFailures
 from pytest_eagle3.errors import Eagle3EngineError, Eagle3StartCauseSeen
@@ -42,6 +43,8 @@ from pytest_eagle3.errors import Eagle3EngineError, Eagle3StartCauseSeen
 #: line of its error; the full error with the log tail is in the report of the
 #: first test that used it.
 FAILED_BEFORE = "SGLang engine {name} failed to start (see {who}): {error}"
+#: A server that died under a request of a cause :mod:`pytest_eagle3.engine.tbo_start` names.
+DIED_BEFORE = "SGLang engine {name} died under a request (see {who}): {error}"
 
 #: Peak RSS of a CPU engine's process tree is about BASE + PER_RANK x TP GiB
 #: (measured by benchmarks/bench_core.py: TP 1 3.3, TP 2 4.5, TP 4 6.8, TP 8 11.5).
@@ -77,9 +80,11 @@ class EnginePool:
     start_failures: StartFailures = field(default_factory=StartFailures)
     #: Every config asked for, in order (with :attr:`upcoming`: the run's configurations).
     requested: list[EngineConfig] = field(default_factory=list)
-    #: The installed SGLang's package folder: a failed start at PP is read against its code
-    #: (:mod:`pytest_eagle3.engine.pp_start`).
+    #: The installed SGLang's package folder: a failed start at PP or under two-batch overlap
+    #: is read against its code (:mod:`pytest_eagle3.engine.pp_start`, :mod:`pytest_eagle3.engine.tbo_start`).
     sglang_location: str | None = None
+    #: The test each live server was last handed to (named when it died under that test).
+    _served_by: dict[EngineConfig, str] = field(default_factory=dict)
     #: Names of failed configs whose error is already a one-line pointer to another's report.
     _pointers: set[str] = field(default_factory=set)
 
@@ -109,10 +114,16 @@ class EnginePool:
         server = self._alive.get(config)
         if server is not None and server.alive:
             self._alive.move_to_end(config)
+            self._served_by[config] = who or "an earlier test"
             return server
         if server is not None:  # died since last use
             self._alive.pop(config)
             server.stop()
+            if server.exit_explanation is not None:  # a known root cause: one failure, not a restart each
+                first = self._served_by.get(config, "an earlier test")
+                self._failed[config] = (server.exit_explanation, first)
+                first_line = server.exit_explanation.splitlines()[0]
+                raise Eagle3StartCauseSeen(DIED_BEFORE.format(name=config.name, who=first, error=first_line))
         while len(self._alive) >= self.max_alive:
             _, oldest = self._alive.popitem(last=False)
             oldest.stop()
@@ -128,7 +139,8 @@ class EnginePool:
             server.wait_ready(progress=self.progress)
         except Eagle3EngineError as exc:
             who = who or "the first test that used it"
-            explained = explain_start(config, exc.cause, self.sglang_location)
+            explained = (explain_start(config, exc.cause, self.sglang_location)
+                         or tbo_start.explain_start(config, exc.cause, server.start_log(), self.sglang_location))
             if explained is not None:
                 exc = Eagle3EngineError(f"{explained[1]}\n{exc}", cause=explained[0])
             self._failed[config] = (str(exc), who)
@@ -144,6 +156,7 @@ class EnginePool:
             waited = f" (prefetched: this run waited {time.monotonic() - t0:.0f} s for it)" if prefetched else ""
             self.progress(f"SGLang {config.name} ready in {server.startup_seconds:.0f} s{waited}")
         self._alive[config] = server
+        self._served_by[config] = who or "the first test that used it"
         if self.on_start is not None:
             self.on_start(config, server)
         return server
@@ -164,6 +177,13 @@ class EnginePool:
             where = f" on {self.lease.describe()}" if self.lease is not None else ""
             when = " in the background (the next engine of this run)" if background else ""
             self.progress(f"starting SGLang {config.describe()}{where}{when} (log: {server.log_path})")
+        location = self.sglang_location
+
+        def explain_exit(cause: str, log_text: str) -> str | None:
+            explained = tbo_start.explain_start(config, cause, log_text, location)
+            return explained[1] if explained is not None else None
+
+        server.explain_exit = explain_exit
         return server.spawn()
 
     def _prefetch_after(self, config: EngineConfig, *, starting: bool = True) -> None:

@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping
 
 from pytest_eagle3.engine.ports import free_port
 from pytest_eagle3.engine.process_tree import die_with_parent, kill_group, kill_tree
-from pytest_eagle3.engine.server_log import LOG_TAIL_LINES, log_tail, startup_cause
+from pytest_eagle3.engine.server_log import LOG_TAIL_LINES, log_tail, start_log, startup_cause
 from pytest_eagle3.errors import Eagle3EngineError
 from pytest_eagle3.reaper import spawn
 
@@ -48,6 +48,10 @@ REQUEST_FAILED = (
     "--- last {n} lines of the SGLang log ---\n{tail}"
 )
 
+
+#: Seconds a request that lost its connection waits for the server to exit (SGLang
+#: kills its process tree after a scheduler exception).
+EXIT_WAIT = 10.0
 
 #: Restarts on a new port when the chosen one was taken during startup.
 PORT_RETRIES = 2
@@ -95,6 +99,11 @@ class SGLangServer:
         #: a socket path longer than 107 characters fails (``sockaddr_un``).
         self.tmp_dir = Path(tempfile.gettempdir()) / f"eagle3-{name}"
         self.startup_seconds: float | None = None
+        #: ``explain_exit(cause, start_log) -> line | None``: what a server that died under a
+        #: request died of, set by the pool (:mod:`pytest_eagle3.engine.tbo_start`).
+        self.explain_exit: Callable[[str, str], str | None] | None = None
+        #: The explanation of this server's death under a request, once it died so.
+        self.exit_explanation: str | None = None
 
     # -- lifecycle ---------------------------------------------------------
     @property
@@ -198,6 +207,10 @@ class SGLangServer:
                 raise
         self.startup_seconds = time.monotonic() - first_t0
         return self
+
+    def start_log(self) -> str:
+        """This start's part of the log (a retry appends to the same file)."""
+        return start_log(self.log_path, getattr(self, "_log_offset", 0))
 
     def port_taken(self, port: int | None) -> bool:
         """Whether the log says the server could not bind its HTTP ``port``.
@@ -314,14 +327,27 @@ class SGLangServer:
             error = f"HTTP {exc.code}: {body}"
         except (urllib.error.URLError, OSError, ValueError) as exc:
             error = f"{type(exc).__name__}: {exc}"
-            if not self.alive:
+            if self._exited(wait=EXIT_WAIT if self.alive and self.proc is not None else 0.0):
                 error += f" (server exited with code {self.proc.poll() if self.proc else None})"
-        raise Eagle3EngineError(
-            REQUEST_FAILED.format(
-                path=path, error=error, name=self.name, log=self.log_path,
-                n=LOG_TAIL_LINES, tail=log_tail(self.log_path),
-            )
-        )
+                cause = startup_cause(self.log_path, getattr(self, "_log_offset", 0)).removeprefix(": ")
+                if cause:
+                    error += f"; it died of {cause}"
+                    if self.explain_exit is not None:
+                        self.exit_explanation = self.explain_exit(cause, self.start_log())
+        message = REQUEST_FAILED.format(path=path, error=error, name=self.name, log=self.log_path,
+                                        n=LOG_TAIL_LINES, tail=log_tail(self.log_path))
+        raise Eagle3EngineError(f"{self.exit_explanation}\n{message}" if self.exit_explanation else message)
+
+    def _exited(self, wait: float) -> bool:
+        """Whether the server process has exited, waiting up to ``wait`` seconds for it
+        (a server whose scheduler died closes the connection, then exits)."""
+        if self.proc is None:
+            return True
+        try:
+            self.proc.wait(timeout=wait) if wait > 0 else None
+        except subprocess.TimeoutExpired:
+            return False
+        return self.proc.poll() is not None
 
     def generate(self, payload: Mapping[str, Any], *, timeout: float = 600.0) -> Any:
         """POST ``/generate``; returns the response JSON (a list for batched input)."""

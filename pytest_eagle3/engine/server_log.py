@@ -68,16 +68,21 @@ def first_error(text: str, *, package: str = "sglang") -> tuple[str, str | None]
 SCHEDULER_EXCEPTION = "Scheduler hit an exception"
 
 
+def start_log(path: Path, offset: int = 0) -> str:
+    """The log from ``offset`` (where one start's output begins) on; ``""`` when unreadable."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def startup_cause(path: Path, offset: int = 0) -> str:
     """``": RuntimeError: ... (sglang/srt/x.py:100)"`` for :data:`STARTUP_FAILED`, or ``""``;
     reads the log from ``offset`` (where this start's output begins), from the first
     :data:`SCHEDULER_EXCEPTION` on where a scheduler logged one."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            text = f.read().decode(errors="replace")
-    except OSError:
-        return ""
+    text = start_log(path, offset)
     at = text.find(SCHEDULER_EXCEPTION)
     found = (first_error(text[text.rfind("\n", 0, at) + 1:]) if at >= 0 else None) or first_error(text)
     if found is None:

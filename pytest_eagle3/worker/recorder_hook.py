@@ -158,7 +158,8 @@ def _after_forward(result: Any, model: Any, input_ids: Any = None, positions: An
 
 
 def install() -> None:
-    """Register the after-hook with SGLang's HookRegistry (applied by ``load_plugins``).
+    """Register the after-hook with SGLang's HookRegistry (applied by ``load_plugins``),
+    and the two-batch overlap proof's before-hook (:mod:`pytest_eagle3.worker.tbo_proof`).
 
     Where the registry is missing (releases before 0.5.11), wrap the class
     attribute directly.
@@ -170,6 +171,9 @@ def install() -> None:
     target = os.environ.get(RECORD_TARGET_ENV) or TARGET
     if HookRegistry is not None:
         HookRegistry.register(target, _after_forward, HookType.AFTER)
+        from pytest_eagle3.worker import tbo_proof
+
+        tbo_proof.install(target)
         return
     import functools
     import importlib

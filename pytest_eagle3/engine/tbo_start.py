@@ -1,0 +1,85 @@
+"""What a failed start under two-batch overlap means: the ``[tbo-no-a2a]`` diagnosis.
+
+``--enable-two-batch-overlap`` with DP attention and no EP all-to-all backend
+(``moe_a2a_backend`` ``none``) passes SGLang's startup check on DeepSeek-V3, and
+the server takes the TBO path at its first forward.  Measured on 0.5.23 at TP 2 on
+CPU: every DP rank splits its batch into two micro-batches (the worker's proof
+line, :mod:`pytest_eagle3.worker.tbo_proof`) and dies in the first micro-batch's
+DP gather, ``TypeError: object of type 'NoneType' has no len()``
+(``srt/layers/dp_attention.py:92``), because the micro-batches carry no per-rank
+token counts and DeepSeek's TBO operations are written for an EP all-to-all
+backend (:mod:`pytest_eagle3.sglang_source.tbo_code`).  The failing code runs
+before any collective and reads no device, so a GPU takes the same branch.
+
+:func:`explain_start` turns that start into one line: the TBO path that ran,
+what it died of, and the installed lines that make it so.  Nothing here imports
+torch or sglang.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pytest_eagle3.sglang_source.tbo_code import CAPTURE_PR, read_tbo_code
+from pytest_eagle3.worker.tbo_proof import PROOF
+
+if TYPE_CHECKING:
+    from pytest_eagle3.engine.config import EngineConfig
+
+#: The frame every TBO forward of DeepSeek's layers passes (0.5.23 ``two_batch_overlap.py``).
+TBO_FRAME = "model_forward_stages"
+
+#: The cause a failed start under TBO is grouped by (the same for every engine it stops).
+TBO_NO_A2A_CAUSE = ("[tbo-no-a2a] two-batch overlap without an EP all-to-all backend dies in its "
+                    "micro-batches' DP gather ({counts})")
+TBO_NO_A2A = (
+    "[tbo-no-a2a] two-batch overlap with DP attention and no EP all-to-all backend (moe_a2a_backend "
+    "none): {ran}, and died with {cause}: the micro-batches carry no per-rank token counts ({counts}) "
+    "that DP attention's gather reads, and DeepseekV2MoE's TBO operations dispatch only through an EP "
+    "all-to-all backend ({ep}; {gate}); SGLang's startup check accepts this configuration ({check}). "
+    "DeepSeek-V3 runs TBO with --moe-a2a-backend deepep (or mooncake, nixl, mori); the captures under "
+    "TBO were not reached{gap}"
+)
+
+#: The capture gap behind the crash, read from the installed file.
+GAP = " (behind them, {stages} passes the layers no capture argument; {pr})"
+
+
+def proof_text(log_text: str) -> str:
+    """``"the TBO path ran: EXTEND 12 tokens -> 6 + 6 (layers 1-5); IDLE ..."`` from the
+    workers' proof lines, or ``"the TBO path ran (model_forward_stages in the traceback)"``."""
+    seen: dict[tuple[str, str, str], None] = {}
+    for m in PROOF.finditer(log_text):
+        seen.setdefault((m["mode"], f"{m['tokens']} tokens -> {m['a']} + {m['b']}",
+                         f"layers {m['first']}-{m['last']}"), None)
+    if not seen:
+        return f"the TBO path ran ({TBO_FRAME} in the traceback)"
+    parts = [f"{mode} {split}" for mode, split, _ in seen]
+    layers = sorted({layers for _, _, layers in seen})
+    return f"the TBO path ran ({'; '.join(parts)}; {', '.join(layers)} in {TBO_FRAME})"
+
+
+def explain_start(config: "EngineConfig", cause: str | None, log_text: str,
+                  sglang_location: str | None) -> tuple[str, str] | None:
+    """``(cause, line)`` for a start that failed with ``cause`` under two-batch overlap and no
+    EP all-to-all backend, its traceback through :data:`TBO_FRAME`: the cause the run groups
+    failed starts by (:data:`TBO_NO_A2A_CAUSE`) and the ``[tbo-no-a2a]`` line; ``None``
+    otherwise (another configuration, another failure, an SGLang whose files read otherwise)."""
+    args = dict(config.server_args)
+    a2a = str(args.get("moe_a2a_backend") or "none").lower()
+    if not args.get("enable_two_batch_overlap") or a2a != "none" or not cause or not sglang_location:
+        return None
+    if TBO_FRAME not in log_text or "dp_attention.py" not in cause:
+        return None
+    try:
+        code = read_tbo_code(sglang_location)
+    except Exception:  # noqa: BLE001 - unreadable files: no explanation, the cause stands
+        return None
+    if not code.needs_a2a or code.children_counts is None:
+        return None
+    line = TBO_NO_A2A.format(ran=proof_text(log_text), cause=cause, counts=code.children_counts,
+                             ep=code.ep_size_a2a, gate=f"{code.dispatch_gate}: {code.dispatch_gate.text}",
+                             check=code.check or "check_two_batch_overlap",
+                             gap=GAP.format(stages=code.stages_call, pr=CAPTURE_PR)
+                             if code.stages_capture is False else "")
+    return TBO_NO_A2A_CAUSE.format(counts=code.children_counts), line

@@ -1,0 +1,40 @@
+"""End to end on CPU: two-batch overlap (TBO) on the DP-attention engine at TP 2.
+
+``--enable-two-batch-overlap`` on the DP-attention path (``--eagle3-slow``, the
+``dp-attention`` variant, ``--eagle3-sglang-arg enable_two_batch_overlap=true``):
+SGLang 0.5.23 starts, splits each DP rank's batch into two micro-batches (the
+workers' proof line) and dies in the first micro-batch's DP gather; one failure
+names it ``[tbo-no-a2a]`` with the installed lines (no EP all-to-all backend,
+the micro-batches' missing per-rank counts).  About 1 minute (one engine start).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_eagle3.worker.tbo_proof import PROOF
+from tests.inner_run import run_inner
+
+pytestmark = pytest.mark.e2e
+
+
+def test_tbo_without_an_a2a_backend_fails_once_with_its_cause(tmp_path_factory: pytest.TempPathFactory) -> None:
+    pytest.importorskip("sglang")
+    work = tmp_path_factory.mktemp("tbo")
+    run = run_inner(work, ["--pyargs", "pytest_eagle3.suite.test_paths", "--tp", "2", "--eagle3-slow",
+                           "-k", "dp-attention", "--eagle3-sglang-arg", "enable_two_batch_overlap=true",
+                           f"--basetemp={work / 'tmp'}"])
+    logs = "".join(p.read_text(errors="replace") for p in work.glob("tmp/**/tp2-cpu-*.log"))
+    if "two_batch_overlap.py" not in logs:
+        pytest.skip("this SGLang took no two-batch overlap path on CPU")
+    failed = {n: m for n, m in run.messages.items() if run.outcomes.get(n) in ("failed", "error")}
+    assert failed, run.output[-3000:]
+    full = [n for n, m in failed.items() if "[tbo-no-a2a] two-batch overlap with DP attention" in m]
+    assert len(full) == 1, run.output[-4000:]
+    message = failed[full[0]]
+    assert "the TBO path ran (" in message and "in model_forward_stages)" in message, message[:2000]
+    assert "(sglang/srt/layers/dp_attention.py:" in message and "two_batch_overlap.py:" in message
+    assert PROOF.search(logs), "no worker proof line in the engine log"
+    for name, m in failed.items():  # one root cause, one failure: any other test points to it
+        if name != full[0]:
+            assert f"(see {full[0].split('::')[-1]}" in m or full[0] in m, m[:600]
