@@ -236,10 +236,11 @@ class CaptureRunner:
 
     def _prove_standin_paths(self, server: Any) -> None:
         """Fail when the engine runs a CPU-tier stand-in path (in-place norms,
-        all-reduce fusion) that did not run on every TP rank (its log, read
+        all-reduce fusion, single-batch overlap's stream) that did not run on every TP rank (its log, read
         once per engine: :mod:`pytest_eagle3.engine.standin_proof`)."""
         config = self.last_config
-        paths = configured(config.env_dict()) if config is not None else []
+        paths = (configured(config.env_dict(), config.args() if config.device == "cpu" else None)
+                 if config is not None else [])
         if not paths:
             return
         key = ("standin-proof", config)
@@ -255,7 +256,7 @@ class CaptureRunner:
         if failed is not None:
             path, why = failed
             raise Eagle3EngineError(NOT_TAKEN.format(engine=config.name, path=path.name,
-                                                     env="=".join(path.env), what=why, log=server.log_path))
+                                                     env="=".join(map(str, path.env)), what=why, log=server.log_path))
 
     def _server(self, layer_ids: Sequence[int] | None, extra_args: Mapping[str, Any] | None,
                 draft: str | None = None) -> Any:

@@ -1,9 +1,11 @@
 """Proof, from an engine's log, that a CPU-tier stand-in path really ran on every TP rank.
 
-The CPU tier runs two of SGLang's production branches through stand-in
-kernels: the in-place norms (:mod:`pytest_eagle3.worker.cpu.norms`) and the
-fused all-reduce (:mod:`pytest_eagle3.worker.cpu.allreduce_fusion`).  Each
-stand-in logs one line at its first call in a process; a test on such an
+The CPU tier runs three of SGLang's production branches through stand-ins: the
+in-place norms (:mod:`pytest_eagle3.worker.cpu.norms`), the fused all-reduce
+(:mod:`pytest_eagle3.worker.cpu.allreduce_fusion`) and single-batch overlap's
+second stream (``patches.sbo_streams`` of :mod:`pytest_eagle3.worker.cpu.patches`,
+selected by the server argument, not the env).  Each stand-in logs one line at
+its first call in a process; a test on such an
 engine passes only if at least ``tp`` processes (one per TP rank) logged it,
 else it fails with :data:`NOT_TAKEN`: a configured path that never ran
 proves nothing.  Nothing here imports torch or sglang.
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 from pytest_eagle3.worker.env import FUSION_ENV, NORM_PATH_ENV
 
@@ -23,17 +25,20 @@ NOT_TAKEN = ("{engine}: {path} was configured ({env}) but {what}: the path did n
 
 @dataclass(frozen=True)
 class StandinPath:
-    """One stand-in path: the engine env that turns it on and the log line its kernels write.
+    """One stand-in path: what turns it on and the log line its kernels write.
 
     Attributes:
         name: what the path is, for messages (``the in-place norm path``).
-        env: ``(variable, value)`` in the engine's env that selects it.
+        env: ``(variable, value)`` in the engine's env that selects it, or with
+            ``by_arg`` ``(server argument, value)`` among a cpu engine's server args.
         called: regex of the first-call line; group ``op`` names the kernel, ``pid`` the process.
+        by_arg: ``env`` names a server argument, not an environment variable.
     """
 
     name: str
-    env: tuple[str, str]
+    env: tuple[str, Any]
     called: re.Pattern[str]
+    by_arg: bool = False
 
 
 PATHS = (
@@ -41,6 +46,9 @@ PATHS = (
                 re.compile(r"pytest-eagle3 norm stand-in: sgl_kernel\.(?P<op>\w+) called \(pid (?P<pid>\d+)")),
     StandinPath("all-reduce fusion", (FUSION_ENV, "1"),
                 re.compile(r"pytest-eagle3 all-reduce fusion stand-in: (?P<op>\w+) called \(pid (?P<pid>\d+)")),
+    StandinPath("single-batch overlap's second stream", ("enable_single_batch_overlap", True),
+                re.compile(r"pytest-eagle3 SBO stand-in: (?P<op>\w+)\.wait_stream called \(pid (?P<pid>\d+)"),
+                by_arg=True),
 )
 
 
@@ -52,9 +60,10 @@ def ops_called(log_text: str, path: StandinPath) -> dict[str, set[int]]:
     return out
 
 
-def configured(env: Mapping[str, str]) -> list[StandinPath]:
-    """The stand-in paths an engine with ``env`` runs."""
-    return [p for p in PATHS if env.get(p.env[0]) == p.env[1]]
+def configured(env: Mapping[str, str], cpu_args: Mapping[str, Any] | None = None) -> list[StandinPath]:
+    """The stand-in paths an engine with ``env`` runs (and, on cpu, with server args ``cpu_args``)."""
+    args = cpu_args or {}
+    return [p for p in PATHS if (args if p.by_arg else env).get(p.env[0]) == p.env[1]]
 
 
 def not_taken(log_text: str, path: StandinPath, tp: int) -> str | None:

@@ -376,13 +376,28 @@ VARIANTS: tuple[Variant, ...] = (
         server_args=MappingProxyType({**_DP_ATTENTION, "enable_two_batch_overlap": True}),
         alternatives=(MappingProxyType({**_DP_ATTENTION_LEGACY, "enable_two_batch_overlap": True}),),
         request=MappingProxyType({"batch": True, "decode_steps": 2}),
-        needs=Needs(summary="two-batch overlap needs CUDA and DP attention at TP>=2: on cpu its SM-count "
-                    "query is stood in (fill tbo_sm_count), then its micro-batches' DP gather takes "
-                    "dp_attention.py's all-reduce path, which reads per-rank token counts the "
-                    "micro-batches do not carry (two_batch_overlap.py:841)",
+        needs=Needs(summary="two-batch overlap needs CUDA, DP attention at TP>=2 and, for DeepSeek's TBO "
+                    "operations, an EP all-to-all backend (DeepEP): without one both DP ranks die in the "
+                    "micro-batches' DP gather, measured on cpu ([tbo-no-a2a], docs/compatibility.md); the "
+                    "cpu tier has no DeepEP stand-in",
                     devices=("cuda",), min_tp=2),
         source="srt/arg_groups/validation_hook.py check_two_batch_overlap; "
         "srt/batch_overlap/two_batch_overlap.py model_forward_stages",
+    ),
+    Variant(
+        name="single-batch-overlap",
+        description="single-batch overlap: each MoE layer runs its shared experts inside the "
+        "dispatcher's combine hooks on a second stream (DeepseekV2MoE._fuse_shared_experts_inside_sbo); "
+        "the layer loop, so the capture, is unchanged; the test sends a batch and decodes",
+        server_args=MappingProxyType({"enable_single_batch_overlap": True}),
+        request=MappingProxyType({"batch": True, "decode_steps": 2}),
+        needs=Needs(summary="single-batch overlap is refused on SM90 (srt/layers/moe/utils.py) and its "
+                    "second stream exists only on CUDA (on cpu: the stand-in fill sbo_streams)",
+                    gpu_archs=(SM10X,), cpu_fix="sbo_streams",
+                    cpu_fix_why="DeepseekV2Model makes alt_stream only on CUDA: AttributeError at "
+                    "deepseek_v2.py:1382 in the first pre-combine hook"),
+        source="srt/batch_overlap/single_batch_overlap.py SboFlags; srt/models/deepseek_v2.py "
+        "DeepseekV2MoE.forward_normal (_pre_combine_hook)",
     ),
     Variant(
         name="ids-at-first-k-dense",

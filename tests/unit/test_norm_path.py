@@ -17,7 +17,7 @@ from pytest_eagle3.sglang_source.norm_code import (
 )
 from pytest_eagle3.engine.standin_proof import PATHS, configured, not_taken, ops_called
 
-NORM_PROOF, FUSION_PROOF = PATHS
+NORM_PROOF, FUSION_PROOF, SBO_PROOF = PATHS
 
 @pytest.fixture(scope="module")
 def sglang_location():
@@ -118,6 +118,12 @@ def test_configured_paths_come_from_the_engine_env():
     assert configured({}) == []
     assert configured({NORM_PROOF.env[0]: "native"}) == []
     assert configured({NORM_PROOF.env[0]: "inplace", FUSION_PROOF.env[0]: "1"}) == [NORM_PROOF, FUSION_PROOF]
+    # single-batch overlap's stand-in is selected by a cpu engine's server argument, not the env
+    assert configured({"enable_single_batch_overlap": "True"}) == []
+    assert configured({}, {"enable_single_batch_overlap": True}) == [SBO_PROOF]
+    called = "pytest-eagle3 SBO stand-in: alt_stream.wait_stream called (pid {pid})\n"
+    assert not_taken(called.format(pid=1), SBO_PROOF, tp=2).startswith("only 1 of 2 TP ranks")
+    assert not_taken(called.format(pid=1) + called.format(pid=2), SBO_PROOF, tp=2) is None
 
 
 GATE_SRC = '''

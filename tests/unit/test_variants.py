@@ -22,7 +22,7 @@ FLAGS_0523 = frozenset({
     "enable-attn-tp-input-scattered", "flashinfer-allreduce-fusion-backend",
     "enable-flashinfer-allreduce-fusion", "enforce-disable-flashinfer-allreduce-fusion",
     "cuda-graph-backend-decode", "cuda-graph-backend-prefill", "disable-cuda-graph",
-    "enable-two-batch-overlap",
+    "enable-two-batch-overlap", "enable-single-batch-overlap",
 })
 #: An older SGLang / fork: no --attn-dp-size, no --flashinfer-allreduce-fusion-backend,
 #: no --cuda-graph-backend-*.
@@ -30,7 +30,7 @@ FLAGS_OLD = FLAGS_0523 - {"attn-dp-size", "flashinfer-allreduce-fusion-backend",
                           "cuda-graph-backend-decode", "cuda-graph-backend-prefill"}
 
 ON_CPU = {"plain", "decode", "chunked-prefill", "unchunked-prefill", "radix-cache-hit", "batch",
-          "ids-at-first-k-dense", "ids-last-capturable"}
+          "ids-at-first-k-dense", "ids-last-capturable", "single-batch-overlap"}
 
 
 def fake_install(flags: frozenset[str] = FLAGS_0523, version: str = "0.5.23") -> SGLangInstall:
@@ -50,7 +50,7 @@ def test_names_are_unique_and_cover_the_issue() -> None:
     assert set(names) == {
         "plain", "decode", "chunked-prefill", "unchunked-prefill", "radix-cache-hit", "batch", "dp-attention",
         "attn-tp-input-scattered", "allreduce-fusion-on", "allreduce-fusion-off",
-        "cuda-graph-on", "cuda-graph-off", "two-batch-overlap", "ids-at-first-k-dense",
+        "cuda-graph-on", "cuda-graph-off", "two-batch-overlap", "single-batch-overlap", "ids-at-first-k-dense",
         "ids-last-capturable",
     }
     for variant in V.VARIANTS:
@@ -85,7 +85,8 @@ def with_dp_padding_fix(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_cpu_tp2_dp_attention_needs_the_cpu_fix(without_cpu_fixes: None) -> None:
     got = reasons(fake_install(), "cpu", 2)
-    assert {n for n, r in got.items() if r is None} == ON_CPU
+    assert {n for n, r in got.items() if r is None} == ON_CPU - {"single-batch-overlap"}
+    assert "the CPU-tier fix 'sbo_streams'" in got["single-batch-overlap"]
     assert got["dp-attention"] == (
         "DP attention needs TP>=2 (attn_dp_size = tp); on cpu it also needs the CPU-tier fix "
         "'torch_native_dp_padding', which this pytest-eagle3 lacks (sglang 0.5.23 pads DP batches "
@@ -126,7 +127,9 @@ def test_cpu_tp2_fusion_pair_where_the_fused_path_is_installed(with_dp_padding_f
 def test_cuda_by_architecture() -> None:
     install = fake_install()
     hopper = reasons(install, "cuda", 8, "9.0")
-    assert all(r is None for r in hopper.values()), hopper
+    assert all(r is None for n, r in hopper.items() if n != "single-batch-overlap"), hopper
+    assert hopper["single-batch-overlap"].endswith("this GPU is sm90")  # SGLang refuses SBO on SM90
+    assert reasons(install, "cuda", 8, (10, 0))["single-batch-overlap"] is None
     ampere = reasons(install, "cuda", 8, "sm80")
     assert ampere["allreduce-fusion-on"].endswith("; this GPU is sm80")
     assert ampere["cuda-graph-on"] is None and ampere["two-batch-overlap"] is None
@@ -238,7 +241,7 @@ def test_list_variants_option(pytester: pytest.Pytester, clean_eagle3_env: None)
         "*-> left out of this run: needs an SGLang engine of its own (minutes on cpu); run with --eagle3-slow",
         "  allreduce-fusion-off  *pytest_eagle3_cpu_allreduce_fusion=False",
         "*-> runs",
-        "6 of 15 variants run here",
+        "6 of 16 variants run here",
     ])
     assert "test_never_runs" not in result.stdout.str()
     assert "passed" not in result.stdout.str() and "collected" not in result.stdout.str()

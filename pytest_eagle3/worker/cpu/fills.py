@@ -10,7 +10,8 @@ is one :class:`Fill` of :data:`FILLS`, in the order :func:`install` walks them:
    all-reduce fusion stand-in (:mod:`pytest_eagle3.worker.cpu.allreduce_fusion`),
    each when the engine host set its environment variable;
 3. SGLang's own CPU-mode gaps (:mod:`pytest_eagle3.worker.cpu.patches`): MLA
-   routing, DP padding, two-batch overlap's SM counts, and the AMX platform
+   routing, DP padding, two-batch overlap's SM counts, single-batch overlap's
+   second stream, and the AMX platform
    fact for engines on the ``intel_amx`` attention backend;
 4. older releases' gaps (:mod:`pytest_eagle3.worker.cpu.older_releases`), each
    checking its own gap in the installed SGLang (a no-op on 0.5.23), and the
@@ -80,6 +81,7 @@ FILLS: tuple[Fill, ...] = (
     Fill("torch_native_mla_dispatch", None, patches.route_torch_native_mla),
     Fill("torch_native_dp_padding", None, patches.torch_native_dp_padding),
     Fill("tbo_sm_count", "sglang.srt.batch_overlap.operations_strategy", patches.tbo_sm_count),
+    Fill("sbo_streams", "sglang.srt.models.deepseek_v2", patches.sbo_streams),
     Fill("amx_attention_platform", None, patches.amx_attention_platform, _speculative),
     Fill("intel_amx_speculative", "sglang.srt.layers.attention.intel_amx_backend",
          older_releases.intel_amx_speculative),

@@ -15,6 +15,9 @@ from typing import Any
 
 logger = logging.getLogger("pytest_eagle3.cpu")
 
+SBO_STREAM_LINE = ("pytest-eagle3: single-batch overlap's second stream stood in on CPU: {cls} runs its shared "
+                   "experts in the dispatcher's combine hooks, in order (pid {pid})")
+
 
 def amx_attention_platform() -> None:
     """Let ``--attention-backend intel_amx`` stand on a CPU without AMX.
@@ -138,3 +141,113 @@ def tbo_sm_count(module: Any) -> None:
     module.torch = _Torch()
     module.DeepEPConfig = _DeepEPConfig
     logger.warning(TBO_SM_LINE.format(sms=STANDIN_SMS, comm=STANDIN_COMM_SMS))
+
+
+#: Logged once per process at the first ``wait_stream`` of a named :class:`CpuStream`
+#: (the proof that SBO's hooks ran: :mod:`pytest_eagle3.engine.standin_proof`).
+SBO_CALLED_LINE = "pytest-eagle3 SBO stand-in: {name}.wait_stream called (pid {pid})"
+_sbo_called: set[str] = set()
+
+
+class CpuStream:
+    """A CUDA stream's contract on CPU: work issued on it has run when the call returns.
+
+    ``wait_stream`` and an event's ``wait`` have nothing to wait for; an event is
+    complete once recorded.  A stream with a ``name`` logs :data:`SBO_CALLED_LINE`
+    at its first ``wait_stream`` in the process."""
+
+    def __init__(self, name: str = "") -> None:
+        self.name = name
+
+    def wait_stream(self, stream: Any) -> None:  # noqa: ARG002 - CPU work is already done
+        if self.name and self.name not in _sbo_called:
+            import os
+
+            _sbo_called.add(self.name)
+            logger.warning(SBO_CALLED_LINE.format(name=self.name, pid=os.getpid()))
+        return None
+
+    def wait_event(self, event: Any) -> None:  # noqa: ARG002
+        return None
+
+    def record_event(self, event: Any = None) -> Any:
+        return event if event is not None else CpuEvent()
+
+    def synchronize(self) -> None:
+        return None
+
+
+class CpuEvent:
+    """A CUDA event's contract on CPU: complete once recorded."""
+
+    def record(self, stream: Any = None) -> None:  # noqa: ARG002
+        return None
+
+    def wait(self, stream: Any = None) -> None:  # noqa: ARG002
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+
+def sbo_streams(module: Any) -> None:
+    """Give single-batch overlap's shared experts the second stream they run on.
+
+    With ``--enable-single-batch-overlap`` 0.5.23's ``DeepseekV2MoE`` runs its
+    shared experts inside the MoE dispatcher's combine hooks
+    (``_fuse_shared_experts_inside_sbo``, from ``SboFlags.fuse_shared_experts_inside_sbo``
+    of ``srt/batch_overlap/single_batch_overlap.py``): the pre-combine hook issues
+    them on ``self.alt_stream`` after ``alt_stream.wait_stream(current_stream())``,
+    the post-combine hook makes the current stream wait for it
+    (``srt/models/deepseek_v2.py:1375-1402``).  ``DeepseekV2Model`` creates that
+    stream only on CUDA, MUSA or with a multi-stream switch (``:2951``), so on CPU
+    the first hook fails, ``AttributeError: 'NoneType' object has no attribute
+    'wait_stream'`` (``:1382``).  This gives such an MoE a :class:`CpuStream` and
+    the module a ``torch`` whose ``cuda.current_stream`` is one too and whose
+    ``cuda.stream`` enters nothing (every other attribute is torch's own): the
+    hooks, the shared experts and the sum are SGLang's, run in order.  Only MoE
+    layers that fuse their shared experts into SBO are touched; a no-op where
+    CUDA is available.
+    """
+    import contextlib
+    import os
+
+    import torch
+
+    cls = getattr(module, "DeepseekV2MoE", None)
+    if torch.cuda.is_available() or cls is None or not hasattr(module, "torch"):
+        return
+    original = cls.__init__
+    real = module.torch
+    current = CpuStream()
+
+    class _Cuda:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real.cuda, name)
+
+        @staticmethod
+        def current_stream(device: Any = None) -> CpuStream:  # noqa: ARG004
+            return current
+
+        @staticmethod
+        def stream(stream: Any) -> Any:  # noqa: ARG004
+            return contextlib.nullcontext()
+
+    class _Torch:
+        cuda = _Cuda()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        if getattr(self, "_fuse_shared_experts_inside_sbo", False) and getattr(self, "alt_stream", 0) is None:
+            self.alt_stream = CpuStream("alt_stream")
+            if not isinstance(module.torch, _Torch):
+                module.torch = _Torch()
+                logger.warning(SBO_STREAM_LINE.format(cls=cls.__name__, pid=os.getpid()))
+
+    cls.__init__ = __init__
