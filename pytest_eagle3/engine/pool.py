@@ -119,11 +119,15 @@ class EnginePool:
         if server is not None:  # died since last use
             self._alive.pop(config)
             server.stop()
-            if server.exit_explanation is not None:  # a known root cause: one failure, not a restart each
+            died = getattr(server, "exit_explanation", None)
+            if died is not None:  # a known root cause: one failure, not a restart each
+                cause, line = died
                 first = self._served_by.get(config, "an earlier test")
-                self._failed[config] = (server.exit_explanation, first)
-                first_line = server.exit_explanation.splitlines()[0]
-                raise Eagle3StartCauseSeen(DIED_BEFORE.format(name=config.name, who=first, error=first_line))
+                pointer = DIED_BEFORE.format(name=config.name, who=first, error=line.splitlines()[0])
+                self._failed[config] = (pointer, first)
+                self._pointers.add(config.name)
+                self.start_failures.record(config, cause, first)
+                raise Eagle3StartCauseSeen(pointer)
         while len(self._alive) >= self.max_alive:
             _, oldest = self._alive.popitem(last=False)
             oldest.stop()
@@ -139,8 +143,7 @@ class EnginePool:
             server.wait_ready(progress=self.progress)
         except Eagle3EngineError as exc:
             who = who or "the first test that used it"
-            explained = (explain_start(config, exc.cause, self.sglang_location)
-                         or tbo_start.explain_start(config, exc.cause, server.start_log(), self.sglang_location))
+            explained = self._explain(config, exc.cause, server)
             if explained is not None:
                 exc = Eagle3EngineError(f"{explained[1]}\n{exc}", cause=explained[0])
             self._failed[config] = (str(exc), who)
@@ -177,14 +180,22 @@ class EnginePool:
             where = f" on {self.lease.describe()}" if self.lease is not None else ""
             when = " in the background (the next engine of this run)" if background else ""
             self.progress(f"starting SGLang {config.describe()}{where}{when} (log: {server.log_path})")
-        location = self.sglang_location
-
-        def explain_exit(cause: str, log_text: str) -> str | None:
-            explained = tbo_start.explain_start(config, cause, log_text, location)
-            return explained[1] if explained is not None else None
-
-        server.explain_exit = explain_exit
+        server.explain_exit = lambda cause, log_text: self._explain(config, cause, server, log_text)
         return server.spawn()
+
+    def _explain(self, config: EngineConfig, cause: str | None, server: SGLangServer,
+                 log_text: str | None = None) -> tuple[str, str] | None:
+        """``(cause key, line)`` naming why ``server`` died (:mod:`pytest_eagle3.engine.pp_start`,
+        :mod:`pytest_eagle3.engine.tbo_start`), or ``None``; never raises: the error it would
+        explain must reach the test as it is."""
+        try:
+            explained = explain_start(config, cause, self.sglang_location)
+            if explained is None and cause and dict(config.server_args).get("enable_two_batch_overlap"):
+                text = log_text if log_text is not None else server.start_log()
+                explained = tbo_start.explain_start(config, cause, text, self.sglang_location)
+            return explained
+        except Exception:  # noqa: BLE001
+            return None
 
     def _prefetch_after(self, config: EngineConfig, *, starting: bool = True) -> None:
         """Spawn the engine that follows ``config`` in :attr:`upcoming`, if any,

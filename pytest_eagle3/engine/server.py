@@ -16,6 +16,7 @@ is a context manager; its errors quote the log (:mod:`pytest_eagle3.engine.serve
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -52,6 +53,12 @@ REQUEST_FAILED = (
 #: Seconds a request that lost its connection waits for the server to exit (SGLang
 #: kills its process tree after a scheduler exception).
 EXIT_WAIT = 10.0
+
+def _connection_lost(exc: BaseException) -> bool:
+    """The server closed or refused the connection (a timeout or a bad body is not that)."""
+    reason = getattr(exc, "reason", exc) if isinstance(exc, urllib.error.URLError) else exc
+    return isinstance(reason, (ConnectionError, http.client.RemoteDisconnected))
+
 
 #: Restarts on a new port when the chosen one was taken during startup.
 PORT_RETRIES = 2
@@ -99,11 +106,11 @@ class SGLangServer:
         #: a socket path longer than 107 characters fails (``sockaddr_un``).
         self.tmp_dir = Path(tempfile.gettempdir()) / f"eagle3-{name}"
         self.startup_seconds: float | None = None
-        #: ``explain_exit(cause, start_log) -> line | None``: what a server that died under a
-        #: request died of, set by the pool (:mod:`pytest_eagle3.engine.tbo_start`).
-        self.explain_exit: Callable[[str, str], str | None] | None = None
-        #: The explanation of this server's death under a request, once it died so.
-        self.exit_explanation: str | None = None
+        #: ``explain_exit(cause, start_log) -> (cause key, line) | None``: what a server that died
+        #: under a request died of, set by the pool (:mod:`pytest_eagle3.engine.tbo_start`).
+        self.explain_exit: Callable[[str, str], tuple[str, str] | None] | None = None
+        #: ``(cause key, line)`` of this server's death under a request, once it died so.
+        self.exit_explanation: tuple[str, str] | None = None
 
     # -- lifecycle ---------------------------------------------------------
     @property
@@ -327,7 +334,7 @@ class SGLangServer:
             error = f"HTTP {exc.code}: {body}"
         except (urllib.error.URLError, OSError, ValueError) as exc:
             error = f"{type(exc).__name__}: {exc}"
-            if self._exited(wait=EXIT_WAIT if self.alive and self.proc is not None else 0.0):
+            if self._exited(wait=EXIT_WAIT if _connection_lost(exc) else 0.0):
                 error += f" (server exited with code {self.proc.poll() if self.proc else None})"
                 cause = startup_cause(self.log_path, getattr(self, "_log_offset", 0)).removeprefix(": ")
                 if cause:
@@ -336,7 +343,8 @@ class SGLangServer:
                         self.exit_explanation = self.explain_exit(cause, self.start_log())
         message = REQUEST_FAILED.format(path=path, error=error, name=self.name, log=self.log_path,
                                         n=LOG_TAIL_LINES, tail=log_tail(self.log_path))
-        raise Eagle3EngineError(f"{self.exit_explanation}\n{message}" if self.exit_explanation else message)
+        explained = self.exit_explanation
+        raise Eagle3EngineError(f"{explained[1]}\n{message}" if explained else message)
 
     def _exited(self, wait: float) -> bool:
         """Whether the server process has exited, waiting up to ``wait`` seconds for it

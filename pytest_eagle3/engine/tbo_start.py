@@ -8,8 +8,9 @@ line, :mod:`pytest_eagle3.worker.tbo_proof`) and dies in the first micro-batch's
 DP gather, ``TypeError: object of type 'NoneType' has no len()``
 (``srt/layers/dp_attention.py:92``), because the micro-batches carry no per-rank
 token counts and DeepSeek's TBO operations are written for an EP all-to-all
-backend (:mod:`pytest_eagle3.sglang_source.tbo_code`).  The failing code runs
-before any collective and reads no device, so a GPU takes the same branch.
+backend (:mod:`pytest_eagle3.sglang_source.tbo_code`).  The failing code reads no
+device; a GPU without ``SGLANG_DP_USE_GATHERV`` takes the same all-reduce gather for
+a prefill (read, not run on a GPU).
 
 :func:`explain_start` turns that start into one line: the TBO path that ran,
 what it died of, and the installed lines that make it so.  Nothing here imports
@@ -18,6 +19,7 @@ torch or sglang.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from pytest_eagle3.sglang_source.tbo_code import CAPTURE_PR, read_tbo_code
@@ -28,6 +30,8 @@ if TYPE_CHECKING:
 
 #: The frame every TBO forward of DeepSeek's layers passes (0.5.23 ``two_batch_overlap.py``).
 TBO_FRAME = "model_forward_stages"
+#: That frame in a Python traceback (not the proof line, which names the function too).
+_TBO_FRAME_LINE = re.compile(r'File "[^"]*two_batch_overlap\.py", line \d+, in ' + TBO_FRAME + r"\b")
 
 #: The cause a failed start under TBO is grouped by (the same for every engine it stops).
 TBO_NO_A2A_CAUSE = ("[tbo-no-a2a] two-batch overlap without an EP all-to-all backend dies in its "
@@ -64,12 +68,13 @@ def explain_start(config: "EngineConfig", cause: str | None, log_text: str,
     """``(cause, line)`` for a start that failed with ``cause`` under two-batch overlap and no
     EP all-to-all backend, its traceback through :data:`TBO_FRAME`: the cause the run groups
     failed starts by (:data:`TBO_NO_A2A_CAUSE`) and the ``[tbo-no-a2a]`` line; ``None``
-    otherwise (another configuration, another failure, an SGLang whose files read otherwise)."""
+    otherwise (another configuration, another failure, an SGLang whose files read otherwise).
+    The traceback must pass :data:`TBO_FRAME` (a frame line, not the proof line)."""
     args = dict(config.server_args)
     a2a = str(args.get("moe_a2a_backend") or "none").lower()
     if not args.get("enable_two_batch_overlap") or a2a != "none" or not cause or not sglang_location:
         return None
-    if TBO_FRAME not in log_text or "dp_attention.py" not in cause:
+    if not _TBO_FRAME_LINE.search(log_text) or "dp_attention.py" not in cause:
         return None
     try:
         code = read_tbo_code(sglang_location)

@@ -82,6 +82,9 @@ CHUNK_SIZE = 16
 #: that installs the gloo stand-in (:mod:`pytest_eagle3.worker.cpu.allreduce_fusion`).
 CPU_ALLREDUCE_FUSION = "pytest_eagle3_cpu_allreduce_fusion"
 
+#: GPUs that take single-batch overlap: every CUDA architecture of SGLang's kernels but SM90,
+#: which SGLang refuses at startup (0.5.23 ``srt/layers/moe/utils.py:507-511``).
+SBO_GPU_ARCHS = ("sm80", "sm86", "sm89", SM10X, "sm120", "sm121")
 #: The CPU-tier fix DP attention needs on ``torch_native`` (measured: with it, sglang
 #: 0.5.23 serves DP attention at TP 2 on CPU and the captures match the reference).
 TORCH_NATIVE_DP_PADDING = "torch_native_dp_padding"
@@ -391,9 +394,10 @@ VARIANTS: tuple[Variant, ...] = (
         "the layer loop, so the capture, is unchanged; the test sends a batch and decodes",
         server_args=MappingProxyType({"enable_single_batch_overlap": True}),
         request=MappingProxyType({"batch": True, "decode_steps": 2}),
-        needs=Needs(summary="single-batch overlap is refused on SM90 (srt/layers/moe/utils.py) and its "
-                    "second stream exists only on CUDA (on cpu: the stand-in fill sbo_streams)",
-                    gpu_archs=(SM10X,), cpu_fix="sbo_streams",
+        needs=Needs(summary="single-batch overlap is refused on SM90 (compute capability 9.x, "
+                    "srt/layers/moe/utils.py) and its second stream exists only on CUDA (on cpu: the "
+                    "stand-in fill sbo_streams)",
+                    gpu_archs=SBO_GPU_ARCHS, cpu_fix="sbo_streams",
                     cpu_fix_why="DeepseekV2Model makes alt_stream only on CUDA: AttributeError at "
                     "deepseek_v2.py:1382 in the first pre-combine hook"),
         source="srt/batch_overlap/single_batch_overlap.py SboFlags; srt/models/deepseek_v2.py "

@@ -39,16 +39,31 @@ def _tokens(batch: Any) -> int:
 
 
 def _split_layers(model: Any) -> tuple[int, int] | None:
-    """The layers ``DeepseekV2Model.forward`` hands to ``model_forward_stages`` (end inclusive)."""
+    """The layers ``DeepseekV2Model.forward`` hands to ``model_forward_stages`` (end inclusive):
+    from ``first_k_dense_replace`` when it lies inside this stage's layers, all of them
+    when it lies before; none otherwise (0.5.23 ``deepseek_v2.py:3166-3173``)."""
     start, end = getattr(model, "start_layer", 0), getattr(model, "end_layer", None)
     first_k = getattr(model, "first_k_dense_replace", None)
-    if end is None or first_k is None or first_k >= end:
+    if end is None or first_k is None:
         return None
-    return max(first_k, start), end - 1
+    if start < first_k < end:
+        return first_k, end - 1
+    if first_k < start:
+        return start, end - 1
+    return None
 
 
 def before_forward(model: Any, *args: Any, **kwargs: Any) -> None:
-    """Log :data:`PROOF_LINE` for the first TBO forward of each mode in this process."""
+    """Log :data:`PROOF_LINE` for the first TBO forward of each mode in this process.
+    Never raises: it runs inside SGLang's forward."""
+    try:
+        _log_split(model, *args, **kwargs)
+    except Exception:  # noqa: BLE001 - a proof that cannot be read is no proof; the forward goes on
+        return None
+    return None
+
+
+def _log_split(model: Any, *args: Any, **kwargs: Any) -> None:
     batch = kwargs.get("forward_batch", args[2] if len(args) > 2 else None)
     if batch is None or getattr(batch, "tbo_split_seq_index", None) is None:
         return None

@@ -23,7 +23,7 @@ from tests.inner_run import InnerRun, run_inner
 
 pytestmark = pytest.mark.e2e
 
-NORM_PROOF, FUSION_PROOF = PATHS
+NORM_PROOF, FUSION_PROOF = PATHS[:2]
 
 
 def _suite(work: Path, *extra: str) -> InnerRun:

@@ -130,6 +130,7 @@ def test_cuda_by_architecture() -> None:
     assert all(r is None for n, r in hopper.items() if n != "single-batch-overlap"), hopper
     assert hopper["single-batch-overlap"].endswith("this GPU is sm90")  # SGLang refuses SBO on SM90
     assert reasons(install, "cuda", 8, (10, 0))["single-batch-overlap"] is None
+    assert reasons(install, "cuda", 8, "sm80")["single-batch-overlap"] is None
     ampere = reasons(install, "cuda", 8, "sm80")
     assert ampere["allreduce-fusion-on"].endswith("; this GPU is sm80")
     assert ampere["cuda-graph-on"] is None and ampere["two-batch-overlap"] is None

@@ -199,18 +199,22 @@ def sbo_streams(module: Any) -> None:
     With ``--enable-single-batch-overlap`` 0.5.23's ``DeepseekV2MoE`` runs its
     shared experts inside the MoE dispatcher's combine hooks
     (``_fuse_shared_experts_inside_sbo``, from ``SboFlags.fuse_shared_experts_inside_sbo``
-    of ``srt/batch_overlap/single_batch_overlap.py``): the pre-combine hook issues
-    them on ``self.alt_stream`` after ``alt_stream.wait_stream(current_stream())``,
-    the post-combine hook makes the current stream wait for it
-    (``srt/models/deepseek_v2.py:1375-1402``).  ``DeepseekV2Model`` creates that
-    stream only on CUDA, MUSA or with a multi-stream switch (``:2951``), so on CPU
-    the first hook fails, ``AttributeError: 'NoneType' object has no attribute
-    'wait_stream'`` (``:1382``).  This gives such an MoE a :class:`CpuStream` and
-    the module a ``torch`` whose ``cuda.current_stream`` is one too and whose
-    ``cuda.stream`` enters nothing (every other attribute is torch's own): the
-    hooks, the shared experts and the sum are SGLang's, run in order.  Only MoE
-    layers that fuse their shared experts into SBO are touched; a no-op where
-    CUDA is available.
+    of ``srt/batch_overlap/single_batch_overlap.py``): in ``forward_normal`` the
+    pre-combine hook issues them on ``self.alt_stream`` after
+    ``alt_stream.wait_stream(current_stream())``, the post-combine hook makes the
+    current stream wait for it (``srt/models/deepseek_v2.py:1375-1402``).
+    ``DeepseekV2Model`` creates that stream only on CUDA, MUSA or with a
+    multi-stream switch (``:2951``), so on CPU the first hook fails,
+    ``AttributeError: 'NoneType' object has no attribute 'wait_stream'`` (``:1382``).
+
+    This gives such an MoE a :class:`CpuStream` for the duration of each
+    ``forward_normal`` call only (``alt_stream`` stays ``None`` for every branch
+    choice made outside it, e.g. the dual-stream path of ``forward``), and the
+    module a ``torch`` whose ``cuda.current_stream`` is a :class:`CpuStream` too and
+    whose ``cuda.stream`` enters nothing; every other attribute is torch's own, and
+    those two calls fail on CPU without it.  The hooks, the shared experts and the
+    sum are SGLang's, run in order.  A no-op where CUDA is available or the module
+    has no ``DeepseekV2MoE.forward_normal``.
     """
     import contextlib
     import os
@@ -218,11 +222,11 @@ def sbo_streams(module: Any) -> None:
     import torch
 
     cls = getattr(module, "DeepseekV2MoE", None)
-    if torch.cuda.is_available() or cls is None or not hasattr(module, "torch"):
+    original = getattr(cls, "forward_normal", None)
+    if torch.cuda.is_available() or original is None or not hasattr(module, "torch"):
         return
-    original = cls.__init__
     real = module.torch
-    current = CpuStream()
+    current, alt = CpuStream(), CpuStream("alt_stream")
 
     class _Cuda:
         def __getattr__(self, name: str) -> Any:
@@ -242,12 +246,16 @@ def sbo_streams(module: Any) -> None:
         def __getattr__(self, name: str) -> Any:
             return getattr(real, name)
 
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        if getattr(self, "_fuse_shared_experts_inside_sbo", False) and getattr(self, "alt_stream", 0) is None:
-            self.alt_stream = CpuStream("alt_stream")
-            if not isinstance(module.torch, _Torch):
-                module.torch = _Torch()
-                logger.warning(SBO_STREAM_LINE.format(cls=cls.__name__, pid=os.getpid()))
+    def forward_normal(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not getattr(self, "_fuse_shared_experts_inside_sbo", False) or getattr(self, "alt_stream", 0) is not None:
+            return original(self, *args, **kwargs)
+        if not isinstance(module.torch, _Torch):
+            module.torch = _Torch()
+            logger.warning(SBO_STREAM_LINE.format(cls=cls.__name__, pid=os.getpid()))
+        self.alt_stream = alt
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            self.alt_stream = None
 
-    cls.__init__ = __init__
+    cls.forward_normal = forward_normal

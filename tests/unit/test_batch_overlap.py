@@ -87,6 +87,10 @@ def test_the_proof_line_is_logged_once_per_mode(caplog: pytest.LogCaptureFixture
         ("EXTEND", "12", "1", "5", "7")
     assert (found["first"], found["last"]) == ("1", "5")
     assert "DECODE batch of 2 tokens" in lines[1]
+    # SGLang splits only from first_k_dense_replace inside the stage, or all layers when it lies before
+    assert tbo_proof._split_layers(SimpleNamespace(start_layer=0, end_layer=6, first_k_dense_replace=0)) is None
+    assert tbo_proof._split_layers(SimpleNamespace(start_layer=4, end_layer=8, first_k_dense_replace=1)) == (4, 7)
+    assert tbo_proof.before_forward(object(), None, None, object()) is None  # never raises inside a forward
 
 
 def test_the_proof_text_sums_up_the_ranks() -> None:
@@ -108,6 +112,8 @@ def test_tbo_without_an_a2a_backend_is_named() -> None:
     for other in (_config(), _config(enable_two_batch_overlap=True, moe_a2a_backend="deepep")):
         assert tbo_start.explain_start(other, CAUSE, TRACEBACK, str(LOCATION)) is None
     assert tbo_start.explain_start(config, CAUSE, "no TBO frame here", str(LOCATION)) is None
+    proof_only = tbo_proof.PROOF_LINE.format(mode="EXTEND", tokens=8, seq=0, a=4, b=4, first=1, last=7, pid=1)
+    assert tbo_start.explain_start(config, CAUSE, proof_only, str(LOCATION)) is None  # a frame, not the proof
     assert tbo_start.explain_start(config, "RuntimeError: x (sglang/srt/y.py:1)", TRACEBACK, str(LOCATION)) is None
     assert tbo_start.explain_start(config, CAUSE, TRACEBACK, None) is None
 
@@ -121,11 +127,33 @@ def test_a_server_that_dies_under_a_request_names_its_cause(tmp_path: Path) -> N
         s.bind(("127.0.0.1", 0))
         server.port = s.getsockname()[1]
     seen: list[tuple[str, str]] = []
-    server.explain_exit = lambda cause, log: seen.append((cause, log)) or "[x] named"
+    server.explain_exit = lambda cause, log: seen.append((cause, log)) or ("[x]", "[x] named")
     with pytest.raises(Eagle3EngineError) as info:
         server.request("/generate", {})
     assert seen == [(CAUSE, TRACEBACK)]
     message = str(info.value)
     assert message.startswith("[x] named\nSGLang request /generate failed")
     assert f"(server exited with code 0); it died of {CAUSE}" in message
-    assert server.exit_explanation == "[x] named"
+    assert server.exit_explanation == ("[x]", "[x] named")
+
+
+def test_an_engine_that_died_of_a_named_cause_is_not_restarted(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_eagle3.engine import pool as pool_module
+    from pytest_eagle3.errors import Eagle3StartCauseSeen
+    from tests.unit.test_lease import FakeServer
+
+    monkeypatch.setattr(pool_module, "SGLangServer", FakeServer)
+    FakeServer.started = []
+    pool = pool_module.EnginePool(log_dir=tmp_path)
+    config = _config(enable_two_batch_overlap=True)
+    server = pool.get(config, who="test_a")
+    assert server.explain_exit is not None  # the pool explains a death under a request
+    server.exit_explanation, server.stopped = ("[tbo-no-a2a] key", "[tbo-no-a2a] line\ndetails"), True
+    with pytest.raises(Eagle3StartCauseSeen) as info:
+        pool.get(config, who="test_b")
+    assert str(info.value) == f"SGLang engine {config.name} died under a request (see test_a): [tbo-no-a2a] line"
+    with pytest.raises(Eagle3StartCauseSeen):
+        pool.get(config, who="test_c")
+    assert len(FakeServer.started) == 1  # never restarted to die again
+    assert any("[tbo-no-a2a] key" in line for line in pool.start_failures.summary_lines(1))
