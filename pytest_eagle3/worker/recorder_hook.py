@@ -33,6 +33,7 @@ import logging
 import os
 from pathlib import Path
 from typing import Any
+from pytest_eagle3.worker import tbo_proof
 from pytest_eagle3.worker.env import RECORD_DIR_ENV, RECORD_TARGET_ENV
 
 ENABLED_FILE = "ENABLED"
@@ -171,8 +172,6 @@ def install() -> None:
     target = os.environ.get(RECORD_TARGET_ENV) or TARGET
     if HookRegistry is not None:
         HookRegistry.register(target, _after_forward, HookType.AFTER)
-        from pytest_eagle3.worker import tbo_proof
-
         tbo_proof.install(target)
         return
     import functools
