@@ -54,6 +54,7 @@ REQUEST_FAILED = (
 #: kills its process tree after a scheduler exception).
 EXIT_WAIT = 10.0
 
+
 def _connection_lost(exc: BaseException) -> bool:
     """The server closed or refused the connection (a timeout or a bad body is not that)."""
     reason = getattr(exc, "reason", exc) if isinstance(exc, urllib.error.URLError) else exc
@@ -351,10 +352,11 @@ class SGLangServer:
         (a server whose scheduler died closes the connection, then exits)."""
         if self.proc is None:
             return True
-        try:
-            self.proc.wait(timeout=wait) if wait > 0 else None
-        except subprocess.TimeoutExpired:
-            return False
+        if wait > 0:
+            try:
+                self.proc.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                return False
         return self.proc.poll() is not None
 
     def generate(self, payload: Mapping[str, Any], *, timeout: float = 600.0) -> Any:
