@@ -38,15 +38,21 @@ TBO_NO_A2A_CAUSE = ("[tbo-no-a2a] two-batch overlap without an EP all-to-all bac
                     "micro-batches' DP gather ({counts})")
 TBO_NO_A2A = (
     "[tbo-no-a2a] two-batch overlap with DP attention and no EP all-to-all backend (moe_a2a_backend "
-    "none): {ran}, and died with {cause}: the micro-batches carry no per-rank token counts ({counts}) "
+    "none) cannot run on this SGLang: its engine died at its first TBO forward. This is a limit of "
+    "SGLang's TBO path, not a capture defect; the captures under TBO were never reached.\n"
+    "  proof: {ran}\n"
+    "  what it died of: {cause}\n"
+    "  why (read from the installed files): the micro-batches carry no per-rank token counts ({counts}) "
     "that DP attention's gather reads, and DeepseekV2MoE's TBO operations dispatch only through an EP "
-    "all-to-all backend ({ep}; {gate}); SGLang's startup check accepts this configuration ({check}). "
-    "DeepSeek-V3 runs TBO with --moe-a2a-backend deepep (or mooncake, nixl, mori); the captures under "
-    "TBO were not reached{gap}"
+    "all-to-all backend ({ep}; {gate}); SGLang's startup check accepts this configuration ({check})\n"
+    "  to run TBO: DeepSeek-V3 runs it with --moe-a2a-backend deepep (or mooncake, nixl, mori): "
+    "--eagle3-sglang-arg moe_a2a_backend=deepep where DeepEP is installed (on a GPU; the CPU tier has "
+    "no DeepEP stand-in){gap}"
 )
 
 #: The capture gap behind the crash, read from the installed file.
-GAP = " (behind them, {stages} passes the layers no capture argument; {pr})"
+GAP = ("\n  behind it (read, not run): {stages} hands the layers from first_k_dense_replace on to "
+       "two-batch overlap without the capture argument, so those layers would not be captured ({pr})")
 
 
 def proof_text(log_text: str) -> str:
@@ -54,7 +60,8 @@ def proof_text(log_text: str) -> str:
     workers' proof lines, or ``"the TBO path ran (model_forward_stages in the traceback)"``."""
     seen: dict[tuple[str, str, str], None] = {}
     for m in PROOF.finditer(log_text):
-        seen.setdefault((m["mode"], f"{m['tokens']} tokens -> {m['a']} + {m['b']}",
+        seen.setdefault((m["mode"], f"{m['tokens']} token{'' if m['tokens'] == '1' else 's'} -> "
+                         f"{m['a']} + {m['b']}",
                          f"layers {m['first']}-{m['last']}"), None)
     if not seen:
         return f"the TBO path ran ({TBO_FRAME} in the traceback)"

@@ -379,10 +379,11 @@ VARIANTS: tuple[Variant, ...] = (
         server_args=MappingProxyType({**_DP_ATTENTION, "enable_two_batch_overlap": True}),
         alternatives=(MappingProxyType({**_DP_ATTENTION_LEGACY, "enable_two_batch_overlap": True}),),
         request=MappingProxyType({"batch": True, "decode_steps": 2}),
-        needs=Needs(summary="two-batch overlap needs CUDA, DP attention at TP>=2 and, for DeepSeek's TBO "
-                    "operations, an EP all-to-all backend (DeepEP): without one both DP ranks die in the "
-                    "micro-batches' DP gather, measured on cpu ([tbo-no-a2a], docs/compatibility.md); the "
-                    "cpu tier has no DeepEP stand-in",
+        needs=Needs(summary="two-batch overlap needs DP attention at TP>=2 and, for DeepSeek's TBO "
+                    "operations, an EP all-to-all backend: as configured here (none) 0.5.23 dies at the first "
+                    "TBO forward on any device ([tbo-no-a2a], measured on cpu); add --eagle3-sglang-arg "
+                    "moe_a2a_backend=deepep on a GPU with DeepEP (the cpu tier has no DeepEP stand-in; "
+                    "docs/compatibility.md#two-batch-overlap-on-0523-what-was-measured)",
                     devices=("cuda",), min_tp=2),
         source="srt/arg_groups/validation_hook.py check_two_batch_overlap; "
         "srt/batch_overlap/two_batch_overlap.py model_forward_stages",

@@ -23,10 +23,10 @@ from typing import Any
 
 logger = logging.getLogger("pytest_eagle3.tbo_proof")
 
-PROOF_LINE = ("pytest-eagle3 TBO: {mode} batch of {tokens} tokens split at sequence {seq} into micro-batches "
+PROOF_LINE = ("pytest-eagle3 TBO: {mode} batch of {tokens} token(s) split at sequence {seq} into micro-batches "
               "of {a} and {b} tokens; layers {first}-{last} run in model_forward_stages(enable_tbo=True) "
               "(pid {pid})")
-PROOF = re.compile(r"pytest-eagle3 TBO: (?P<mode>\w+) batch of (?P<tokens>\d+) tokens split at sequence "
+PROOF = re.compile(r"pytest-eagle3 TBO: (?P<mode>\w+) batch of (?P<tokens>\d+) token\(s\) split at sequence "
                    r"(?P<seq>\d+) into micro-batches of (?P<a>\d+) and (?P<b>\d+) tokens; layers "
                    r"(?P<first>\d+)-(?P<last>\d+) run in model_forward_stages\(enable_tbo=True\) \(pid (?P<pid>\d+)\)")
 

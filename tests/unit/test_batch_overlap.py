@@ -86,7 +86,7 @@ def test_the_proof_line_is_logged_once_per_mode(caplog: pytest.LogCaptureFixture
     assert found and (found["mode"], found["tokens"], found["seq"], found["a"], found["b"]) == \
         ("EXTEND", "12", "1", "5", "7")
     assert (found["first"], found["last"]) == ("1", "5")
-    assert "DECODE batch of 2 tokens" in lines[1]
+    assert "DECODE batch of 2 token(s)" in lines[1]
     # SGLang splits only from first_k_dense_replace inside the stage, or all layers when it lies before
     assert tbo_proof._split_layers(SimpleNamespace(start_layer=0, end_layer=6, first_k_dense_replace=0)) is None
     assert tbo_proof._split_layers(SimpleNamespace(start_layer=4, end_layer=8, first_k_dense_replace=1)) == (4, 7)
@@ -99,6 +99,8 @@ def test_the_proof_text_sums_up_the_ranks() -> None:
     assert tbo_start.proof_text(log) == ("the TBO path ran (EXTEND 8 tokens -> 4 + 4; IDLE 0 tokens -> 0 + 0; "
                                          "layers 1-7 in model_forward_stages)")
     assert "model_forward_stages in the traceback" in tbo_start.proof_text(TRACEBACK)
+    one = tbo_proof.PROOF_LINE.format(mode="EXTEND", tokens=1, seq=0, a=0, b=1, first=1, last=7, pid=1)
+    assert "EXTEND 1 token -> 0 + 1;" in tbo_start.proof_text(one)
 
 
 @needs_tbo_file
@@ -108,6 +110,7 @@ def test_tbo_without_an_a2a_backend_is_named() -> None:
     assert line.startswith("[tbo-no-a2a] two-batch overlap with DP attention and no EP all-to-all backend")
     assert CAUSE in line and "two_batch_overlap.py:" in line and "deepseek_v2.py:" in line
     assert "--moe-a2a-backend deepep" in line and "PR #32680" in line
+    assert "--eagle3-sglang-arg moe_a2a_backend=deepep" in line and "not a capture defect" in line.splitlines()[0]
     assert key.startswith("[tbo-no-a2a]") and CAUSE not in key  # one cause, whatever the rank's message
     for other in (_config(), _config(enable_two_batch_overlap=True, moe_a2a_backend="deepep")):
         assert tbo_start.explain_start(other, CAUSE, TRACEBACK, str(LOCATION)) is None
