@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 #: GPU architectures, as ``sm<major><minor>`` (``sm10x``: any compute capability 10.x).
 SM90 = "sm90"
 SM10X = "sm10x"
+#: GPUs that take single-batch overlap: every CUDA architecture of SGLang's kernels but SM90,
+#: which SGLang refuses at startup (0.5.23 ``srt/layers/moe/utils.py:507-511``).
+SBO_GPU_ARCHS = ("sm80", "sm86", "sm89", SM10X, "sm120", "sm121")
 
 # Reason templates (tests import these).  {summary}: the variant's Needs.summary.
 MSG_NO_FLAG = "{summary}; the installed {sglang} has {flags}"

@@ -45,7 +45,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from pytest_eagle3.engine.variant_checks import (
-    MSG_NO_FLAG, NO_NEEDS, SM10X, SM90, Needs, missing_flags, unmet_needs,
+    MSG_NO_FLAG, NO_NEEDS, SBO_GPU_ARCHS, SM10X, SM90, Needs, missing_flags, unmet_needs,
 )
 
 #: Name of a variant's :attr:`Variant.pair` in its test's engine set.
@@ -82,9 +82,6 @@ CHUNK_SIZE = 16
 #: that installs the gloo stand-in (:mod:`pytest_eagle3.worker.cpu.allreduce_fusion`).
 CPU_ALLREDUCE_FUSION = "pytest_eagle3_cpu_allreduce_fusion"
 
-#: GPUs that take single-batch overlap: every CUDA architecture of SGLang's kernels but SM90,
-#: which SGLang refuses at startup (0.5.23 ``srt/layers/moe/utils.py:507-511``).
-SBO_GPU_ARCHS = ("sm80", "sm86", "sm89", SM10X, "sm120", "sm121")
 #: The CPU-tier fix DP attention needs on ``torch_native`` (measured: with it, sglang
 #: 0.5.23 serves DP attention at TP 2 on CPU and the captures match the reference).
 TORCH_NATIVE_DP_PADDING = "torch_native_dp_padding"
