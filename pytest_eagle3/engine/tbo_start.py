@@ -52,7 +52,8 @@ TBO_NO_A2A = (
 
 #: The capture gap behind the crash, read from the installed file.
 GAP = ("\n  behind it (read, not run): {stages} hands the layers from first_k_dense_replace on to "
-       "two-batch overlap without the capture argument, so those layers would not be captured ({pr})")
+       "two-batch overlap without the capture argument{packer}, so those layers would not be captured ({pr})")
+GAP_PACKER = " and the micro-batches get no packer ({where})"
 
 
 def proof_text(log_text: str) -> str:
@@ -92,6 +93,7 @@ def explain_start(config: "EngineConfig", cause: str | None, log_text: str,
     line = TBO_NO_A2A.format(ran=proof_text(log_text), cause=cause, counts=code.children_counts,
                              ep=code.ep_size_a2a, gate=f"{code.dispatch_gate}: {code.dispatch_gate.text}",
                              check=code.check or "check_two_batch_overlap",
-                             gap=GAP.format(stages=code.stages_call, pr=CAPTURE_PR)
+                             gap=GAP.format(stages=code.stages_call, pr=CAPTURE_PR, packer=GAP_PACKER.format(
+                                 where=code.children_packer) if code.children_packer else "")
                              if code.stages_capture is False else "")
     return TBO_NO_A2A_CAUSE.format(counts=code.children_counts), line

@@ -99,23 +99,16 @@ def _ep_size_under_a2a(tree: ast.Module) -> Where | None:
     found: list[tuple[int, bool]] = []
 
     def visit(node: ast.AST, under_a2a: bool) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If):
-                a2a = under_a2a or "a2a" in ast.unparse(child.test)
-                for stmt in child.body:
-                    visit_stmt(stmt, a2a)
-                for stmt in child.orelse:
-                    visit_stmt(stmt, under_a2a)
-            else:
-                visit_stmt(child, under_a2a)
-
-    def visit_stmt(stmt: ast.AST, under_a2a: bool) -> None:
-        if isinstance(stmt, ast.Assign) and any(_is_self_ep_size(t) for t in stmt.targets):
-            found.append((stmt.lineno, under_a2a))
-        elif isinstance(stmt, ast.If):
-            visit(ast.Module(body=[stmt], type_ignores=[]), under_a2a)
+        if isinstance(node, ast.Assign) and any(_is_self_ep_size(t) for t in node.targets):
+            found.append((node.lineno, under_a2a))
+        elif isinstance(node, ast.If):
+            for stmt in node.body:
+                visit(stmt, under_a2a or "a2a" in ast.unparse(node.test))
+            for stmt in node.orelse:
+                visit(stmt, under_a2a)
         else:
-            visit(stmt, under_a2a)
+            for child in ast.iter_child_nodes(node):
+                visit(child, under_a2a)
 
     visit(tree, False)
     if found and all(a2a for _, a2a in found):

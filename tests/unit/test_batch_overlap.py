@@ -160,3 +160,38 @@ def test_an_engine_that_died_of_a_named_cause_is_not_restarted(tmp_path: Path,
         pool.get(config, who="test_c")
     assert len(FakeServer.started) == 1  # never restarted to die again
     assert any("[tbo-no-a2a] key" in line for line in pool.start_failures.summary_lines(1))
+
+
+def test_sbo_streams_gives_the_hooks_a_stream_only_inside_forward_normal(caplog: pytest.LogCaptureFixture) -> None:
+    import types
+
+    import torch
+
+    from pytest_eagle3.worker.cpu import patches
+
+    if torch.cuda.is_available():
+        pytest.skip("a no-op where CUDA is available")
+    module = types.ModuleType("fake_deepseek_v2")
+    module.torch = torch
+    seen: list[object] = []
+
+    class DeepseekV2MoE:
+        _fuse_shared_experts_inside_sbo, alt_stream = True, None
+
+        def forward_normal(self, x):  # SGLang's pre-combine hook, reduced to its stream calls
+            self.alt_stream.wait_stream(module.torch.cuda.current_stream())
+            with module.torch.cuda.stream(self.alt_stream):
+                seen.append(self.alt_stream)
+            return module.torch.zeros(x)
+
+    module.DeepseekV2MoE = DeepseekV2MoE
+    patches.sbo_streams(module)
+    moe = DeepseekV2MoE()
+    with caplog.at_level(logging.WARNING, logger="pytest_eagle3.cpu"):
+        assert moe.forward_normal(2).shape == (2,)  # every other torch attribute is torch's own
+    assert isinstance(seen[0], patches.CpuStream) and moe.alt_stream is None  # only for the call
+    assert any("SBO stand-in: alt_stream.wait_stream called" in r.getMessage() for r in caplog.records)
+    other = DeepseekV2MoE()
+    other._fuse_shared_experts_inside_sbo = False
+    with pytest.raises(AttributeError):  # a layer that does not fuse into SBO is left as SGLang made it
+        other.forward_normal(2)

@@ -9,7 +9,9 @@ docs/design.md, "SGLang on a plain x86 CPU", measured on sglang 0.5.23.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 from types import SimpleNamespace
 from typing import Any
 
@@ -99,6 +101,23 @@ STANDIN_COMM_SMS = 20
 TBO_SM_LINE = "pytest-eagle3: two-batch overlap's SM counts stood in on CPU ({sms} SMs, {comm} for communication)"
 
 
+class _Namespace:
+    """An object answering its own attributes first and ``base``'s for every other name."""
+
+    def __init__(self, base: Any, **own: Any) -> None:
+        self.__dict__.update(own)
+        self._base = base
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._base, name)
+
+
+def torch_with_cuda(real: Any, **cuda: Any) -> Any:
+    """``real`` (torch) whose ``cuda`` answers the functions in ``cuda`` itself; every other
+    attribute, of torch and of ``torch.cuda``, is torch's own."""
+    return _Namespace(real, cuda=_Namespace(real.cuda, **cuda))
+
+
 def tbo_sm_count(module: Any) -> None:
     """Give two-batch overlap's operation strategies the SM counts they ask the GPU for.
 
@@ -117,28 +136,16 @@ def tbo_sm_count(module: Any) -> None:
 
     if torch.cuda.is_available() or not hasattr(module, "torch"):
         return
-    real = module.torch
 
-    class _Cuda:
-        def __getattr__(self, name: str) -> Any:
-            return getattr(real.cuda, name)
-
-        @staticmethod
-        def get_device_properties(device: Any = None) -> SimpleNamespace:  # noqa: ARG004
-            return SimpleNamespace(multi_processor_count=STANDIN_SMS, name="pytest-eagle3 CPU stand-in")
-
-    class _Torch:
-        cuda = _Cuda()
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(real, name)
+    def get_device_properties(device: Any = None) -> SimpleNamespace:  # noqa: ARG001
+        return SimpleNamespace(multi_processor_count=STANDIN_SMS, name="pytest-eagle3 CPU stand-in")
 
     class _DeepEPConfig:
         @classmethod
         def get_instance(cls) -> SimpleNamespace:
             return SimpleNamespace(num_sms=STANDIN_COMM_SMS)
 
-    module.torch = _Torch()
+    module.torch = torch_with_cuda(module.torch, get_device_properties=get_device_properties)
     module.DeepEPConfig = _DeepEPConfig
     logger.warning(TBO_SM_LINE.format(sms=STANDIN_SMS, comm=STANDIN_COMM_SMS))
 
@@ -150,47 +157,17 @@ _sbo_called: set[str] = set()
 
 
 class CpuStream:
-    """A CUDA stream's contract on CPU: work issued on it has run when the call returns.
-
-    ``wait_stream`` and an event's ``wait`` have nothing to wait for; an event is
-    complete once recorded.  A stream with a ``name`` logs :data:`SBO_CALLED_LINE`
-    at its first ``wait_stream`` in the process."""
+    """A CUDA stream's contract on CPU, as far as SBO's hooks use it: work issued on it has
+    run when the call returns, so ``wait_stream`` has nothing to wait for.  A stream with a
+    ``name`` logs :data:`SBO_CALLED_LINE` at its first ``wait_stream`` in the process."""
 
     def __init__(self, name: str = "") -> None:
         self.name = name
 
     def wait_stream(self, stream: Any) -> None:  # noqa: ARG002 - CPU work is already done
         if self.name and self.name not in _sbo_called:
-            import os
-
             _sbo_called.add(self.name)
             logger.warning(SBO_CALLED_LINE.format(name=self.name, pid=os.getpid()))
-        return None
-
-    def wait_event(self, event: Any) -> None:  # noqa: ARG002
-        return None
-
-    def record_event(self, event: Any = None) -> Any:
-        return event if event is not None else CpuEvent()
-
-    def synchronize(self) -> None:
-        return None
-
-
-class CpuEvent:
-    """A CUDA event's contract on CPU: complete once recorded."""
-
-    def record(self, stream: Any = None) -> None:  # noqa: ARG002
-        return None
-
-    def wait(self, stream: Any = None) -> None:  # noqa: ARG002
-        return None
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        return None
 
 
 def sbo_streams(module: Any) -> None:
@@ -216,41 +193,21 @@ def sbo_streams(module: Any) -> None:
     sum are SGLang's, run in order.  A no-op where CUDA is available or the module
     has no ``DeepseekV2MoE.forward_normal``.
     """
-    import contextlib
-    import os
-
     import torch
 
     cls = getattr(module, "DeepseekV2MoE", None)
     original = getattr(cls, "forward_normal", None)
     if torch.cuda.is_available() or original is None or not hasattr(module, "torch"):
         return
-    real = module.torch
     current, alt = CpuStream(), CpuStream("alt_stream")
-
-    class _Cuda:
-        def __getattr__(self, name: str) -> Any:
-            return getattr(real.cuda, name)
-
-        @staticmethod
-        def current_stream(device: Any = None) -> CpuStream:  # noqa: ARG004
-            return current
-
-        @staticmethod
-        def stream(stream: Any) -> Any:  # noqa: ARG004
-            return contextlib.nullcontext()
-
-    class _Torch:
-        cuda = _Cuda()
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(real, name)
+    proxy = torch_with_cuda(module.torch, current_stream=lambda device=None: current,
+                            stream=lambda stream: contextlib.nullcontext())
 
     def forward_normal(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not getattr(self, "_fuse_shared_experts_inside_sbo", False) or getattr(self, "alt_stream", 0) is not None:
             return original(self, *args, **kwargs)
-        if not isinstance(module.torch, _Torch):
-            module.torch = _Torch()
+        if module.torch is not proxy:
+            module.torch = proxy
             logger.warning(SBO_STREAM_LINE.format(cls=cls.__name__, pid=os.getpid()))
         self.alt_stream = alt
         try:
