@@ -31,7 +31,7 @@ SBO_GPU_ARCHS = ("sm80", "sm86", "sm89", SM10X, "sm120", "sm121")
 # Reason templates (tests import these).  {summary}: the variant's Needs.summary.
 MSG_NO_FLAG = "{summary}; the installed {sglang} has {flags}"
 MSG_DEVICE = "{summary}; this run is {device}"
-MSG_TP = "{summary}; this run is tp {tp}"
+MSG_TP = "{summary}; this case runs at TP {tp}"
 MSG_ARCH = "{summary}; this GPU is {arch}"
 MSG_ARCH_UNKNOWN = "{summary}; the GPU architecture of this run is unknown"
 MSG_CPU_FIX = "{summary}; on cpu it also needs the CPU-tier fix {fix!r}, which this pytest-eagle3 lacks ({why})"

@@ -56,7 +56,7 @@ PURITY = 0.5
 TITLE = "eagle3 diagnosis"
 POINTER = "see the '{title}' section at the end: it weighs this failure against every other test of the run"
 
-CLEAN = "[clean] nothing is wrong: {n} comparisons in {tests} tests agree ({modes}{ranks})"
+CLEAN = "[clean] nothing is wrong: {n} comparison{n_s} in {tests} test{tests_s} agree{verb_s} ({modes}{ranks})"
 DRAFT_SIDE = ("[draft-side] captures right in every capture comparison ({n}){offline}; served acceptance "
               "{served}: the draft side consumes right captures wrong (its fc input order, its norm, "
               "or the ids its config.json declares)")
@@ -225,7 +225,10 @@ def _diagnose(obs: list[Observation]) -> RunDiagnosis:
     served_bad = [o for o in obs if o.level == SERVED and not o.ok]
     lacking = _lacking(captures, bad)
     if not bad and not served_bad:
-        return RunDiagnosis("clean", CLEAN.format(n=len(obs), tests=len({o.test for o in obs}),
+        tests = len({o.test for o in obs})
+        return RunDiagnosis("clean", CLEAN.format(n=len(obs), n_s="s" * (len(obs) != 1),
+                                                  tests=tests, tests_s="s" * (tests != 1),
+                                                  verb_s="s" * (len(obs) == 1),
                                                   modes=", ".join(_present(o.mode for o in obs)),
                                                   ranks=_rank_text(obs)), (), ())
     if not bad:

@@ -67,7 +67,7 @@ def test_gpu_only_variant_left_out_with_reason(run: InnerRun, outcomes, variant:
 @pytest.mark.parametrize("variant", ("allreduce-fusion-on", "allreduce-fusion-off"))
 def test_fusion_pair_needs_tp2(run: InnerRun, outcomes, variant: str) -> None:
     assert _name(1, variant) not in outcomes
-    assert "this run is tp 1" in _left_out(run, _name(1, variant))
+    assert "this case runs at TP 1" in _left_out(run, _name(1, variant))
 
 
 def test_own_engine_variants_run_at_tp1_only_on_cpu(run: InnerRun, outcomes) -> None:

@@ -45,6 +45,8 @@ def test_clean_run_says_so_in_one_line() -> None:
     assert diag.tag == "clean" and diag.lines() == [diag.headline]
     assert diag.headline.startswith("[clean] nothing is wrong: 11 comparisons in 6 tests agree")
     assert diagnose_run([]) is None
+    one = diagnose_run([obs("order[a]", mode="prefill")])
+    assert one.headline.startswith("[clean] nothing is wrong: 1 comparison in 1 test agrees ")
 
 
 def test_fault_on_radix_hits_only_is_named_path_only_not_the_id_rule() -> None:

@@ -60,10 +60,10 @@ def test_names_are_unique_and_cover_the_issue() -> None:
 def test_cpu_tp1() -> None:
     got = reasons(fake_install(), "cpu", 1)
     assert {n for n, r in got.items() if r is None} == ON_CPU
-    assert got["dp-attention"] == "DP attention needs TP>=2 (attn_dp_size = tp); this run is tp 1"
+    assert got["dp-attention"] == "DP attention needs TP>=2 (attn_dp_size = tp); this case runs at TP 1"
     assert got["allreduce-fusion-on"] == (
         "all-reduce fusion needs TP>1 and CUDA SM90/SM100 (on cpu: the stand-in of "
-        "pytest_eagle3/worker/cpu/allreduce_fusion.py); this run is tp 1")
+        "pytest_eagle3/worker/cpu/allreduce_fusion.py); this case runs at TP 1")
     assert got["cuda-graph-on"] == "CUDA graphs need CUDA; this run is cpu"
     assert got["two-batch-overlap"].endswith("; this run is cpu")
     assert got["attn-tp-input-scattered"].endswith("; this run is cpu")
@@ -138,7 +138,7 @@ def test_cuda_by_architecture() -> None:
     assert reasons(install, "cuda", 2, "12.0")["allreduce-fusion-on"].endswith("this GPU is sm120")
     unknown = reasons(install, "cuda", 2, None)
     assert unknown["allreduce-fusion-on"].endswith("the GPU architecture of this run is unknown")
-    assert reasons(install, "cuda", 1, "9.0")["allreduce-fusion-on"].endswith("this run is tp 1")
+    assert reasons(install, "cuda", 1, "9.0")["allreduce-fusion-on"].endswith("this case runs at TP 1")
 
 
 def test_missing_flag_is_named() -> None:
