@@ -1,10 +1,12 @@
 """Proof, from an engine's log, that a CPU-tier stand-in path really ran on every TP rank.
 
-The CPU tier runs three of SGLang's production branches through stand-ins: the
+The CPU tier runs four of SGLang's production branches through stand-ins: the
 in-place norms (:mod:`pytest_eagle3.worker.cpu.norms`), the fused all-reduce
-(:mod:`pytest_eagle3.worker.cpu.allreduce_fusion`) and single-batch overlap's
-second stream (``patches.sbo_streams`` of :mod:`pytest_eagle3.worker.cpu.patches`,
-selected by the server argument, not the env).  Each stand-in logs one line at
+(:mod:`pytest_eagle3.worker.cpu.allreduce_fusion`), single-batch overlap's
+second stream (``patches.sbo_streams`` of :mod:`pytest_eagle3.worker.cpu.patches`)
+and two-batch overlap over the DeepEP stand-in (:mod:`pytest_eagle3.worker.cpu.deepep`;
+its proof is the split line of :mod:`pytest_eagle3.worker.tbo_proof`); the last two
+are selected by a server argument, not the env.  Each stand-in logs one line at
 its first call in a process; a test on such an
 engine passes only if at least ``tp`` processes (one per TP rank) logged it,
 else it fails with :data:`NOT_TAKEN`: a configured path that never ran
@@ -48,6 +50,10 @@ PATHS = (
                 re.compile(r"pytest-eagle3 all-reduce fusion stand-in: (?P<op>\w+) called \(pid (?P<pid>\d+)")),
     StandinPath("single-batch overlap's second stream", ("enable_single_batch_overlap", True),
                 re.compile(r"pytest-eagle3 SBO stand-in: (?P<op>\w+)\.wait_stream called \(pid (?P<pid>\d+)"),
+                by_arg=True),
+    # The split line of pytest_eagle3.worker.tbo_proof (op: the forward mode), written on every DP rank.
+    StandinPath("two-batch overlap", ("enable_two_batch_overlap", True),
+                re.compile(r"pytest-eagle3 TBO: (?P<op>\w+) batch of \d+ token\(s\) split .*?\(pid (?P<pid>\d+)\)"),
                 by_arg=True),
 )
 

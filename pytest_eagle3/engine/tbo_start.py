@@ -1,20 +1,26 @@
-"""What a failed start under two-batch overlap means: the ``[tbo-no-a2a]`` diagnosis.
+"""What an engine that died under two-batch overlap (TBO) means: ``[tbo-no-a2a]`` and
+``[tbo-uncaptured]``.
 
-``--enable-two-batch-overlap`` with DP attention and no EP all-to-all backend
-(``moe_a2a_backend`` ``none``) passes SGLang's startup check on DeepSeek-V3, and
-the server takes the TBO path at its first forward.  Measured on 0.5.23 at TP 2 on
-CPU: every DP rank splits its batch into two micro-batches (the worker's proof
-line, :mod:`pytest_eagle3.worker.tbo_proof`) and dies in the first micro-batch's
-DP gather, ``TypeError: object of type 'NoneType' has no len()``
+``[tbo-no-a2a]``: ``--enable-two-batch-overlap`` with DP attention and no EP
+all-to-all backend (``moe_a2a_backend`` ``none``) passes SGLang's startup check on
+DeepSeek-V3, and the server takes the TBO path at its first forward.  Measured on
+0.5.23 at TP 2 on CPU: every DP rank splits its batch into two micro-batches (the
+worker's proof line, :mod:`pytest_eagle3.worker.tbo_proof`) and dies in the first
+micro-batch's DP gather, ``TypeError: object of type 'NoneType' has no len()``
 (``srt/layers/dp_attention.py:92``), because the micro-batches carry no per-rank
 token counts and DeepSeek's TBO operations are written for an EP all-to-all
-backend (:mod:`pytest_eagle3.sglang_source.tbo_code`).  The failing code reads no
-device; a GPU without ``SGLANG_DP_USE_GATHERV`` takes the same all-reduce gather for
-a prefill (read, not run on a GPU).
+backend (:mod:`pytest_eagle3.sglang_source.tbo_code`).
 
-:func:`explain_start` turns that start into one line: the TBO path that ran,
-what it died of, and the installed lines that make it so.  Nothing here imports
-torch or sglang.
+``[tbo-uncaptured]``: with an EP all-to-all backend (DeepEP; on CPU its stand-in,
+:mod:`pytest_eagle3.worker.cpu.deepep`) the TBO forward runs through, and the
+layers from ``first_k_dense_replace`` on are never captured: measured on 0.5.23,
+the packer raises ``RuntimeError: captured 1 of 3 aux hidden states``
+(``srt/layers/aux_hidden_states.py:87``) at the first TBO forward, prefill or
+decode, and the engine dies.
+
+:func:`explain_start` turns either death into one message: what it is, the TBO
+path that ran, what it died of, and the installed lines that make it so.
+Nothing here imports torch or sglang.
 """
 
 from __future__ import annotations
@@ -45,15 +51,67 @@ TBO_NO_A2A = (
     "  why (read from the installed files): the micro-batches carry no per-rank token counts ({counts}) "
     "that DP attention's gather reads, and DeepseekV2MoE's TBO operations dispatch only through an EP "
     "all-to-all backend ({ep}; {gate}); SGLang's startup check accepts this configuration ({check})\n"
-    "  to run TBO: DeepSeek-V3 runs it with --moe-a2a-backend deepep (or mooncake, nixl, mori): "
-    "--eagle3-sglang-arg moe_a2a_backend=deepep where DeepEP is installed (on a GPU; the CPU tier has "
-    "no DeepEP stand-in){gap}"
+    "  to run TBO: DeepSeek-V3 runs it with --moe-a2a-backend deepep (or mooncake, nixl, mori), as the "
+    "two-batch-overlap path variant does: --eagle3-sglang-arg moe_a2a_backend=deepep --eagle3-sglang-arg "
+    "deepep_dispatcher_output_dtype=bf16 (on cpu through pytest-eagle3's DeepEP stand-in){gap}"
 )
 
 #: The capture gap behind the crash, read from the installed file.
 GAP = ("\n  behind it (read, not run): {stages} hands the layers from first_k_dense_replace on to "
        "two-batch overlap without the capture argument{packer}, so those layers would not be captured ({pr})")
 GAP_PACKER = " and the micro-batches get no packer ({where})"
+
+
+#: The cause a death under TBO with an all-to-all backend is grouped by.
+TBO_UNCAPTURED_CAUSE = ("[tbo-uncaptured] under two-batch overlap the layers from first_k_dense_replace on are "
+                        "never captured ({stages})")
+TBO_UNCAPTURED = (
+    "[tbo-uncaptured] under two-batch overlap, layers from first_k_dense_replace={first} on run in "
+    "model_forward_stages without the capture argument ({stages}){packer}: {ids_text}, so SGLang's packer got "
+    "{got} of {want} captures and raised at the first TBO forward; the engine died and no capture under TBO "
+    "was returned. This is SGLang's capture gap ({pr}), not the draft's or the reference's.\n"
+    "  proof: {ran}\n"
+    "  what it died of: {cause}\n"
+    "  the fix: PYTEST_EAGLE3_UPSTREAM_FIX=tbo-capture-per-microbatch (each micro-batch captures its own "
+    "token rows, merged in token order) turns this path green (docs/checks.md#two-batch-and-single-batch-overlap)"
+)
+_SHORT = re.compile(r"captured (?P<got>\d+) of (?P<want>\d+) aux hidden states")
+
+
+def _first_split_layer(log_text: str) -> int | None:
+    firsts = {int(m["first"]) for m in PROOF.finditer(log_text)}
+    return min(firsts) if firsts else None
+
+
+def explain_uncaptured(config: "EngineConfig", cause: str, log_text: str,
+                       sglang_location: str) -> tuple[str, str] | None:
+    """``(cause, line)`` for an engine with two-batch overlap and an EP all-to-all backend whose
+    packer came up short (``RuntimeError: captured 1 of 3 aux hidden states``,
+    ``srt/layers/aux_hidden_states.py``) after a forward the workers proved took TBO: the
+    ``[tbo-uncaptured]`` line; ``None`` otherwise (no proof line, another cause, an SGLang
+    whose ``model_forward_stages`` call passes a capture argument).
+
+    Measured on 0.5.23 at TP 2 on CPU through the DeepEP stand-in
+    (:mod:`pytest_eagle3.worker.cpu.deepep`): ids ``[0, 3, 5]``, ``first_k_dense_replace``
+    1, "captured 1 of 3" at the first TBO forward."""
+    short = _SHORT.search(cause)
+    first = _first_split_layer(log_text)
+    if short is None or first is None:
+        return None
+    code = read_tbo_code(sglang_location)
+    if code.stages_capture is not False or code.stages_call is None:
+        return None
+    ids = list(dict(config.server_args).get("return_aux_hidden_state_layer_ids") or ())
+    split = [i for i in ids if i >= first]
+    named = " and ".join(map(str, split)) if len(split) < 3 else ", ".join(map(str, split))
+    ids_text = (f"id{'s' if len(split) > 1 else ''} {named} of {ids} lie{'' if len(split) > 1 else 's'} at or "
+                f"after layer {first}" if split
+                else f"{int(short['want']) - int(short['got'])} of the asked-for layers lie at or after it")
+    packer = (" and the micro-batches get no packer " f"({code.children_packer})") if code.children_packer else ""
+    line = TBO_UNCAPTURED.format(first=first, stages=code.stages_call, packer=packer, ids_text=ids_text,
+                                 got=short["got"], want=short["want"], pr=CAPTURE_PR, ran=proof_text(log_text),
+                                 cause=cause)
+    return TBO_UNCAPTURED_CAUSE.format(stages=code.stages_call), line
 
 
 def proof_text(log_text: str) -> str:
@@ -80,8 +138,10 @@ def explain_start(config: "EngineConfig", cause: str | None, log_text: str,
     The traceback must pass :data:`TBO_FRAME` (a frame line, not the proof line)."""
     args = dict(config.server_args)
     a2a = str(args.get("moe_a2a_backend") or "none").lower()
-    if not args.get("enable_two_batch_overlap") or a2a != "none" or not cause or not sglang_location:
+    if not args.get("enable_two_batch_overlap") or not cause or not sglang_location:
         return None
+    if a2a != "none":
+        return explain_uncaptured(config, cause, log_text, sglang_location)
     if not _TBO_FRAME_LINE.search(log_text) or "dp_attention.py" not in cause:
         return None
     try:

@@ -207,6 +207,10 @@ _DP_ATTENTION = MappingProxyType({
 _DP_ATTENTION_LEGACY = MappingProxyType({
     "enable_dp_attention": True, "dp_size": TP, "enable_dp_lm_head": True, "moe_dense_tp_size": 1,
 })
+# Two-batch overlap as DeepSeek-V3 runs it: DeepEP (normal mode for prefill, low-latency for decode), bf16.
+_TBO = MappingProxyType({"enable_two_batch_overlap": True, "moe_a2a_backend": "deepep",
+                         "deepep_dispatcher_output_dtype": "bf16"})
+_TBO_LEGACY = MappingProxyType({"enable_two_batch_overlap": True, "moe_a2a_backend": "deepep"})  # fp8 dispatch
 
 
 def ids_at_first_k_dense(num_layers: int, first_k_dense: int) -> tuple[int, ...]:
@@ -370,18 +374,16 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         name="two-batch-overlap",
-        description="two micro-batches overlapped on top of DP attention; layers from "
-        "first_k_dense_replace on run through model_forward_stages (deepseek_v2.py), a "
-        "different capture path; the test sends a batch",
-        server_args=MappingProxyType({**_DP_ATTENTION, "enable_two_batch_overlap": True}),
-        alternatives=(MappingProxyType({**_DP_ATTENTION_LEGACY, "enable_two_batch_overlap": True}),),
+        description="two micro-batches overlapped on top of DP attention and DeepEP (bf16 dispatch); "
+        "layers from first_k_dense_replace on run through model_forward_stages (deepseek_v2.py), a "
+        "different capture path; the test sends a batch and decodes",
+        server_args=MappingProxyType({**_DP_ATTENTION, **_TBO}),
+        alternatives=(MappingProxyType({**_DP_ATTENTION_LEGACY, **_TBO_LEGACY}),),
         request=MappingProxyType({"batch": True, "decode_steps": 2}),
-        needs=Needs(summary="two-batch overlap needs DP attention at TP>=2 and, for DeepSeek's TBO "
-                    "operations, an EP all-to-all backend: as configured here (none) 0.5.23 dies at the first "
-                    "TBO forward on any device ([tbo-no-a2a], measured on cpu); add --eagle3-sglang-arg "
-                    "moe_a2a_backend=deepep on a GPU with DeepEP (the cpu tier has no DeepEP stand-in; "
-                    "docs/compatibility.md#two-batch-overlap-on-0523-what-was-measured)",
-                    devices=("cuda",), min_tp=2),
+        needs=Needs(summary="two-batch overlap needs DP attention at TP>=2 and, for DeepSeek's TBO operations, "
+                    "an EP all-to-all backend (DeepEP; on cpu: the stand-in fill deepep_standin)",
+                    min_tp=2, cpu_fix="deepep_standin", cpu_fix_why="deep_ep imports only with a CUDA device: "
+                    "ImportError at token_dispatcher/deepep.py:54"),
         source="srt/arg_groups/validation_hook.py check_two_batch_overlap; "
         "srt/batch_overlap/two_batch_overlap.py model_forward_stages",
     ),

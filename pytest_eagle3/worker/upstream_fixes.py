@@ -30,6 +30,10 @@ imported, and production servers never see it.
   travelling to the last stage with the hidden states, and the per-request
   return travelling back to the stage that answers
   (:mod:`pytest_eagle3.worker.pp_relay`).
+* ``tbo-capture-per-microbatch`` (SGLang PR #32680, closed unmerged: under
+  two-batch overlap the layers from ``first_k_dense_replace`` on are never
+  captured): each micro-batch captures its layers over its own token rows,
+  merged in token order (:mod:`pytest_eagle3.worker.tbo_capture`).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import logging
 import os
 from typing import Any, Callable
 
-from pytest_eagle3.worker import pp_relay
+from pytest_eagle3.worker import pp_relay, tbo_capture
 from pytest_eagle3.worker.env import FIX_ENV
 
 #: fix -> (what it changes, the upstream pull request it follows).
@@ -58,6 +62,12 @@ CATALOG: dict[str, tuple[str, str]] = {
         "the lift, and each pipeline stage captures its own layers; the captures travel to the last stage in the "
         "proxy tensors, and the per-request hidden states travel back in the output tensors",
         "SGLang issue #39634 (at PP only the last stage captures)",
+    ),
+    "tbo-capture-per-microbatch": (
+        "under two-batch overlap, each micro-batch captures the asked-for layers from first_k_dense_replace on "
+        "over its own token rows (op_comm_prepare_attn hands attn_boundary.prepare SGLang's collector), merged "
+        "in token order into the forward's packer",
+        "SGLang PR #32680 (closed unmerged: TBO layers are never captured)",
     ),
 }
 #: The fix that relays each PP stage's captures to the last stage.
@@ -125,4 +135,6 @@ def install(fix: str | None = None) -> str | None:
         HookRegistry.register(GEMMA3_LAYER, _around_gemma3_layer, HookType.AROUND)
     elif fix in PP_LIFTS:
         pp_relay.install(relay=fix == PP_RELAY)
+    elif fix == "tbo-capture-per-microbatch":
+        tbo_capture.install()
     return fix

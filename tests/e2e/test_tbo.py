@@ -1,19 +1,29 @@
 """End to end on CPU: two-batch overlap (TBO) on the DP-attention engine at TP 2.
 
-``--enable-two-batch-overlap`` on the DP-attention path (``--eagle3-slow``, the
-``dp-attention`` variant, ``--eagle3-sglang-arg enable_two_batch_overlap=true``):
-SGLang 0.5.23 starts, splits each DP rank's batch into two micro-batches (the
-workers' proof line) and dies in the first micro-batch's DP gather; one failure
-names it ``[tbo-no-a2a]`` with the installed lines (no EP all-to-all backend,
-the micro-batches' missing per-rank counts).  About 1 minute (one engine start).
+* Without an EP all-to-all backend (the ``dp-attention`` variant with
+  ``--eagle3-sglang-arg enable_two_batch_overlap=true``): SGLang 0.5.23 starts,
+  splits each DP rank's batch into two micro-batches (the workers' proof line) and
+  dies in the first micro-batch's DP gather; one failure names it ``[tbo-no-a2a]``.
+* The ``two-batch-overlap`` path variant (DP attention, TBO, DeepEP through the CPU
+  stand-in, bf16 dispatch): the TBO forward runs through the MoE and 0.5.23's packer
+  raises "captured 1 of 3 aux hidden states"; one failure names it
+  ``[tbo-uncaptured]``.  With the upstream fix ``tbo-capture-per-microbatch`` the
+  same test passes, its captures equal to the reference, and the workers log the
+  per-micro-batch merge.
+
+About 1 minute per engine start, three starts.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from pytest_eagle3.worker.env import FIX_ENV
+from pytest_eagle3.worker.tbo_capture import MERGED_LINE
 from pytest_eagle3.worker.tbo_proof import PROOF
 from tests.inner_run import run_inner
+
+TBO_VARIANT = ["--pyargs", "pytest_eagle3.suite.test_paths", "--tp", "2", "--eagle3-slow", "-k", "two-batch-overlap"]
 
 pytestmark = pytest.mark.e2e
 
@@ -38,3 +48,38 @@ def test_tbo_without_an_a2a_backend_fails_once_with_its_cause(tmp_path_factory: 
     for name, m in failed.items():  # one root cause, one failure: any other test points to it
         if name != full[0]:
             assert f"(see {full[0].split('::')[-1]}" in m or full[0] in m, m[:600]
+
+
+def _logs(work) -> str:
+    return "".join(p.read_text(errors="replace") for p in work.glob("tmp/**/tp2-cpu-*.log"))
+
+
+def test_tbo_through_deepep_fails_once_as_uncaptured(tmp_path_factory: pytest.TempPathFactory) -> None:
+    pytest.importorskip("sglang")
+    work = tmp_path_factory.mktemp("tbo-deepep")
+    run = run_inner(work, TBO_VARIANT + [f"--basetemp={work / 'tmp'}"])
+    if not run.outcomes:
+        pytest.skip("the two-batch-overlap variant does not run on this SGLang's CPU tier")
+    logs = _logs(work)
+    failed = {n: m for n, m in run.messages.items() if run.outcomes.get(n) in ("failed", "error")}
+    named = [n for n, m in failed.items() if "[tbo-uncaptured] under two-batch overlap" in m]
+    assert len(named) == 1 and len(failed) == 1, run.output[-4000:]
+    message = failed[named[0]]
+    assert "captured 1 of 3 aux hidden states" in message and "first_k_dense_replace=1" in message, message[:2000]
+    assert "the TBO path ran (" in message and "deepseek_v2.py:" in message
+    assert "pytest-eagle3 DeepEP stand-in: dispatch (normal)" in logs  # the MoE ran through the stand-in
+    assert PROOF.search(logs), "no worker proof line in the engine log"
+
+
+def test_the_tbo_capture_fix_turns_the_variant_green(tmp_path_factory: pytest.TempPathFactory) -> None:
+    pytest.importorskip("sglang")
+    work = tmp_path_factory.mktemp("tbo-fixed")
+    run = run_inner(work, TBO_VARIANT + [f"--basetemp={work / 'tmp'}"],
+                    env={FIX_ENV: "tbo-capture-per-microbatch"})
+    if not run.outcomes:
+        pytest.skip("the two-batch-overlap variant does not run on this SGLang's CPU tier")
+    assert run.returncode == 0 and "passed" in set(run.outcomes.values()), run.output[-4000:]
+    logs = _logs(work)
+    modes = {m["mode"] for m in PROOF.finditer(logs)}
+    assert {"EXTEND", "DECODE"} <= modes, modes  # prefill and decode both took TBO
+    assert logs.count(MERGED_LINE.split("{")[0]) >= 2, "the fix's merge line is missing from a DP rank"
