@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 from pytest_eagle3.planning.selftest import contrast_plan, self_test_args, self_test_env, self_test_plan
-from pytest_eagle3.worker.faults import NEEDS_PP
+from pytest_eagle3.worker.faults import NEEDS_PP, NEEDS_TBO
 from pytest_eagle3.worker.faults import RUN_LEVEL, named_as
 
 #: Verdicts of one kind.
@@ -261,10 +261,13 @@ def self_test(work: Path, *, no_tp: int = 1, kinds: Sequence[str] | None = None,
     progress(f"[{total}/{total}] control, no fault, at TP {tp}: {len(tests)} tests")
     # The control runs every path the faults did (in-place norms, fused all-reduce).
     # The control at PP only when every chosen kind runs at PP (its tests pass at PP with
-    # the relay: tests/e2e/test_pp.py); a mixed run keeps its control at PP 1.
+    # the relay: tests/e2e/test_pp.py); a mixed run keeps its control at PP 1, with the
+    # TBO fix where a TBO kind is chosen (its test passes only with it).
     at_pp = all(k in NEEDS_PP for k in chosen)
     paths = [a for k in dict.fromkeys(self_test_args(k) for k in chosen if at_pp or k not in NEEDS_PP) for a in k]
     env = {key: value for k in chosen if at_pp for key, value in self_test_env(k).items()}
+    if not at_pp:  # the TBO tests pass only with the fix that captures per micro-batch (not a PP kind's)
+        env = next((self_test_env(k) for k in chosen if k in NEEDS_TBO), env)
     run = runner(work / "control", tests, tp, None, [*extra, *paths], **({"env": {**os.environ, **env}} if env else {}))
     verdict, detail = judge(None, tests, run)
     result.control = KindResult(None, tp, tests, verdict, detail, run.seconds, work / "control" / "output.txt")

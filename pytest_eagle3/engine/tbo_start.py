@@ -67,15 +67,20 @@ TBO_UNCAPTURED_CAUSE = ("[tbo-uncaptured] under two-batch overlap the layers fro
                         "never captured ({stages})")
 TBO_UNCAPTURED = (
     "[tbo-uncaptured] under two-batch overlap, layers from first_k_dense_replace={first} on run in "
-    "model_forward_stages without the capture argument ({stages}){packer}: {ids_text}, so SGLang's packer got "
-    "{got} of {want} captures and raised at the first TBO forward; the engine died and no capture under TBO "
-    "was returned. This is SGLang's capture gap ({pr}), not the draft's or the reference's.\n"
+    "model_forward_stages without the capture argument ({stages}){packer}: {ids_text}, so {outcome} at the "
+    "first TBO forward; the engine died and no capture under TBO was returned. This is SGLang's capture gap "
+    "({pr}), not the draft's or the reference's.\n"
     "  proof: {ran}\n"
     "  what it died of: {cause}\n"
     "  the fix: PYTEST_EAGLE3_UPSTREAM_FIX=tbo-capture-per-microbatch (each micro-batch captures its own "
     "token rows, merged in token order) turns this path green (docs/checks.md#two-batch-and-single-batch-overlap)"
 )
 _SHORT = re.compile(r"captured (?P<got>\d+) of (?P<want>\d+) aux hidden states")
+#: No capture at all: the model returns its hidden states alone, which the caller unpacks as a pair.
+_UNPACKED = re.compile(r"(not enough|too many) values to unpack .*deepseek_v2\.py")
+SHORT_OUTCOME = "SGLang's packer got {got} of {want} captures and raised"
+EMPTY_OUTCOME = ("SGLang's packer got none, DeepseekV2Model.forward returned its hidden states without aux "
+                 "hidden states, and DeepseekV2ForCausalLM.forward failed to unpack them as a pair")
 
 
 def _first_split_layer(log_text: str) -> int | None:
@@ -87,16 +92,19 @@ def explain_uncaptured(config: "EngineConfig", cause: str, log_text: str,
                        sglang_location: str) -> tuple[str, str] | None:
     """``(cause, line)`` for an engine with two-batch overlap and an EP all-to-all backend whose
     packer came up short (``RuntimeError: captured 1 of 3 aux hidden states``,
-    ``srt/layers/aux_hidden_states.py``) after a forward the workers proved took TBO: the
+    ``srt/layers/aux_hidden_states.py``) or empty (the caller's unpacking of the model's
+    output fails in ``deepseek_v2.py``) after a forward the workers proved took TBO: the
     ``[tbo-uncaptured]`` line; ``None`` otherwise (no proof line, another cause, an SGLang
     whose ``model_forward_stages`` call passes a capture argument).
 
     Measured on 0.5.23 at TP 2 on CPU through the DeepEP stand-in
-    (:mod:`pytest_eagle3.worker.cpu.deepep`): ids ``[0, 3, 5]``, ``first_k_dense_replace``
-    1, "captured 1 of 3" at the first TBO forward."""
-    short = _SHORT.search(cause)
+    (:mod:`pytest_eagle3.worker.cpu.deepep`), ``first_k_dense_replace`` 1: ids ``[0, 3, 5]``
+    give "captured 1 of 3" at the first TBO forward; SGLang's default ids (none before
+    layer 1) give ``ValueError: not enough values to unpack (expected 2, got 1)``
+    (``deepseek_v2.py:3419``)."""
+    short, empty = _SHORT.search(cause), _UNPACKED.search(cause)
     first = _first_split_layer(log_text)
-    if short is None or first is None:
+    if (short is None and empty is None) or first is None:
         return None
     code = read_tbo_code(sglang_location)
     if code.stages_capture is not False or code.stages_call is None:
@@ -104,13 +112,17 @@ def explain_uncaptured(config: "EngineConfig", cause: str, log_text: str,
     ids = list(dict(config.server_args).get("return_aux_hidden_state_layer_ids") or ())
     split = [i for i in ids if i >= first]
     named = " and ".join(map(str, split)) if len(split) < 3 else ", ".join(map(str, split))
-    ids_text = (f"id{'s' if len(split) > 1 else ''} {named} of {ids} lie{'' if len(split) > 1 else 's'} at or "
-                f"after layer {first}" if split
-                else f"{int(short['want']) - int(short['got'])} of the asked-for layers lie at or after it")
+    if split:
+        ids_text = (f"id{'s' if len(split) > 1 else ''} {named} of {ids} lie{'' if len(split) > 1 else 's'} at "
+                    f"or after layer {first}")
+    elif short is not None:
+        ids_text = f"{int(short['want']) - int(short['got'])} of the asked-for layers lie at or after it"
+    else:
+        ids_text = f"every asked-for layer lies at or after layer {first}"
+    outcome = SHORT_OUTCOME.format(**short.groupdict()) if short is not None else EMPTY_OUTCOME
     packer = (" and the micro-batches get no packer " f"({code.children_packer})") if code.children_packer else ""
     line = TBO_UNCAPTURED.format(first=first, stages=code.stages_call, packer=packer, ids_text=ids_text,
-                                 got=short["got"], want=short["want"], pr=CAPTURE_PR, ran=proof_text(log_text),
-                                 cause=cause)
+                                 outcome=outcome, pr=CAPTURE_PR, ran=proof_text(log_text), cause=cause)
     return TBO_UNCAPTURED_CAUSE.format(stages=code.stages_call), line
 
 

@@ -21,7 +21,9 @@ from functools import lru_cache
 from pathlib import Path
 
 from pytest_eagle3.worker.env import FIX_ENV
-from pytest_eagle3.worker.faults import CATALOG, NEEDS_FUSED_ALLREDUCE, NEEDS_INPLACE_NORM, NEEDS_PP, NEEDS_TP
+from pytest_eagle3.worker.faults import (
+    CATALOG, NEEDS_FUSED_ALLREDUCE, NEEDS_INPLACE_NORM, NEEDS_PP, NEEDS_TBO, NEEDS_TP,
+)
 
 __all__ = ["NEEDS_TP", "Catch", "contrast_plan", "suite_catches", "self_test_args", "self_test_env", "self_test_plan"]
 
@@ -145,21 +147,31 @@ def self_test_args(kind: str | None) -> tuple[str, ...]:
     ``--eagle3-cpu-allreduce-fusion`` for those in
     :data:`~pytest_eagle3.worker.faults.NEEDS_FUSED_ALLREDUCE` (both act on cpu
     only; a GPU runs these paths natively), ``--eagle3-pp 2`` for those in
-    :data:`~pytest_eagle3.worker.faults.NEEDS_PP`.  ``None``: none."""
+    :data:`~pytest_eagle3.worker.faults.NEEDS_PP`, ``--eagle3-slow`` for those in
+    :data:`~pytest_eagle3.worker.faults.NEEDS_TBO` (the ``two-batch-overlap`` variant
+    runs at TP 2 on cpu only with it).  ``None``: none."""
     if kind in NEEDS_INPLACE_NORM:
         return ("--eagle3-cpu-norm", "inplace")
     if kind in NEEDS_FUSED_ALLREDUCE:
         return ("--eagle3-cpu-allreduce-fusion",)
     if kind in NEEDS_PP:
         return ("--eagle3-pp", "2")
+    if kind in NEEDS_TBO:
+        return ("--eagle3-slow",)
     return ()
 
 
 #: The upstream fix a PP kind's engines run with: it relays each stage's captures, which the fault corrupts.
 PP_FIX = "pp-capture-relay"
+#: The upstream fix a TBO kind's engines run with: it captures per micro-batch and merges, which the
+#: fault corrupts (without it 0.5.23's TBO engine dies: ``[tbo-uncaptured]``).
+TBO_FIX = "tbo-capture-per-microbatch"
 
 
 def self_test_env(kind: str | None) -> dict[str, str]:
     """Environment a fault's child run adds: :data:`FIX_ENV` = :data:`PP_FIX` for the kinds in
-    :data:`~pytest_eagle3.worker.faults.NEEDS_PP`; ``{}`` for the others."""
-    return {FIX_ENV: PP_FIX} if kind in NEEDS_PP else {}
+    :data:`~pytest_eagle3.worker.faults.NEEDS_PP`, :data:`TBO_FIX` for those in
+    :data:`~pytest_eagle3.worker.faults.NEEDS_TBO`; ``{}`` for the others."""
+    if kind in NEEDS_PP:
+        return {FIX_ENV: PP_FIX}
+    return {FIX_ENV: TBO_FIX} if kind in NEEDS_TBO else {}

@@ -33,15 +33,25 @@ def tolerance(settings: Settings) -> float:
 
 def evidence(checkpoint: Path, prompts: Sequence[Sequence[int]], facts: "TargetFacts", tp: int, *,
              attn_tp: int | None = None, fused_allreduce: bool = False,
-             pp_stages: Sequence[tuple[int, int]] = ()) -> list:
+             pp_stages: Sequence[tuple[int, int]] = (), tbo_split: int | None = None) -> list:
     """Per prompt, the lazy candidates that let a failing comparison name its bug
     (:func:`pytest_eagle3.verdicts.evidence.checkpoint_evidence`): nothing is
     read or computed unless a slot matches no snapshot.  ``fused_allreduce``:
     the engine fuses its MLP all-reduces into the next norm (``eagle3_capture.fused_allreduce``);
-    ``pp_stages``: its pipeline stages' layers (``eagle3_capture.pp_stages``)."""
+    ``pp_stages``: its pipeline stages' layers (``eagle3_capture.pp_stages``);
+    ``tbo_split``: the first layer two-batch overlap splits (:func:`tbo_split`)."""
 
     return checkpoint_evidence(checkpoint, prompts, tp=tp, vocab_size=facts.vocab_size, attn_tp=attn_tp,
-                               fused_allreduce=fused_allreduce, pp_stages=pp_stages)
+                               fused_allreduce=fused_allreduce, pp_stages=pp_stages, tbo_split=tbo_split)
+
+
+def tbo_split(server_info: dict | None, facts: "TargetFacts") -> int | None:
+    """The first layer a running engine splits into two micro-batches: ``first_k_dense_replace``
+    where its server info says ``enable_two_batch_overlap`` (``DeepseekV2Model.forward``,
+    0.5.23 ``srt/models/deepseek_v2.py:3166-3173``); ``None`` without two-batch overlap."""
+    if not (server_info or {}).get("enable_two_batch_overlap"):
+        return None
+    return int(getattr(facts, "first_k_dense_replace", 0) or 0)
 
 
 def returned_rows(cap, ref, ev=None):

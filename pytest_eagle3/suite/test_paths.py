@@ -38,7 +38,7 @@ from pytest_eagle3.planning.declare import MAIN, variant_needs
 from pytest_eagle3.engine.variant_proof import path_not_exercised, path_not_taken, prefill_rows
 from pytest_eagle3.engine.variants import PAIR_MEMBER, VARIANTS
 from pytest_eagle3.suite.outcome import conclude, conclude_each
-from pytest_eagle3.suite.support import attention_tp, evidence, request_mode, tolerance, where
+from pytest_eagle3.suite.support import attention_tp, evidence, request_mode, tbo_split, tolerance, where
 from pytest_eagle3.verdicts.compare import compare_slots
 from pytest_eagle3.verdicts.paths import check_pair, check_rows, compare_captures, row_settings
 from pytest_eagle3.target.reference import ensure_reference
@@ -53,6 +53,8 @@ from pytest_eagle3.target.reference import ensure_reference
 @pytest.mark.eagle3_catches("no-residual-on-cache-hit", need="radix-cache-hit")
 @pytest.mark.eagle3_catches("no-residual-on-later-chunk", need="chunked-prefill")
 @pytest.mark.eagle3_catches("stale-no-residual", need="decode")
+# Rows of the two micro-batches of two-batch overlap, merged by the tbo-capture-per-microbatch fix.
+@pytest.mark.eagle3_catches("tbo-microbatch-dropped", "tbo-microbatches-swapped", need="two-batch-overlap", tp=2)
 def test_captures_identical_through_path(eagle3_need, eagle3_engine_set, eagle3_capture, eagle3_reference,
                                          eagle3_checkpoint, eagle3_model_config, eagle3_settings, eagle3_tp,
                                          record_property, pytestconfig):
@@ -74,13 +76,16 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_set, eagle3_
     any_tail = req.batch and bool(info.get("chunked_prefill_size") or 0) > 0
     extended = extended_candidates = None
     attn_tp = attention_tp(eagle3_tp, req.extra_args)
+    split = tbo_split(info, eagle3_model_config)
     candidates = evidence(eagle3_checkpoint, eagle3_capture.prompts, eagle3_model_config, eagle3_tp, attn_tp=attn_tp,
-                          fused_allreduce=eagle3_capture.fused_allreduce, pp_stages=eagle3_capture.pp_stages)
+                          fused_allreduce=eagle3_capture.fused_allreduce, pp_stages=eagle3_capture.pp_stages,
+                          tbo_split=split)
     if req.decode_steps:
         seqs = [list(c.prompt) + list(c.output_ids[:-1]) for c in captures]
         extended = ensure_reference(eagle3_checkpoint, seqs)
         extended_candidates = evidence(eagle3_checkpoint, seqs, eagle3_model_config, eagle3_tp, attn_tp=attn_tp,
-                                       fused_allreduce=eagle3_capture.fused_allreduce, pp_stages=eagle3_capture.pp_stages)
+                                       fused_allreduce=eagle3_capture.fused_allreduce, pp_stages=eagle3_capture.pp_stages,
+                                       tbo_split=split)
     # Every request is judged before the test stops on the first wrong one: the
     # run-level diagnosis weighs which requests, modes and paths were right.
     checks = []
@@ -94,7 +99,8 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_set, eagle3_
         report = compare_slots(cap.prefill, ref[:, T - n:T], expected=list(req.expected), num_layers=L,
                                hidden_size=H, tol=tol,
                                side_names=(f"SGLang ({name}, prefill rows {T - n}..{T - 1})", "reference"),
-                               evidence=lambda ev=candidates[i], T=T, n=n: ev().rows(T - n, T))
+                               evidence=lambda i=i, T=T, n=n: _prefill_evidence(
+                                   candidates, eagle3_reference, captures, i, T, n, split))
         checks.append((report, where(req, cap, path=name, mode=mode)))
         if d:
             assert extended is not None
@@ -142,6 +148,20 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_set, eagle3_
                                 what=name, a_name="the repeat (radix-cache hit)", b_name="the fresh send",
                                 rel_tol=tol),
                      config=pytestconfig, where=where(req, later[-1], path=name, mode="cache-hit", check="pair"))
+
+
+def _prefill_evidence(candidates, reference, captures, i, T, n, split):
+    """Candidates for request ``i``'s prefill rows (``T - n .. T - 1``); on a two-batch
+    overlap engine (``split``, :func:`~pytest_eagle3.suite.support.tbo_split`) with every
+    other request's prefill rows too: a micro-batch's rows at another's place are named."""
+    from dataclasses import replace
+
+    ev = candidates[i]().rows(T - n, T)
+    if split is None:
+        return ev
+    others = {f"request {j}": reference[j][:, len(c.prompt) - int(c.prefill.shape[0]):len(c.prompt)]
+              for j, c in enumerate(captures) if j != i}
+    return replace(ev, others=others)
 
 
 def _decode_evidence(candidates, extended, captures, i, T, d):

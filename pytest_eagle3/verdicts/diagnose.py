@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pytest_eagle3.verdicts.evidence import Evidence, EvidenceLike, resolve
+from pytest_eagle3.verdicts.microbatches import row_ranges, tbo_microbatch
 from pytest_eagle3.verdicts.patterns import pattern_lines
 from pytest_eagle3.verdicts.snapshots import fmt_err, full_label, label
 from pytest_eagle3.verdicts.shards import vocab_shard, vocab_shard_ranges
@@ -99,7 +100,7 @@ KINDS = (
     "offset-twice", "offset-missing", "ids-ignored", "reversed-order", "permuted-order",
     "normalized-input", "no-residual", "partial-sum", "dp-gather-scaled", "scaled",
     "unreduced-embedding", "zero-rows", "wrong-request-rows", "aliased-capture", "before-fused-allreduce",
-    "precision", "pp-earlier-stage",
+    "precision", "pp-earlier-stage", "tbo-microbatch-dropped", "tbo-microbatches-swapped",
 )
 
 #: Wrong slots that are exactly the layers of earlier pipeline stages (:attr:`Evidence.pp_stages`).
@@ -108,8 +109,6 @@ PP_EARLIER_TEXT = (
     "{lare} right: the captures of layers held by an earlier pipeline stage do not reach the draft as they "
     "were captured (SGLang issue #39634)"
 )
-
-
 
 @dataclass(frozen=True)
 class Diagnosis:
@@ -225,7 +224,7 @@ def _zero_rows(slot: "torch.Tensor", reference: "torch.Tensor", expected: int, e
             if len(good) == 1 and None not in good:
                 (rank,) = good
                 if all((s == rank) != z for s, z in zip(shards, zero.tolist())):
-                    start, end = vocab_shard_ranges(ev.vocab_size, ev.tp)[rank]
+                    start, end = vocab_shardrow_ranges(ev.vocab_size, ev.tp)[rank]
                     why = WHY_UNREDUCED.format(rank=rank, good=slot.shape[0] - n_zero, tp=ev.tp,
                                                start=start, end=end - 1, zero=n_zero)
                     return "unreduced-embedding", f"{hs} with the rows of other vocab shards zeroed", why, err
@@ -256,9 +255,9 @@ def _other_rows(slot: "torch.Tensor", reference: "torch.Tensor", expected: int, 
     hs = label(expected, num_layers)
     if len(by_other) == 1:
         (name,) = by_other
-        what = f"{name}'s {hs}" + (f" in rows {_ranges(wrong)} of {rows}" if len(wrong) < rows else "")
+        what = f"{name}'s {hs}" + (f" in rows {row_ranges(wrong)} of {rows}" if len(wrong) < rows else "")
     else:
-        what = "; ".join(f"{name}'s {hs} in rows {_ranges(ts)}" for name, ts in by_other.items())
+        what = "; ".join(f"{name}'s {hs} in rows {row_ranges(ts)}" for name, ts in by_other.items())
     return "wrong-request-rows", what, WHY_OTHER_ROWS, worst
 
 
@@ -275,18 +274,6 @@ def _row_match(row: "torch.Tensor", index: int, others: Mapping[str, Any], *, pr
             if err <= tol:
                 return name, err
     return None
-
-
-def _ranges(ts: Sequence[int]) -> str:
-    out, start = [], None
-    ts = sorted(ts)
-    for i, t in enumerate(ts):
-        if start is None:
-            start = t
-        if i + 1 == len(ts) or ts[i + 1] != t + 1:
-            out.append(str(start) if start == t else f"{start}..{t}")
-            start = None
-    return ", ".join(out)
 
 
 def diagnose_slot(slot: "torch.Tensor", reference: "torch.Tensor", expected: int, *, num_layers: int,
@@ -337,18 +324,25 @@ def diagnose_slots(captured: Any, reference: Any, verdicts: Sequence[Any], *, ex
             patterns.append(PATTERN.format(tag=TAG.format(kind="precision"), text=PRECISION_TEXT.format(
                 n=len(off), err=fmt_err(err), tol=fmt_err(off[0].tol), size=roundoff_name(err))))
     slot_lines: dict[int, str] = {}
+    slot_kinds: dict[int, str] = {}
     wrong = [v for v in verdicts if not v.ok and not v.matched and v.slot < len(expected)]
     if wrong:
         ev = resolve(evidence)
+        tbo = tbo_microbatch(cap, ref, verdicts, expected, ev, hidden_size=H, tol=tol)
+        if tbo is not None:  # the rows of the split layers, not a per-slot bug
+            kinds.insert(0, tbo[0])
+            patterns.insert(0, PATTERN.format(tag=TAG.format(kind=tbo[0]), text=tbo[1]))
+            wrong = [v for v in wrong if int(expected[v.slot]) < int(ev.tbo_split or 0)]
         for v in wrong:
             slot = cap[:, v.slot * H:(v.slot + 1) * H]
             found = diagnose_slot(slot, ref, int(expected[v.slot]), num_layers=L, tol=tol, evidence=ev)
             if found is None:
                 continue
             kind, what, why, err = found
-            kinds.append(kind)
+            slot_kinds[v.slot] = kind
             slot_lines[v.slot] = SLOT_HOLDS.format(slot=v.slot, what=what, err=fmt_err(err), why=why,
                                                    tag=TAG.format(kind=kind))
+        kinds.extend(slot_kinds.values())
     # Only where a slot matched nothing (the evidence is built then anyway; it is costly).
     if wrong and evidence is not None:
         text = pp_earlier_stage_text(verdicts, expected, ev.pp_stages, diagnosed=set(slot_lines))
@@ -382,3 +376,4 @@ def pp_earlier_stage_text(verdicts: Sequence[Any], expected: Sequence[int],
         s="s" if plural else "", slots=", ".join(str(v.slot) for v in earlier),
         layers=", ".join(str(int(expected[v.slot])) for v in earlier), stages=where, are="are" if plural else "is",
         ls="s" if last_plural else "", last=", ".join(str(v.slot) for v in last), lare="are" if last_plural else "is")
+

@@ -49,6 +49,10 @@ class Evidence:
         pp_stages: ``((start, end), ...)`` the layers of each pipeline stage (end
             exclusive; ``()`` without PP): wrong slots that are exactly those of
             layers on earlier stages are named ``[pp-earlier-stage]``.
+        tbo_split: the engine runs two-batch overlap, and the layers from this one
+            on (``first_k_dense_replace``) run split into two micro-batches; ``None``:
+            no TBO.  Wrong slots that are exactly those layers' are named
+            ``[tbo-microbatch-dropped]`` / ``[tbo-microbatches-swapped]`` by their rows.
     """
 
     token_ids: Sequence[int] | None = None
@@ -64,6 +68,7 @@ class Evidence:
     others: Mapping[str, Any] = field(default_factory=dict)
     fused_allreduce: bool = False
     pp_stages: tuple[tuple[int, int], ...] = ()
+    tbo_split: int | None = None
 
     def rows(self, start: int, stop: int) -> "Evidence":
         """The same evidence for rows ``start:stop`` (compare a slice of a prompt)."""
@@ -114,12 +119,13 @@ def layer_norms(checkpoint_dir: Path) -> tuple[Any, float]:
 
 def checkpoint_evidence(checkpoint_dir: Path, prompts: Sequence[Sequence[int]], *, tp: int, vocab_size: int,
                         attn_tp: int | None = None, cache_dir: Path | None = None,
-                        fused_allreduce: bool = False,
-                        pp_stages: Sequence[tuple[int, int]] = ()) -> list[Callable[[], Evidence]]:
+                        fused_allreduce: bool = False, pp_stages: Sequence[tuple[int, int]] = (),
+                        tbo_split: int | None = None) -> list[Callable[[], Evidence]]:
     """One lazy :class:`Evidence` per prompt: norms from the checkpoint, the
     reference's inside-the-layer tensors (one transformers run for all prompts,
     cached), token ids, TP sizes, whether the engine fuses its all-reduces
-    (:attr:`Evidence.fused_allreduce`), the pipeline stages (:attr:`Evidence.pp_stages`).
+    (:attr:`Evidence.fused_allreduce`), the pipeline stages (:attr:`Evidence.pp_stages`),
+    the first layer two-batch overlap splits (:attr:`Evidence.tbo_split`).
     Nothing is read until a diagnosis asks."""
     from functools import lru_cache
 
@@ -137,6 +143,7 @@ def checkpoint_evidence(checkpoint_dir: Path, prompts: Sequence[Sequence[int]], 
             return Evidence(token_ids=prompts[i], vocab_size=vocab_size, tp=tp, attn_tp=attn_tp, norms=norms,
                             norm_eps=eps, post_attention=d["post_attention"], mlp=d["mlp"], partial=d.get("partial"),
                             fused_allreduce=fused_allreduce, pp_stages=tuple(map(tuple, pp_stages)),
+                            tbo_split=tbo_split,
                             **({"mlp_what": d["mlp_what"]} if d.get("mlp_what") else {}))
         return build
 

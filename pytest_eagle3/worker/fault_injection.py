@@ -44,7 +44,7 @@ from typing import Any, Callable
 
 from pytest_eagle3.worker.fault_when import forward_matches
 from pytest_eagle3.worker.faults import CONFINED, FaultError, describe, read_fault
-from pytest_eagle3.worker import pp_relay
+from pytest_eagle3.worker import pp_relay, tbo_capture
 
 
 logger = logging.getLogger("pytest_eagle3.faults")
@@ -427,6 +427,8 @@ def install(fault: dict[str, Any] | None = None) -> dict[str, Any] | None:
         HookRegistry.register(DRAFT_FORWARD, _around_draft_forward, HookType.AROUND)
     elif kind == "pp-earlier-stage-zeroed":
         HookRegistry.register(pp_relay.SEND_PROXY, pp_relay.around_send_proxy_zeroed, HookType.AROUND)
+    elif kind in tbo_capture.MERGE_FAULTS:
+        tbo_capture.MERGE_FAULT[0] = kind  # the fix's merge misplaces the rows
     elif kind == "aliased-capture":
         HookRegistry.register(PACKER_APPEND, _around_packer_append, HookType.AROUND)
         HookRegistry.register(PACKER_FINALIZE, _around_packer_finalize, HookType.AROUND)

@@ -123,6 +123,16 @@ CATALOG: dict[str, tuple[str, str]] = {
         "(needs the pp-capture-relay upstream fix, which relays them; --eagle3-pp 2)",
         "SGLang issue #39634 (earlier pipeline stages' layers lost from the captures)",
     ),
+    "tbo-microbatch-dropped": (
+        "under two-batch overlap, the second micro-batch's rows of every split layer's capture are left as "
+        "zeros when the two are merged (needs the tbo-capture-per-microbatch upstream fix, which merges them)",
+        "SGLang PR #32680 (per-micro-batch capture under TBO: a micro-batch lost from the merge)",
+    ),
+    "tbo-microbatches-swapped": (
+        "under two-batch overlap, the micro-batches' captures are merged in the wrong order: the second "
+        "micro-batch's rows first (needs the tbo-capture-per-microbatch upstream fix)",
+        "SGLang PR #32680 (per-micro-batch capture under TBO: merged out of token order)",
+    ),
 }
 
 #: Kinds confined to one path, as ``(the kind whose computation they run, its options)``.
@@ -168,6 +178,9 @@ NEEDS_TP = ("unreduced-embedding", "partial-sum", "dp-gather-scaled", "before-fu
             "partial-sum-on-rank-decode")
 #: Kinds that need pipeline parallelism and the upstream fix that relays each stage's captures.
 NEEDS_PP = ("pp-earlier-stage-zeroed",)
+#: Kinds that need two-batch overlap (the ``two-batch-overlap`` variant, TP >= 2) and the
+#: upstream fix that captures per micro-batch, whose merge they corrupt.
+NEEDS_TBO = ("tbo-microbatch-dropped", "tbo-microbatches-swapped")
 #: Kinds that change nothing unless SGLang's norms run in place (the CPU tier's
 #: ``--eagle3-cpu-norm inplace``, every GPU and Xeon AMX server).
 NEEDS_INPLACE_NORM = ("aliased-capture",)

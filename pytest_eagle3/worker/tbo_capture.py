@@ -29,7 +29,7 @@ The fix, for one ``DeepseekV2Model.forward`` that runs TBO with ids at or after
    the layers it already holds, so its slots stay in layer order.
 
 Imported inside SGLang's processes only where the fix, or one of the faults on its
-merge (:data:`MERGE_FAULTS`), is asked for.
+merge (:data:`MERGE_FAULTS`, applied where the fix runs), is asked for.
 """
 
 from __future__ import annotations
@@ -44,11 +44,10 @@ PREPARE_ATTN = "sglang.srt.models.deepseek_v2.DeepseekV2DecoderLayer.op_comm_pre
 #: Logged once per process at the fix's first merge (the e2e test reads it back).
 MERGED_LINE = ("pytest-eagle3 TBO capture: layers {layers} captured per micro-batch ({a} + {b} tokens) and "
                "merged in token order (pid {pid})")
-#: Faults on the merge (self-test kinds), by name -> what they do.
-MERGE_FAULTS: dict[str, str] = {
-    "tbo-microbatch-dropped": "the second micro-batch's rows of every TBO capture are left as zeros",
-    "tbo-microbatches-swapped": "the micro-batches' captures are merged in the wrong order (b's rows first)",
-}
+#: The fault kinds of :mod:`pytest_eagle3.worker.faults` the merge applies (self-test kinds).
+MERGE_FAULTS = ("tbo-microbatch-dropped", "tbo-microbatches-swapped")
+#: The one of them this process runs, set by :mod:`pytest_eagle3.worker.fault_injection`.
+MERGE_FAULT: list[str | None] = [None]
 
 logger = logging.getLogger("pytest_eagle3.tbo_capture")
 _state = threading.local()
@@ -85,20 +84,25 @@ def around_prepare_attn(original: Callable, layer: Any, state: Any, *args: Any, 
 
 def merge(parts: list[tuple[Any, tuple[int, int]]], rows: int, fault: str | None = None) -> Any:
     """One layer's capture over the parent batch's ``rows`` tokens from the micro-batches'
-    ``(capture [padded, H], (start, end))``, each micro-batch's rows at its token range.
+    ``(capture [padded, H], (start, end))``, each micro-batch's rows at its token range
+    (its padding rows dropped).
 
-    ``fault`` (:data:`MERGE_FAULTS`) misplaces them on purpose."""
+    ``fault`` (one of :data:`MERGE_FAULTS`) misplaces them on purpose: the second
+    micro-batch's rows left as zeros, or the micro-batches concatenated in reverse order."""
     import torch
 
     first = parts[0][0]
     out = torch.zeros((rows, *first.shape[1:]), dtype=first.dtype, device=first.device)
+    valid = [(value[:max(0, min(end - start, value.shape[0]))], start) for value, (start, end) in parts]
     if fault == "tbo-microbatches-swapped":
-        parts = [(parts[1][0], parts[0][1]), (parts[0][0], parts[1][1])]
-    for i, (value, (start, end)) in enumerate(parts):
+        merged = torch.cat([value for value, _ in reversed(valid)])
+        start = min(start for _, start in valid)
+        out[start:start + merged.shape[0]] = merged
+        return out
+    for i, (value, start) in enumerate(valid):
         if fault == "tbo-microbatch-dropped" and i == 1:
             continue
-        take = min(end - start, value.shape[0])
-        out[start:start + take] = value[:take]
+        out[start:start + value.shape[0]] = value
     return out
 
 
@@ -114,7 +118,6 @@ def around_model_forward(original: Callable, model: Any, *args: Any, **kwargs: A
 
     real_stages, real_packer = dsv2.model_forward_stages, dsv2.AuxHiddenStatePacker
     packers: list[Any] = []
-    fault = os.environ.get("PYTEST_EAGLE3_FAULT", "").strip() or None
 
     class _Recording(real_packer):  # type: ignore[misc, valid-type]
         def __init__(self, *a: Any, **k: Any) -> None:
@@ -132,8 +135,7 @@ def around_model_forward(original: Callable, model: Any, *args: Any, **kwargs: A
         ranges = [tuple(child.tbo_parent_token_range) for child in children]
         for layer_id in split_ids:
             parts = [(active["rows"][(layer_id, i)], ranges[i]) for i in range(len(children))]
-            packers[-1].append(merge(parts, int(k["hidden_states"].shape[0]),
-                                     fault if fault in MERGE_FAULTS else None))
+            packers[-1].append(merge(parts, int(k["hidden_states"].shape[0]), MERGE_FAULT[0]))
         _log_once(split_ids, ranges)
         return hidden
 

@@ -82,9 +82,12 @@ def test_every_kind_then_the_control_with_the_users_arguments(tmp_path) -> None:
     assert paths["partial-sum"] == ()
     assert paths["pp-earlier-stage-zeroed"] == ("--eagle3-pp", "2")
     assert runner.envs["pp-earlier-stage-zeroed"][FIX_ENV] == "pp-capture-relay" and runner.envs["partial-sum"] is None
-    # A mixed run's control stays at PP 1; a PP-only run's control runs at PP 2 with the relay.
-    assert paths["control"] == ("--eagle3-cpu-norm", "inplace", "--eagle3-cpu-allreduce-fusion")
-    assert runner.envs["control"] is None
+    assert paths["tbo-microbatch-dropped"] == ("--eagle3-slow",)
+    assert runner.envs["tbo-microbatches-swapped"][FIX_ENV] == "tbo-capture-per-microbatch"
+    # A mixed run's control stays at PP 1, with the TBO fix its two-batch-overlap test passes only with;
+    # a PP-only run's control runs at PP 2 with the relay.
+    assert paths["control"] == ("--eagle3-cpu-norm", "inplace", "--eagle3-cpu-allreduce-fusion", "--eagle3-slow")
+    assert runner.envs["control"][FIX_ENV] == "tbo-capture-per-microbatch"
     pp_only = fake_runner()
     selftest.self_test(tmp_path / "pp", kinds=["pp-earlier-stage-zeroed"], progress=lambda m: None, runner=pp_only)
     assert pp_only.calls[-1][3] == ("--eagle3-pp", "2") and pp_only.envs["control"][FIX_ENV] == "pp-capture-relay"

@@ -136,7 +136,7 @@ def test_the_merge_puts_each_micro_batch_at_its_token_range() -> None:
     parts = [(a, (0, 2)), (b, (2, 5))]
     assert tbo_capture.merge(parts, 5)[:, 0].tolist() == [1, 1, 2, 2, 2]
     assert tbo_capture.merge(parts, 5, "tbo-microbatch-dropped")[:, 0].tolist() == [1, 1, 0, 0, 0]
-    assert tbo_capture.merge(parts, 5, "tbo-microbatches-swapped")[:, 0].tolist() == [2, 2, 1, 1, 1]
+    assert tbo_capture.merge(parts, 5, "tbo-microbatches-swapped")[:, 0].tolist() == [2, 2, 2, 1, 1]
     assert tbo_capture.merge([(a[:0], (0, 0)), (b[:0], (0, 0))], 0).shape == (0, 2)  # an IDLE rank
 
 
@@ -156,3 +156,52 @@ def test_tbo_uncaptured_is_named_from_the_proof_and_the_packer() -> None:
     assert key.startswith("[tbo-uncaptured]") and DEATH not in key
     assert tbo_start.explain_start(config, DEATH, "no proof line", str(LOCATION)) is None  # TBO never proven
     assert tbo_start.explain_start(config, "RuntimeError: x (y.py:1)", proof, str(LOCATION)) is None
+
+
+def _captures(rows_of):
+    """Reference ``[L+2, T, H]`` of 8 layers, and a capture of ids (0, 3, 5) whose slots 1 and 2
+    have the rows ``rows_of(want)`` (slot 0, before the split, is right)."""
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator().manual_seed(0)
+    ref = torch.randn(10, 4, HIDDEN, generator=gen)
+    cap = torch.cat([ref[0], rows_of(ref[3]), rows_of(ref[5])], dim=-1)
+    return cap, ref
+
+
+def _diagnose(cap, ref, split):
+    from pytest_eagle3.verdicts.compare import compare_slots
+    from pytest_eagle3.verdicts.evidence import Evidence
+
+    return compare_slots(cap, ref, expected=[0, 3, 5], num_layers=8, hidden_size=HIDDEN, tol=1e-4,
+                         evidence=Evidence(tbo_split=split))
+
+
+def test_a_lost_or_misplaced_micro_batch_is_named_from_its_rows() -> None:
+    torch = pytest.importorskip("torch")
+    dropped = lambda want: torch.cat([want[:2], torch.zeros_like(want[2:])])  # noqa: E731
+    swapped = lambda want: torch.cat([want[2:], want[:2]])  # noqa: E731
+    report = _diagnose(*_captures(dropped), split=1)
+    assert report.kinds[0] == "tbo-microbatch-dropped", report.message().splitlines()
+    line = next(x for x in report.message().splitlines() if "[tbo-microbatch-dropped]" in x)
+    assert "slots 1, 2 (layers 3, 5: from first_k_dense_replace=1 on" in line and "rows 2..3 of 4" in line
+    assert "slot 0 (before the split) is right" in line
+    assert not any("[unreduced-embedding]" in x or "[zero-rows]" in x for x in report.message().splitlines())
+    report = _diagnose(*_captures(swapped), split=1)
+    assert report.kinds[0] == "tbo-microbatches-swapped", report.message().splitlines()
+    # Without two-batch overlap the same rows are no TBO verdict.
+    assert "tbo-microbatch-dropped" not in _diagnose(*_captures(dropped), split=None).kinds
+    # A slot before the split that is wrong too: not the merge of the split layers.
+    cap, ref = _captures(dropped)
+    cap[:, :HIDDEN] = 0
+    assert "tbo-microbatch-dropped" not in _diagnose(cap, ref, split=1).kinds
+
+
+@needs_tbo_file
+def test_tbo_uncaptured_names_an_empty_packer_too() -> None:
+    config = _config(enable_two_batch_overlap=True, moe_a2a_backend="deepep")
+    proof = tbo_proof.PROOF_LINE.format(mode="EXTEND", tokens=1, seq=0, a=0, b=1, first=1, last=7, pid=1)
+    death = ("ValueError: not enough values to unpack (expected 2, got 1) "
+             "(sglang/srt/models/deepseek_v2.py:3419)")
+    key, line = tbo_start.explain_start(config, death, proof, str(LOCATION))
+    assert "every asked-for layer lies at or after layer 1" in line and "packer got none" in line, line
+    assert key.startswith("[tbo-uncaptured]")

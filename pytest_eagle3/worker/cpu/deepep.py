@@ -1,24 +1,36 @@
-"""A CPU stand-in for DeepEP's low-latency all-to-all, so that SGLang's EP MoE path
-(``--moe-a2a-backend deepep --deepep-mode low_latency``), and with it two-batch
-overlap, runs on the CPU tier.
+"""A CPU stand-in for DeepEP's all-to-all, so that SGLang's EP MoE path
+(``--moe-a2a-backend deepep``), and with it two-batch overlap as DeepSeek-V3 runs
+it, runs on the CPU tier.
 
 DeepEP (``deep_ep.Buffer``) moves each token to the ranks holding its top-k
-experts and back.  Its low-latency contract, as SGLang 0.5.23 calls it
-(``srt/layers/moe/token_dispatcher/deepep.py``, ``_DeepEPDispatcherImplLowLatency``):
+experts and back.  Its contract, as SGLang 0.5.23 calls it
+(``srt/layers/moe/token_dispatcher/deepep.py``):
 
-* ``low_latency_dispatch(x [T, H], topk_idx [T, K] int64, num_max_dispatch_tokens_per_rank,
-  num_experts, use_fp8=...)`` returns ``(recv_x [E_local, N * ranks, H], recv_count [E_local]
-  int32, handle, event, hook)``: expert ``e`` of this rank received the
+* normal mode (``_DeepEPDispatcherImplNormal``, prefill):
+  ``get_dispatch_layout(topk_idx [T, K] int64, num_experts)`` returns the tokens per
+  rank and per expert and ``is_token_in_rank [T, ranks]``; ``dispatch(x [T, H],
+  topk_idx=, topk_weights=, ...)`` returns ``(recv_x [N, H], recv_topk_idx [N, K],
+  recv_topk_weights [N, K], num_recv_tokens_per_expert, handle, event)``: one row per
+  token that has an expert on this rank, its expert ids local (``-1``: another
+  rank's); ``combine(x [N, H], handle)`` returns ``(out [T, H], weights, event)``,
+  each token's rows summed on its own rank;
+* low-latency mode (``_DeepEPDispatcherImplLowLatency``, decode):
+  ``low_latency_dispatch(x [T, H], topk_idx [T, K], num_max_dispatch_tokens_per_rank,
+  num_experts, use_fp8=...)`` returns ``(recv_x [E_local, N * ranks, H], recv_count
+  [E_local] int32, handle, event, hook)``: local expert ``e`` received the
   ``recv_count[e]`` tokens in ``recv_x[e, :recv_count[e]]``;
-* ``low_latency_combine(x [E_local, N * ranks, H], topk_idx, topk_weights, handle)`` returns
-  ``(out [T, H], event, hook)``: ``out[t] = sum_k topk_weights[t, k] * y_k(t)``, ``y_k(t)``
-  the output of expert ``topk_idx[t, k]`` for token ``t`` (``-1``: no expert).
+  ``low_latency_combine(x [E_local, N * ranks, H], topk_idx, topk_weights, handle)``
+  returns ``(out [T, H], event, hook)``, ``out[t] = sum_k topk_weights[t, k] * y_k(t)``,
+  ``y_k(t)`` the output of expert ``topk_idx[t, k]`` for token ``t`` (``-1``: none).
 
 This module keeps that contract over the EP group's own process group (gloo on
-CPU): dispatch all-gathers every rank's tokens and routing, combine
-all-reduces the expert outputs each rank owns and weights them on the token's
-own rank.  Bf16 dispatch only (``--deepep-dispatcher-output-dtype bf16``):
-FP8 dispatch raises.  The experts' grouped GEMM is :func:`ll_expert_core`.
+CPU): dispatch all-gathers every rank's tokens and routing; combine all-reduces
+the rows each rank owns (zeros elsewhere) and each token's rank keeps its own.
+Work has completed when a call returns, so every event is complete.  Bf16
+dispatch only (``--deepep-dispatcher-output-dtype bf16``): FP8 dispatch raises
+NotImplementedError.  The experts' grouped GEMMs on these layouts are
+:func:`expert_core`.  Each rank logs :data:`DEEPEP_LINE` at the first call of each
+operation.
 
 Importable without torch: the stand-in classes are built when installed.
 """
@@ -30,7 +42,7 @@ import os
 import types
 from typing import Any
 
-from pytest_eagle3.worker.cpu.patches import STANDIN_SMS, _Namespace, torch_with_cuda
+from pytest_eagle3.worker.cpu.patches import STANDIN_SMS, Namespace, torch_with_cuda
 
 logger = logging.getLogger("pytest_eagle3.cpu")
 
@@ -222,24 +234,32 @@ def install(module: Any) -> None:
     standin = _standin_module()
     module.Buffer, module.Config = standin.Buffer, standin.Config
     module.use_deepep, module._deepep_import_error = True, None
-    # combine_a passes the experts' output through only on DeepGEMM's branch (deepep.py:695-704)
-    module.deep_gemm_wrapper = _Namespace(module.deep_gemm_wrapper, ENABLE_JIT_DEEPGEMM=True)
+    # combine_a passes the experts' output through only on DeepGEMM's branch (deepep.py:698-710)
+    module.deep_gemm_wrapper = Namespace(module.deep_gemm_wrapper, ENABLE_JIT_DEEPGEMM=True)
     module.torch = torch_with_cuda(
         module.torch, get_device_properties=lambda device=None: types.SimpleNamespace(
             multi_processor_count=STANDIN_SMS, name="pytest-eagle3 CPU stand-in"))
-    logger.warning("pytest-eagle3: DeepEP's low-latency all-to-all stood in on CPU (pid %d)", os.getpid())
+    logger.info("pytest-eagle3: DeepEP's all-to-all stood in on CPU (pid %d)", os.getpid())
 
 
 def expert_core(module: Any) -> None:
-    """Run unquantized experts on DeepEP's low-latency layout on CPU.
+    """Run unquantized experts on DeepEP's two layouts on CPU.
 
     0.5.23's ``DeepEPMoE.run_moe_core`` (``srt/layers/moe/ep_moe/layer.py:278-313``)
-    hands unquantized experts to the DeepGEMM runner's masked bf16 grouped GEMM
-    (``deprecate_flag``, set at ``layer.py:135-145`` when DeepGEMM JIT is on), which
-    needs CUDA.  This gives the experts' layer the same computation in torch:
-    for each local expert ``e``, its ``masked_m[e]`` rows go through
-    ``w2[e] @ silu_and_mul(w13[e] @ x)``.  Any other layout or a quantized
-    layer keeps SGLang's own code.
+    refuses unquantized experts (``NotImplementedError`` on the normal layout, an
+    assertion on the low-latency one) unless ``deprecate_flag`` hands them to the
+    DeepGEMM runner's grouped bf16 GEMM (``layer.py:135-147``, DeepGEMM's JIT), which
+    needs CUDA.  This gives ``DeepEPMoE`` that computation in torch,
+    ``w2[e] @ silu_and_mul(w13[e] @ x)`` per local expert ``e``:
+
+    * normal layout (``DeepEPNormalDispatchOutput``): each received row sums its
+      local experts' outputs weighted by its router weights (what the runner's
+      ``ep_gather`` returns);
+    * low-latency layout (``DeepEPLLDispatchOutput``): each local expert's
+      ``masked_m[e]`` rows, unweighted (the combine weights them).
+
+    A quantized layer or any other layout keeps SGLang's own code.  A no-op where
+    CUDA is available or the module has no ``DeepEPMoE``.
     """
     import torch
     import torch.nn.functional as F
@@ -281,4 +301,4 @@ def expert_core(module: Any) -> None:
         return DeepEPLLCombineInput(hidden_states=out, topk_ids=topk_ids, topk_weights=topk_weights)
 
     cls.run_moe_core = run_moe_core
-    logger.warning("pytest-eagle3: DeepEPMoE's expert GEMMs stood in on CPU (pid %d)", os.getpid())
+    logger.info("pytest-eagle3: DeepEPMoE's expert GEMMs stood in on CPU (pid %d)", os.getpid())

@@ -101,7 +101,7 @@ STANDIN_COMM_SMS = 20
 TBO_SM_LINE = "pytest-eagle3: two-batch overlap's SM counts stood in on CPU ({sms} SMs, {comm} for communication)"
 
 
-class _Namespace:
+class Namespace:
     """An object answering its own attributes first and ``base``'s for every other name."""
 
     def __init__(self, base: Any, **own: Any) -> None:
@@ -115,7 +115,7 @@ class _Namespace:
 def torch_with_cuda(real: Any, **cuda: Any) -> Any:
     """``real`` (torch) whose ``cuda`` answers the functions in ``cuda`` itself; every other
     attribute, of torch and of ``torch.cuda``, is torch's own."""
-    return _Namespace(real, cuda=_Namespace(real.cuda, **cuda))
+    return Namespace(real, cuda=Namespace(real.cuda, **cuda))
 
 
 def tbo_sm_count(module: Any) -> None:
