@@ -143,11 +143,13 @@ def proof_text(log_text: str) -> str:
 
 def explain_start(config: "EngineConfig", cause: str | None, log_text: str,
                   sglang_location: str | None) -> tuple[str, str] | None:
-    """``(cause, line)`` for a start that failed with ``cause`` under two-batch overlap and no
-    EP all-to-all backend, its traceback through :data:`TBO_FRAME`: the cause the run groups
-    failed starts by (:data:`TBO_NO_A2A_CAUSE`) and the ``[tbo-no-a2a]`` line; ``None``
-    otherwise (another configuration, another failure, an SGLang whose files read otherwise).
-    The traceback must pass :data:`TBO_FRAME` (a frame line, not the proof line)."""
+    """``(cause, line)`` for an engine under two-batch overlap that died of ``cause`` (at start or
+    under a request): the cause the run groups such deaths by and the message.
+
+    With an EP all-to-all backend: :func:`explain_uncaptured` (``[tbo-uncaptured]``).  Without
+    one, a traceback through :data:`TBO_FRAME` (a frame line, not the proof line) and a cause
+    in ``dp_attention.py``: :data:`TBO_NO_A2A_CAUSE` and the ``[tbo-no-a2a]`` line.  ``None``
+    otherwise (another configuration, another failure, an SGLang whose files read otherwise)."""
     args = dict(config.server_args)
     a2a = str(args.get("moe_a2a_backend") or "none").lower()
     if not args.get("enable_two_batch_overlap") or not cause or not sglang_location:

@@ -224,7 +224,7 @@ def _zero_rows(slot: "torch.Tensor", reference: "torch.Tensor", expected: int, e
             if len(good) == 1 and None not in good:
                 (rank,) = good
                 if all((s == rank) != z for s, z in zip(shards, zero.tolist())):
-                    start, end = vocab_shardrow_ranges(ev.vocab_size, ev.tp)[rank]
+                    start, end = vocab_shard_ranges(ev.vocab_size, ev.tp)[rank]
                     why = WHY_UNREDUCED.format(rank=rank, good=slot.shape[0] - n_zero, tp=ev.tp,
                                                start=start, end=end - 1, zero=n_zero)
                     return "unreduced-embedding", f"{hs} with the rows of other vocab shards zeroed", why, err

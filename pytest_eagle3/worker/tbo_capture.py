@@ -34,6 +34,7 @@ merge (:data:`MERGE_FAULTS`, applied where the fix runs), is asked for.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import threading
@@ -41,7 +42,7 @@ from typing import Any, Callable
 
 MODEL_FORWARD = "sglang.srt.models.deepseek_v2.DeepseekV2Model.forward"
 PREPARE_ATTN = "sglang.srt.models.deepseek_v2.DeepseekV2DecoderLayer.op_comm_prepare_attn"
-#: Logged once per process at the fix's first merge (the e2e test reads it back).
+#: Logged once per process at the fix's first merge: the proof, in the engine log, that it ran.
 MERGED_LINE = ("pytest-eagle3 TBO capture: layers {layers} captured per micro-batch ({a} + {b} tokens) and "
                "merged in token order (pid {pid})")
 #: The fault kinds of :mod:`pytest_eagle3.worker.faults` the merge applies (self-test kinds).
@@ -125,17 +126,18 @@ def around_model_forward(original: Callable, model: Any, *args: Any, **kwargs: A
             packers.append(self)
 
     def stages(*a: Any, **k: Any) -> Any:
+        bound = inspect.signature(real_stages).bind(*a, **k).arguments
         active = {"ids": set(split_ids), "rows": {}}
         _state.capture = active
         try:
             hidden = real_stages(*a, **k)
         finally:
             _state.capture = None
-        children = list(k["forward_batch"].tbo_children)
+        children = list(bound["forward_batch"].tbo_children)
         ranges = [tuple(child.tbo_parent_token_range) for child in children]
         for layer_id in split_ids:
             parts = [(active["rows"][(layer_id, i)], ranges[i]) for i in range(len(children))]
-            packers[-1].append(merge(parts, int(k["hidden_states"].shape[0]), MERGE_FAULT[0]))
+            packers[-1].append(merge(parts, int(bound["hidden_states"].shape[0]), MERGE_FAULT[0]))
         _log_once(split_ids, ranges)
         return hidden
 

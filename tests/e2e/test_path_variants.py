@@ -3,7 +3,7 @@
 Runs ``pytest_eagle3.suite.test_paths --tp 2 --eagle3-slow`` once (chunked
 prefill and radix-cache hits on the wide case's engines; engines of their own
 for DP attention, all-reduce fusion on, unchunked prefill, single-batch
-overlap and the two id variants); about 7 minutes on 2 cores.  The variant matrix and its skip reasons
+overlap, two-batch overlap and the two id variants); about 8 minutes on 2 cores.  The variant matrix and its skip reasons
 come from :mod:`pytest_eagle3.engine.variants`.
 """
 
@@ -24,7 +24,7 @@ RUNS_ON_CPU = {
     2: ("plain", "decode", "batch", "chunked-prefill", "radix-cache-hit", "dp-attention",
         "allreduce-fusion-on", "allreduce-fusion-off"),
 }
-GPU_ONLY = ("cuda-graph-on", "cuda-graph-off", "attn-tp-input-scattered", "two-batch-overlap")
+GPU_ONLY = ("cuda-graph-on", "cuda-graph-off", "attn-tp-input-scattered")
 
 
 @pytest.fixture(scope="module")
@@ -73,3 +73,17 @@ def test_fusion_pair_needs_tp2(run: InnerRun, outcomes, variant: str) -> None:
 def test_own_engine_variants_run_at_tp1_only_on_cpu(run: InnerRun, outcomes) -> None:
     assert _name(2, "ids-at-first-k-dense") not in outcomes
     assert "run at TP 1 only on cpu" in _left_out(run, _name(2, "ids-at-first-k-dense"))
+
+
+def test_two_batch_overlap_fails_once_naming_the_uncaptured_layers(run: InnerRun, outcomes) -> None:
+    """DP attention, TBO and DeepEP (the CPU stand-in): 0.5.23's packer raises at the first TBO
+    forward, and the one failure says why (the fix turns it green in the self-test's control,
+    tests/e2e/test_fault_self_test.py)."""
+    name = _name(2, "two-batch-overlap")
+    outcome, _ = outcomes[name]
+    message = run.messages[name]
+    assert outcome == "failed" and "[tbo-uncaptured] under two-batch overlap" in message, message[:3000]
+    assert "captured 1 of 3 aux hidden states" in message and "first_k_dense_replace=1" in message
+    assert "the TBO path ran (" in message and "deepseek_v2.py:" in message  # the workers' proof lines
+    assert _name(1, "two-batch-overlap") not in outcomes
+    assert "this case runs at TP 1" in _left_out(run, _name(1, "two-batch-overlap"))

@@ -1,17 +1,14 @@
-"""End to end on CPU: two-batch overlap (TBO) on the DP-attention engine at TP 2.
+"""End to end on CPU: two-batch overlap (TBO) without an EP all-to-all backend.
 
-* Without an EP all-to-all backend (the ``dp-attention`` variant with
-  ``--eagle3-sglang-arg enable_two_batch_overlap=true``): SGLang 0.5.23 starts,
-  splits each DP rank's batch into two micro-batches (the workers' proof line) and
-  dies in the first micro-batch's DP gather; one failure names it ``[tbo-no-a2a]``.
-* The ``two-batch-overlap`` path variant (DP attention, TBO, DeepEP through the CPU
-  stand-in, bf16 dispatch): the TBO forward runs through the MoE and 0.5.23's packer
-  raises "captured 1 of 3 aux hidden states"; one failure names it
-  ``[tbo-uncaptured]``.
+The ``dp-attention`` variant with ``--eagle3-sglang-arg enable_two_batch_overlap=true``
+(no ``moe_a2a_backend``): SGLang 0.5.23 starts, splits each DP rank's batch into two
+micro-batches (the workers' proof line) and dies in the first micro-batch's DP
+gather; one failure names it ``[tbo-no-a2a]``.  About 1 minute (one engine start).
 
-The same variant with the upstream fix ``tbo-capture-per-microbatch`` passes in the
-self-test's control, and the fix's merge faults are caught and named there
-(``tests/e2e/test_fault_self_test.py``).  About 1 minute per engine start, two starts.
+TBO as DeepSeek-V3 runs it (the ``two-batch-overlap`` variant, DeepEP through the
+CPU stand-in): ``[tbo-uncaptured]`` in ``tests/e2e/test_path_variants.py``; green with
+the fix ``tbo-capture-per-microbatch`` in the self-test's control, whose merge faults
+are caught and named there (``tests/e2e/test_fault_self_test.py``).
 """
 
 from __future__ import annotations
@@ -20,8 +17,6 @@ import pytest
 
 from pytest_eagle3.worker.tbo_proof import PROOF
 from tests.inner_run import run_inner
-
-TBO_VARIANT = ["--pyargs", "pytest_eagle3.suite.test_paths", "--tp", "2", "--eagle3-slow", "-k", "two-batch-overlap"]
 
 pytestmark = pytest.mark.e2e
 
@@ -46,25 +41,4 @@ def test_tbo_without_an_a2a_backend_fails_once_with_its_cause(tmp_path_factory: 
     for name, m in failed.items():  # one root cause, one failure: any other test points to it
         if name != full[0]:
             assert f"(see {full[0].split('::')[-1]}" in m or full[0] in m, m[:600]
-
-
-def _logs(work) -> str:
-    return "".join(p.read_text(errors="replace") for p in work.glob("tmp/**/tp2-cpu-*.log"))
-
-
-def test_tbo_through_deepep_fails_once_as_uncaptured(tmp_path_factory: pytest.TempPathFactory) -> None:
-    pytest.importorskip("sglang")
-    work = tmp_path_factory.mktemp("tbo-deepep")
-    run = run_inner(work, TBO_VARIANT + [f"--basetemp={work / 'tmp'}"])
-    if not run.outcomes:
-        pytest.skip("the two-batch-overlap variant does not run on this SGLang's CPU tier")
-    logs = _logs(work)
-    failed = {n: m for n, m in run.messages.items() if run.outcomes.get(n) in ("failed", "error")}
-    named = [n for n, m in failed.items() if "[tbo-uncaptured] under two-batch overlap" in m]
-    assert len(named) == 1 and len(failed) == 1, run.output[-4000:]
-    message = failed[named[0]]
-    assert "captured 1 of 3 aux hidden states" in message and "first_k_dense_replace=1" in message, message[:2000]
-    assert "the TBO path ran (" in message and "deepseek_v2.py:" in message
-    assert "pytest-eagle3 DeepEP stand-in: dispatch (normal)" in logs  # the MoE ran through the stand-in
-    assert PROOF.search(logs), "no worker proof line in the engine log"
 

@@ -46,6 +46,9 @@ def plan_by_id(no_tp: int) -> dict[str, tuple[int, tuple[str, ...]]]:
         "draft-fc-reversed": (1, ("test_draft_acceptance_meets_the_gate[tp1-acceptance]",)),
         # At --eagle3-pp 2 with the relay fix (self_test_args / self_test_env).
         "pp-earlier-stage-zeroed": (1, (order(1),)),
+        # Under two-batch overlap with the fix that merges the micro-batches (--eagle3-slow, TP 2).
+        "tbo-microbatch-dropped": (2, ("test_captures_identical_through_path[tp2-two-batch-overlap]",)),
+        "tbo-microbatches-swapped": (2, ("test_captures_identical_through_path[tp2-two-batch-overlap]",)),
     }
 
 
