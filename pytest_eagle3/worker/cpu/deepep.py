@@ -42,7 +42,7 @@ import os
 import types
 from typing import Any
 
-from pytest_eagle3.worker.cpu.patches import STANDIN_SMS, Namespace, torch_with_cuda
+from pytest_eagle3.worker.cpu.patches import STANDIN_COMM_SMS, STANDIN_SMS, Namespace, torch_with_cuda
 
 logger = logging.getLogger("pytest_eagle3.cpu")
 
@@ -70,7 +70,7 @@ def _standin_module() -> types.ModuleType:
             return 0
 
     class Buffer:
-        num_sms = 20
+        num_sms = STANDIN_COMM_SMS
 
         def __init__(self, group: Any, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0,
                      low_latency_mode: bool = False, **kwargs: Any) -> None:  # noqa: ARG002
