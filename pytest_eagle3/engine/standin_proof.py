@@ -67,9 +67,16 @@ def ops_called(log_text: str, path: StandinPath) -> dict[str, set[int]]:
 
 
 def configured(env: Mapping[str, str], cpu_args: Mapping[str, Any] | None = None) -> list[StandinPath]:
-    """The stand-in paths an engine with ``env`` runs (and, on cpu, with server args ``cpu_args``)."""
+    """The stand-in paths an engine with ``env`` runs (and, on cpu, with server args ``cpu_args``).
+
+    All-reduce fusion is not among them under an EP all-to-all backend
+    (``moe_a2a_backend`` other than ``none``): its combine sums the MoE output and DP
+    attention leaves no attention all-reduce, so there is no all-reduce to fuse."""
     args = cpu_args or {}
-    return [p for p in PATHS if (args if p.by_arg else env).get(p.env[0]) == p.env[1]]
+    paths = [p for p in PATHS if (args if p.by_arg else env).get(p.env[0]) == p.env[1]]
+    if str(args.get("moe_a2a_backend") or "none").lower() != "none":
+        paths = [p for p in paths if p.env[0] != FUSION_ENV]
+    return paths
 
 
 def not_taken(log_text: str, path: StandinPath, tp: int) -> str | None:
