@@ -93,5 +93,5 @@ def _rows_elsewhere(slot: "torch.Tensor", want: "torch.Tensor", index: int, othe
     request's snapshot ``index`` (and at least one row is wrong)."""
     pool = [want] + [o[index] for o in others.values() if index < o.shape[0]]
     wrong = [t for t in range(slot.shape[0]) if not rel_err_or_inf(slot[t], want[t]) <= tol]
-    return bool(wrong) and all(any(rel_err_or_inf(slot[t], rows[u]) <= tol for rows in pool for u in range(rows.shape[0]))
-                               for t in wrong)
+    return bool(wrong) and all(
+        any(rel_err_or_inf(slot[t], rows[u]) <= tol for rows in pool for u in range(rows.shape[0])) for t in wrong)

@@ -3,8 +3,8 @@
 Runs ``pytest_eagle3.suite.test_paths --tp 2 --eagle3-slow`` once (chunked
 prefill and radix-cache hits on the wide case's engines; engines of their own
 for DP attention, all-reduce fusion on, unchunked prefill, single-batch
-overlap, two-batch overlap and the two id variants); about 8 minutes on 2 cores.  The variant matrix and its skip reasons
-come from :mod:`pytest_eagle3.engine.variants`.
+overlap, two-batch overlap and the two id variants); about 8 minutes on 2 cores.
+The variant matrix and its skip reasons come from :mod:`pytest_eagle3.engine.variants`.
 """
 
 from __future__ import annotations

@@ -110,8 +110,8 @@ def _standin_module() -> types.ModuleType:
             dist.all_gather(out, t.contiguous(), group=self.group)
             return out
 
-        def get_dispatch_layout(self, topk_idx: Any, num_experts: int, previous_event: Any = None,
-                                async_finish: bool = False, allocate_on_comm_stream: bool = False) -> tuple:  # noqa: ARG002
+        def get_dispatch_layout(self, topk_idx: Any, num_experts: int, previous_event: Any = None,  # noqa: ARG002
+                                async_finish: bool = False, allocate_on_comm_stream: bool = False) -> tuple:
             self.num_experts = num_experts  # dispatch, which SGLang calls next, is not told
             local = num_experts // self.group_size
             owner = torch.where(topk_idx >= 0, topk_idx // local, -1)
