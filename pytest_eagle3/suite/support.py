@@ -48,10 +48,13 @@ def evidence(checkpoint: Path, prompts: Sequence[Sequence[int]], facts: "TargetF
 def tbo_split(server_info: dict | None, facts: "TargetFacts") -> int | None:
     """The first layer a running engine splits into two micro-batches: ``first_k_dense_replace``
     where its server info says ``enable_two_batch_overlap`` (``DeepseekV2Model.forward``,
-    0.5.23 ``srt/models/deepseek_v2.py:3166-3173``); ``None`` without two-batch overlap."""
-    if not (server_info or {}).get("enable_two_batch_overlap"):
+    0.5.23 ``srt/models/deepseek_v2.py:3166-3173``, which splits only from a
+    ``first_k_dense_replace`` inside the layers at PP 1); ``None`` without two-batch
+    overlap or without such a layer."""
+    first = int(getattr(facts, "first_k_dense_replace", 0) or 0)
+    if not (server_info or {}).get("enable_two_batch_overlap") or first <= 0:
         return None
-    return int(getattr(facts, "first_k_dense_replace", 0) or 0)
+    return first
 
 
 def returned_rows(cap, ref, ev=None):

@@ -205,3 +205,14 @@ def test_tbo_uncaptured_names_an_empty_packer_too() -> None:
     key, line = tbo_start.explain_start(config, death, proof, str(LOCATION))
     assert "every asked-for layer lies at or after layer 1" in line and "packer got none" in line, line
     assert key.startswith("[tbo-uncaptured]")
+
+
+def test_the_split_layer_is_first_k_dense_replace_only_where_tbo_splits() -> None:
+    from types import SimpleNamespace
+
+    from pytest_eagle3.suite.support import tbo_split
+
+    on = {"enable_two_batch_overlap": True}
+    assert tbo_split(on, SimpleNamespace(first_k_dense_replace=1)) == 1
+    assert tbo_split(on, SimpleNamespace(first_k_dense_replace=0)) is None  # SGLang splits no layer then
+    assert tbo_split({}, SimpleNamespace(first_k_dense_replace=1)) is None
