@@ -40,13 +40,15 @@ import os
 import threading
 from typing import Any, Callable
 
+from pytest_eagle3.worker.faults import NEEDS_TBO
+
 MODEL_FORWARD = "sglang.srt.models.deepseek_v2.DeepseekV2Model.forward"
 PREPARE_ATTN = "sglang.srt.models.deepseek_v2.DeepseekV2DecoderLayer.op_comm_prepare_attn"
 #: Logged once per process at the fix's first merge: the proof, in the engine log, that it ran.
 MERGED_LINE = ("pytest-eagle3 TBO capture: layers {layers} captured per micro-batch ({a} + {b} tokens) and "
                "merged in token order (pid {pid})")
 #: The fault kinds of :mod:`pytest_eagle3.worker.faults` the merge applies (self-test kinds).
-MERGE_FAULTS = ("tbo-microbatch-dropped", "tbo-microbatches-swapped")
+MERGE_FAULTS = NEEDS_TBO
 #: The one of them this process runs, set by :mod:`pytest_eagle3.worker.fault_injection`.
 MERGE_FAULT: list[str | None] = [None]
 
