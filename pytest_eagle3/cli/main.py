@@ -7,7 +7,9 @@ Subcommands:
   of ``--architecture`` (``sglang_source/model_code.py``), with ``--ids`` predicting
   what a list of draft ids will capture on a ``--layers``-layer target; what it
   does with pipeline parallelism (``sglang_source/pp_code.py``), and with
-  ``--pp N`` SGLang's own layer split and the stage of each layer to capture.
+  ``--pp N`` SGLang's own layer split and the stage of each layer to capture;
+  with ``--families``, every model file that captures for EAGLE-3 and whether
+  the suite runs it, or why not (``target/family_coverage.py``).
 * ``inspect``: a draft checkpoint's training contract against what an SGLang
   version captures for it, with a verdict and a fix (``preflight.py``).
 * ``stacks``: the facts the training-stack contracts rely on, read from
@@ -35,6 +37,7 @@ from pytest_eagle3.sglang_source.install import probe
 from pytest_eagle3.sglang_source.pp_code import read_family_stage_checks, read_pp_code
 from pytest_eagle3.stack_source.catalog import FACTS
 from pytest_eagle3.stack_source.report import provenance
+from pytest_eagle3.target.family_coverage import coverage, summary
 from pytest_eagle3.target.spec import DEFAULT_ARCHITECTURE
 from pytest_eagle3.verdicts.snapshots import full_label
 
@@ -62,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--architecture", default=None, metavar="NAME",
                       help="the target's config.json architecture whose model file to read "
                       "(default: DeepseekV3ForCausalLM)")
+    info.add_argument("--families", action="store_true",
+                      help="every model file of the installed SGLang that captures for EAGLE-3: its id rule, "
+                      "default ids and capture site as read, and whether the suite runs it (or why not)")
     add_inspect_parser(sub)
     add_self_test_parser(sub)
     add_stacks_parser(sub)
@@ -74,6 +80,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         return 2
     install = probe(args.cache)
     print(install.describe())
+    if args.families:
+        return cmd_families(install.location)
     try:
         method = select_method(install)
     except Eagle3CaptureUnsupported as exc:
@@ -124,6 +132,15 @@ def cmd_info(args: argparse.Namespace) -> int:
             print(f"  SGLang fails at the first forward: layers {list(p.missing)} are never reached "
                   f"or repeat (captured {len(p.snapshots)} of {len(p.layers_to_capture)})")
             return 1
+    return 0
+
+
+def cmd_families(location: str) -> int:
+    """``info --families``: one block per EAGLE-3 model file (:mod:`pytest_eagle3.target.family_coverage`)."""
+    items = coverage(location)
+    print(summary(items))
+    for item in items:
+        print("\n".join(item.lines()))
     return 0
 
 

@@ -8,7 +8,9 @@ command once per family preset (the packaged presets that are not DeepSeek-V3,
 ``FILE-<preset>.json``; likewise ``--junitxml`` and pytest-html's ``--html``
 get ``-<preset>`` before their suffix, so no family overwrites another's
 file), one after another, its output streamed as it comes,
-and ends with one line per family.  The exit status is the worst of theirs:
+and ends with one line per family.  It starts with the installed SGLang's
+EAGLE-3 model files that no preset covers, each with why (also under
+``--eagle3-plan``, which each child then plans).  The exit status is the worst of theirs:
 a usage or internal error (a child killed by a signal counts as one), else
 failed tests, else 0 (all "no tests" is 5).  Ctrl-C reaches the running child
 too; the parent waits for it to stop its engines, then stops.
@@ -24,13 +26,19 @@ from pathlib import Path
 
 import pytest
 
+from pytest_eagle3.errors import Eagle3Error
+from pytest_eagle3.sglang_source.install import locate
 from pytest_eagle3.target.checkpoint.families import is_deepseek
+from pytest_eagle3.target.family_coverage import coverage, summary
 from pytest_eagle3.target.spec import list_presets, targets_dir
 
 #: The ``--eagle3-target`` value that selects every family preset.
 FAMILIES = "families"
 HEADER = "=== eagle3 family {preset} ({i}/{n}): {command}"
 SUMMARY = "eagle3 family {preset}: {outcome} (exit {code}, {seconds:.0f} s)"
+#: Before the children: the coverage of the installed SGLang's EAGLE-3 model files.
+COVERAGE = "eagle3 families: {summary}"
+NOT_RUN = "eagle3 family file not run: {file}: {reason}"
 _OUTCOMES = {0: "passed", 1: "tests failed", 2: "interrupted", 3: "internal error", 4: "usage error",
              5: "no tests collected"}
 
@@ -88,9 +96,25 @@ def worst(codes: list[int]) -> int:
     return 0
 
 
+def coverage_lines() -> list[str]:
+    """One line saying how many of the installed SGLang's EAGLE-3 model files the
+    family presets cover, then one per file they do not, with why
+    (:mod:`pytest_eagle3.target.family_coverage`); nothing when SGLang is missing
+    (each child then says so)."""
+    try:
+        _version, location = locate()
+    except Eagle3Error:
+        return []
+    items = coverage(location)
+    return [COVERAGE.format(summary=summary(items))] + [
+        NOT_RUN.format(file=c.family.file, reason=c.reason()) for c in items if not c.presets]
+
+
 def run_families(config: pytest.Config, report: Path | None) -> int:
     """Run the invoking pytest command once per :func:`family_presets` entry; returns the exit status."""
     presets = family_presets()
+    for line in coverage_lines():
+        print(line, flush=True)
     results = []
     for i, preset in enumerate(presets, 1):
         child = child_args(config, preset, report)

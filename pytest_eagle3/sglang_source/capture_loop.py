@@ -111,3 +111,49 @@ def _compares_residual_with_none(test: ast.AST) -> bool:
 def _guards_residual(node: ast.If) -> bool:
     """The capture ``if`` (or an ``if`` inside it) tests ``residual`` against None."""
     return any(isinstance(n, (ast.If, ast.IfExp)) and _compares_residual_with_none(n.test) for n in ast.walk(node))
+
+
+#: Capture-site kinds :func:`capture_site` names.
+SITE_BOUNDARY = "layer boundary"
+SITE_APPEND = "model-loop append"
+SITE_FLAGS = "per-layer flags"
+SITE_UNKNOWN = "not recognised"
+
+
+def capture_site(method: FoundMethod) -> tuple[str, str, str]:
+    """Where the ``forward`` in ``method`` takes its captures: ``(kind, file:line, code)``.
+
+    * :data:`SITE_BOUNDARY`: the loop hands a capture object to layer ``i``
+      (``capture_output=aux_hidden_states.capture if i in self.layers_to_capture``,
+      ``captured_last_layer_outputs=``), and the layer stores the stream it formed;
+    * :data:`SITE_APPEND`: the loop appends a tensor itself
+      (``aux_hidden_states.append(hidden_states)``: ``gemma3_causal.py``, ``longcat_flash.py``);
+      ``code`` is the appended expression, as written;
+    * :data:`SITE_FLAGS`: as the boundary, but the loop asks a flag the inner
+      model's ``set_eagle3_layers_to_capture`` set on each layer
+      (``getattr(layer, "_is_layer_to_capture", False)``: ``qwen2_moe.py``);
+    * :data:`SITE_UNKNOWN` otherwise.
+    """
+    fn = method.node
+    where = method.module.rel
+    loops = [n for n in ast.walk(fn) if isinstance(n, ast.For)]
+    nodes = [n for loop in loops for n in ast.walk(loop)] + list(ast.walk(fn))  # the layer loop's first
+    for node in nodes:
+        if isinstance(node, ast.keyword) and node.value is not None and isinstance(node.value, ast.IfExp) \
+                and (_mentions(node.value.test, _CAPTURE_NAMES) or _names_flag(node.value.test)):
+            return (SITE_FLAGS if _names_flag(node.value.test) else SITE_BOUNDARY, f"{where}:{node.value.lineno}",
+                    f"{node.arg}={ast.unparse(node.value.body)} if {ast.unparse(node.value.test)}")
+    for node in nodes:
+        if isinstance(node, ast.If) and _mentions(node.test, _CAPTURE_NAMES):
+            appended = [c for c in ast.walk(node) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+                        and c.func.attr == "append" and c.args]
+            if appended:
+                return SITE_APPEND, f"{where}:{appended[0].lineno}", ast.unparse(appended[0].args[0])
+    return SITE_UNKNOWN, method.where, ""
+
+
+def _names_flag(node: ast.AST) -> bool:
+    """``getattr(layer, "_is_layer_to_capture", False)``: a per-layer flag set by
+    the inner model's ``set_eagle3_layers_to_capture``."""
+    return any(isinstance(n, ast.Constant) and n.value == "_is_layer_to_capture" for n in ast.walk(node)) or any(
+        isinstance(n, ast.Attribute) and n.attr == "_is_layer_to_capture" for n in ast.walk(node))

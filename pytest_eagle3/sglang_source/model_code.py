@@ -125,7 +125,7 @@ def _read_rules(location: str, architecture: str, probe_layers: int, stamp: floa
         return ModelCode(architecture, unknown_rule(
             f"{rel}: {architecture} has no {METHOD}: this SGLang's model has no EAGLE-3 aux capture",
             supported=False), rel)
-    inner = _inner_model(reader, found)
+    inner = inner_forward(reader, found)
     embedding = (capture_loop_facts(inner) if inner is not None
                  else EmbeddingCapture(None, method.where, "the inner model's forward was not found"))
 
@@ -170,7 +170,7 @@ def _delegation_chain(reader: ModelFileReader, top: tuple[ParsedFile, ast.ClassD
     return " -> ".join(steps)
 
 
-def _inner_model(reader: ModelFileReader, top: tuple[ParsedFile, ast.ClassDef]) -> FoundMethod | None:
+def inner_forward(reader: ModelFileReader, top: tuple[ParsedFile, ast.ClassDef]) -> FoundMethod | None:
     """The ``forward`` of the model whose layers capture (``self.model`` of the
     causal-LM class, after following ``self.language_model``)."""
     current = top

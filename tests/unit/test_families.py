@@ -1,4 +1,5 @@
-"""The model-family presets (Llama, Qwen3, Qwen3-MoE, gpt-oss, Gemma 3, GLM-4.7-Flash):
+"""The model-family presets (Llama, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, gpt-oss, Gemma 3, Gemma 4,
+GLM-4.5, GLM-4.7-Flash, MiniMax-M2):
 their checkpoints, the CPU pieces they need, the Gemma 3 diagnosis, ``--eagle3-target families``.
 
 Checkpoints are built with transformers (a subprocess per build); nothing here
@@ -32,8 +33,8 @@ from pytest_eagle3.target.spec import TargetSpec  # noqa: E402
 from pytest_eagle3.verdicts.diagnose import diagnose_slot  # noqa: E402
 from pytest_eagle3.verdicts.evidence import Evidence  # noqa: E402
 
-FAMILY_PRESETS = ["tiny-gemma3", "tiny-gemma4", "tiny-glm4-moe-lite", "tiny-gpt-oss", "tiny-llama", "tiny-qwen3",
-                  "tiny-qwen3-moe"]
+FAMILY_PRESETS = ["tiny-gemma3", "tiny-gemma4", "tiny-glm4-moe", "tiny-glm4-moe-lite", "tiny-gpt-oss", "tiny-llama",
+                  "tiny-minimax-m2", "tiny-qwen2", "tiny-qwen2-moe", "tiny-qwen3", "tiny-qwen3-moe"]
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,8 @@ transformers model of that family (read from transformers 5.19's
   decides each expert matrix's fan-in;
 * ``router``: how routing is pinned so float noise cannot flip top-k:
   ``"correction_bias"`` (sigmoid scores plus ``e_score_correction_bias``, as
-  DeepSeek), ``"logit_bias"`` (softmax over router logits that have a bias:
+  DeepSeek; the bias lives on the router, ``mlp.gate``, or on the MoE block
+  itself, ``mlp``, as in MiniMax-M2), ``"logit_bias"`` (softmax over router logits that have a bias:
   gpt-oss; the router matrix is drawn ``router_gain`` times smaller so the
   bias decides), or ``""`` (no bias to pin with: Qwen3-MoE routes on its
   logits alone, which fp32 on both sides reproduces);
@@ -76,6 +77,10 @@ FAMILIES: dict[str, Family] = {
         Family("gemma4_text", "Gemma4ForCausalLM", "gemma4_causal.py", mid_norm="pre_feedforward_layernorm",
                post_norms=("post_attention_layernorm", "post_feedforward_layernorm"), transformers_dir="gemma4"),
         Family("glm4_moe_lite", "Glm4MoeLiteForCausalLM", "glm4_moe_lite.py", router="correction_bias"),
+        Family("qwen2", "Qwen2ForCausalLM", "qwen2.py"),
+        Family("qwen2_moe", "Qwen2MoeForCausalLM", "qwen2_moe.py"),
+        Family("glm4_moe", "Glm4MoeForCausalLM", "glm4_moe.py", router="correction_bias"),
+        Family("minimax_m2", "MiniMaxM2ForCausalLM", "minimax_m2.py", router="correction_bias"),
     )
 }
 

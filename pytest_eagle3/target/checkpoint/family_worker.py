@@ -88,6 +88,8 @@ def _pin_routing(model: Any, family: Any, init: dict) -> None:
         target = None
         if family.router == "correction_bias":
             target = getattr(getattr(layer.mlp, "gate", None), "e_score_correction_bias", None)
+            if target is None:  # MiniMax-M2 keeps it on the MoE block
+                target = getattr(layer.mlp, "e_score_correction_bias", None)
         elif family.router == "logit_bias":
             target = getattr(getattr(layer.mlp, "router", None), "bias", None)
         if target is None:
