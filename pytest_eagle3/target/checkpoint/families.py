@@ -81,6 +81,8 @@ FAMILIES: dict[str, Family] = {
         Family("qwen2_moe", "Qwen2MoeForCausalLM", "qwen2_moe.py"),
         Family("glm4_moe", "Glm4MoeForCausalLM", "glm4_moe.py", router="correction_bias"),
         Family("minimax_m2", "MiniMaxM2ForCausalLM", "minimax_m2.py", router="correction_bias"),
+        Family("apertus", "ApertusForCausalLM", "apertus.py", mid_norm="feedforward_layernorm"),
+        Family("exaone_moe", "ExaoneMoeForCausalLM", "exaone_moe.py", router="correction_bias"),
     )
 }
 

@@ -15,6 +15,8 @@ the model's own order from one ``torch.Generator`` seeded with ``spec.seed``:
   matrix of a fused expert tensor) N(0, ``matrix_gain`` / fan_in);
 * every norm weight lognormal(0, ``norm_lognormal_sigma``), stored as
   ``value - norm_offset`` where the norm multiplies by ``offset + weight``;
+* a trainable activation's parameters (Apertus' xIELU ``alpha_p``,
+  ``alpha_n``) keep transformers' own init;
 * biases 0, attention sinks N(0, 1) (rounded to bfloat16 where SGLang keeps
   them in bfloat16), routing pinned as :class:`~.families.Family` says;
 
@@ -58,6 +60,8 @@ def _draw(model: Any, family: Any, init: dict, gen: Any) -> None:
             value = torch.randn(shape, generator=gen) * float(init["embedding_std"])
         elif "norm" in name and len(shape) == 1:
             value = torch.exp(torch.randn(shape, generator=gen) * sigma) - family.norm_offset
+        elif ".act_fn." in name:  # a trainable activation's own parameters (Apertus' xIELU): its init
+            continue
         elif leaf == "sinks":
             value = torch.randn(shape, generator=gen)
             if family.sinks_bf16:

@@ -12,7 +12,8 @@ is one :class:`Fill` of :data:`FILLS`, in the order :func:`install` walks them:
 3. SGLang's own CPU-mode gaps (:mod:`pytest_eagle3.worker.cpu.patches`): MLA
    routing, DP padding, two-batch overlap's SM counts, single-batch overlap's
    second stream, DeepEP's all-to-all and the experts on its layouts
-   (:mod:`pytest_eagle3.worker.cpu.deepep`), and the AMX platform
+   (:mod:`pytest_eagle3.worker.cpu.deepep`), the triton kernels of the
+   Qwen2-MoE and MiniMax-M2 model files (:mod:`pytest_eagle3.worker.cpu.family_kernels`), and the AMX platform
    fact for engines on the ``intel_amx`` attention backend;
 4. older releases' gaps (:mod:`pytest_eagle3.worker.cpu.older_releases`), each
    checking its own gap in the installed SGLang (a no-op on 0.5.23), and the
@@ -33,7 +34,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from pytest_eagle3.worker.cpu import allreduce_fusion, deepep, forks, norms, older_releases, patches
+from pytest_eagle3.worker.cpu import allreduce_fusion, deepep, family_kernels, forks, norms, older_releases, patches
 from pytest_eagle3.worker.env import AMX_ATTENTION_ENV
 from pytest_eagle3.worker.post_import import when_imported
 
@@ -85,6 +86,8 @@ FILLS: tuple[Fill, ...] = (
     Fill("sbo_streams", "sglang.srt.models.deepseek_v2", patches.sbo_streams),
     Fill("deepep_standin", "sglang.srt.layers.moe.token_dispatcher.deepep", deepep.install),
     Fill("deepep_experts", "sglang.srt.layers.moe.ep_moe.layer", deepep.expert_core),
+    Fill("qwen2_moe_shared_gate", "sglang.srt.models.qwen2_moe", family_kernels.qwen2_moe_shared_gate),
+    Fill("minimax_m2_qk_norm", "sglang.srt.models.minimax_m2", family_kernels.minimax_m2_qk_norm),
     Fill("amx_attention_platform", None, patches.amx_attention_platform, _speculative),
     Fill("intel_amx_speculative", "sglang.srt.layers.attention.intel_amx_backend",
          older_releases.intel_amx_speculative),

@@ -1,0 +1,116 @@
+"""Plain-torch stand-ins for the triton kernels two model families call on CPU.
+
+SGLang 0.5.23 calls these triton kernels from model code on any device
+without AMX; with no GPU, triton has no driver ("0 active drivers") or the
+kernel asserts ``x.is_cuda``.  Each stand-in replaces the name the model file
+imported, keeps the kernel's contract (shapes, dtypes, in-place writes; read
+from the kernel source named), and touches neither the capture nor a
+collective.  Installed by :mod:`pytest_eagle3.worker.cpu.fills` when the model
+module finishes importing, and only where CUDA is absent.
+
+* ``srt/models/qwen2_moe.py`` (Qwen2-MoE's sigmoid-gated shared expert):
+  ``fused_gate_sigmoid_mul`` / ``fused_gate_sigmoid_mul_add`` from
+  ``kernels/ops/elementwise/elementwise.py`` (``_fused_gate_sigmoid_mul_kernel``:
+  per token ``g = sigmoid(sum(h * w))`` in fp32, then ``g * shared`` written
+  to a new tensor, or added in place to the routed experts' output);
+* ``srt/models/minimax_m2.py`` (MiniMax-M2's QK RMSNorm over all heads, whose
+  sum of squares is all-reduced across attention TP ranks):
+  ``rms_sumsq_serial`` (fp32 ``[pad4(2B)]``: the query rows' sums of squares at
+  ``[0, B)``, the key rows' at ``[B, 2B)``) and ``rms_apply_serial``
+  (``x * rsqrt(sum / D / tp_world + eps) * w`` in fp32, cast back; returns
+  ``(q_out, k_out)``), the kernels of ``MiniMaxM2QKRMSNorm._forward_naive``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+logger = logging.getLogger("pytest_eagle3.cpu")
+
+#: Logged once per process and kernel, so the engine log proves the stand-in ran.
+LINE = "pytest-eagle3 CPU stand-in: {kernel} in plain torch ({module}, pid {pid})"
+
+
+def _said(seen: set[str], kernel: str, module: str) -> None:
+    if kernel not in seen:
+        seen.add(kernel)
+        logger.warning(LINE.format(kernel=kernel, module=module, pid=os.getpid()))
+
+
+def _cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def gate_sigmoid_mul(hidden_states: Any, gate_weight: Any, shared_output: Any, output: Any | None) -> Any:
+    """``sigmoid(hidden_states @ gate_weight)[:, None] * shared_output``, in fp32, added in
+    place to ``output`` when given (returned), else a new tensor of ``shared_output``'s dtype."""
+    gate = (hidden_states.float() * gate_weight.float()).sum(dim=-1, keepdim=True).sigmoid()
+    gated = gate * shared_output.float()
+    if output is None:
+        return gated.to(shared_output.dtype)
+    output.copy_((gated + output.float()).to(output.dtype))
+    return output
+
+
+def qwen2_moe_shared_gate(module: Any) -> None:
+    """Replace ``fused_gate_sigmoid_mul(_add)`` in ``sglang.srt.models.qwen2_moe`` (no CUDA only)."""
+    if _cuda() or not hasattr(module, "fused_gate_sigmoid_mul_add"):
+        return
+    seen: set[str] = set()
+    name = module.__name__
+
+    def fused_gate_sigmoid_mul(hidden_states: Any, gate_weight: Any, shared_output: Any) -> Any:
+        _said(seen, "fused_gate_sigmoid_mul", name)
+        return gate_sigmoid_mul(hidden_states, gate_weight, shared_output, None)
+
+    def fused_gate_sigmoid_mul_add(hidden_states: Any, gate_weight: Any, shared_output: Any,
+                                   final_hidden_states: Any) -> None:
+        _said(seen, "fused_gate_sigmoid_mul_add", name)
+        gate_sigmoid_mul(hidden_states, gate_weight, shared_output, final_hidden_states)
+
+    module.fused_gate_sigmoid_mul = fused_gate_sigmoid_mul
+    module.fused_gate_sigmoid_mul_add = fused_gate_sigmoid_mul_add
+
+
+def rms_sumsq(x1: Any, x2: Any) -> Any:
+    """The sums of squares of each row of ``x1`` and ``x2`` ``[B, D]``: fp32 ``[pad4(2B)]``."""
+    import torch
+
+    b = x1.shape[0]
+    out = torch.zeros((2 * b + 3) // 4 * 4, dtype=torch.float32, device=x1.device)
+    out[:b] = x1.float().pow(2).sum(dim=-1)
+    out[b:2 * b] = x2.float().pow(2).sum(dim=-1)
+    return out
+
+
+def rms_apply(x1: Any, x2: Any, w1: Any, w2: Any, sum_sq: Any, tp_world: int = 1, eps: float = 1e-5) -> Any:
+    """``(x1 * rsqrt(sum_sq[:B] / D1 / tp_world + eps) * w1, ...)`` in fp32, cast back."""
+    b, d1 = x1.shape
+    d2 = x2.shape[1]
+    inv1 = (sum_sq[:b] / d1 / tp_world + eps).rsqrt()[:, None]
+    inv2 = (sum_sq[b:2 * b] / d2 / tp_world + eps).rsqrt()[:, None]
+    return ((x1.float() * inv1 * w1.float()).to(x1.dtype), (x2.float() * inv2 * w2.float()).to(x2.dtype))
+
+
+def minimax_m2_qk_norm(module: Any) -> None:
+    """Replace ``rms_sumsq_serial`` / ``rms_apply_serial`` in ``sglang.srt.models.minimax_m2`` (no CUDA only)."""
+    if _cuda() or not hasattr(module, "rms_sumsq_serial"):
+        return
+    seen: set[str] = set()
+    name = module.__name__
+
+    def rms_sumsq_serial(x1: Any, x2: Any) -> Any:
+        _said(seen, "rms_sumsq_serial", name)
+        return rms_sumsq(x1, x2)
+
+    def rms_apply_serial(x1: Any, x2: Any, w1: Any, w2: Any, sum_sq: Any, tp_world: int = 1,
+                         eps: float = 1e-5) -> Any:
+        _said(seen, "rms_apply_serial", name)
+        return rms_apply(x1, x2, w1, w2, sum_sq, tp_world, eps)
+
+    module.rms_sumsq_serial = rms_sumsq_serial
+    module.rms_apply_serial = rms_apply_serial
