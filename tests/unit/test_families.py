@@ -236,6 +236,10 @@ def test_families_runs_one_pytest_per_family_preset(tmp_path: Path):
         assert re.search(rf"^eagle3 family {preset}: passed \(exit 0, \d+ s\)$", proc.stdout, re.M), proc.stdout[-2000:]
     # The Qwen files that set per-layer flags reject an id = L list at setup: one line, no engine.
     assert "fails at engine setup (IndexError: list index out of range in srt/models/qwen3_moe.py" in proc.stdout
+    # Before the children: how many of the installed SGLang's EAGLE-3 model files the presets
+    # cover, and one line per file they do not, with why.
+    assert re.search(r"^eagle3 families: the suite runs \d+ of \d+ EAGLE-3 model files", proc.stdout, re.M)
+    assert re.search(r"^eagle3 family file not run: srt/models/qwen3_next.py: needs gated delta-net", proc.stdout, re.M)
 
 
 def test_an_architecture_without_eagle3_capture_is_one_line(tmp_path: Path):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -131,11 +130,11 @@ def test_the_installed_sglang_lists_every_file_that_defines_the_method():
         assert (c.status == RUN) == any(a in presets for a in c.family.architectures)
 
 
-def test_info_families_prints_every_file(tmp_path: Path):
+def test_info_families_prints_every_file():
     _installed()
     proc = subprocess.run([sys.executable, "-m", "pytest_eagle3.cli.main", "info", "--families"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "EAGLE-3 model files of this SGLang" in proc.stdout
     assert "srt/models/deepseek_v2.py [" in proc.stdout and ": run: --eagle3-target" in proc.stdout
-    assert textwrap.dedent("    capture site: ") in proc.stdout
+    assert "\n    capture site: " in proc.stdout
