@@ -33,7 +33,7 @@ from pytest_eagle3.cli.selftest import add_self_test_parser, cmd_self_test
 from pytest_eagle3.cli.stacks import add_stacks_parser, cmd_stacks
 from pytest_eagle3.capture.api import Eagle3CaptureUnsupported, select_method
 from pytest_eagle3.conventions import predict, rule_for_version
-from pytest_eagle3.sglang_source.install import probe
+from pytest_eagle3.sglang_source.install import locate, probe
 from pytest_eagle3.sglang_source.pp_code import read_family_stage_checks, read_pp_code
 from pytest_eagle3.stack_source.catalog import FACTS
 from pytest_eagle3.stack_source.report import provenance
@@ -78,10 +78,12 @@ def cmd_info(args: argparse.Namespace) -> int:
     if args.pp is not None and (args.pp < 1 or args.layers is None or not 1 <= args.pp <= args.layers):
         print("pytest-eagle3 info: --pp N needs --layers L with 1 <= N <= L", file=sys.stderr)
         return 2
+    if args.families:  # reads files only: no server-flag probe
+        version, location = locate()
+        print(f"sglang {version} ({location})")
+        return cmd_families(location)
     install = probe(args.cache)
     print(install.describe())
-    if args.families:
-        return cmd_families(install.location)
     try:
         method = select_method(install)
     except Eagle3CaptureUnsupported as exc:

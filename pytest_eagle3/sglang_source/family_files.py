@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pytest_eagle3.conventions import IdRule
+from pytest_eagle3.conventions import IdRule, unknown_rule
 from pytest_eagle3.sglang_source.capture_loop import SITE_UNKNOWN, capture_site
 from pytest_eagle3.sglang_source.model_code import inner_forward, method_files, read_rules
 from pytest_eagle3.sglang_source.model_files import ModelFileReader
@@ -82,7 +82,7 @@ class FamilyFile:
     needs: tuple[tuple[str, str, str], ...] = field(default=())
 
     def default_ids_text(self, num_layers: int = 8) -> str:
-        """``layers [2, 4, 5] (hs[2], hs[4], hs[5]) on 8 layers`` or why not known."""
+        """``layers_to_capture [2, 4, 5] on 8 layers`` without ids, ``unknown``, or ``raises <Error>``."""
         if not self.rule.known:
             return "unknown"
         try:
@@ -127,19 +127,15 @@ def read_family_files(location: str | Path, *, probe_layers: int = 8) -> list[Fa
     reader = ModelFileReader(location)
     out = []
     for rel, names in method_files(location):
-        chosen = names[0] if names else ""
-        code = read_rules(location, chosen, probe_layers=probe_layers) if chosen else None
-        for name in names:
-            candidate = read_rules(location, name, probe_layers=probe_layers)
-            if candidate.rule.known:
-                chosen, code = name, candidate
-                break
+        codes = [read_rules(location, name, probe_layers=probe_layers) for name in names]
+        code = next((c for c in codes if c.rule.known), codes[0] if codes else None)
+        chosen = code.architecture if code is not None else ""
+        rule = code.rule if code is not None else unknown_rule(f"{rel}: its EntryClass names no class")
         site: tuple[str, str, str] = (SITE_UNKNOWN, rel, "")
         mod = reader.module(rel)
         found = reader.resolve_class(mod, chosen) if (mod is not None and chosen) else None
         inner = inner_forward(reader, found) if found is not None else None
         if inner is not None:
             site = capture_site(inner)
-        rule = code.rule if code is not None else read_rules(location, "", probe_layers=probe_layers).rule
         out.append(FamilyFile(rel, tuple(names), chosen, rule, site, _needs(location, rel)))
     return out
