@@ -5,7 +5,9 @@ Usage::
     python -m pytest_eagle3.target.reference_worker --checkpoint DIR --prompts PROMPTS.json \\
         --dtype float32 --out OUT.safetensors
 
-Loads ``DIR`` with ``AutoModelForCausalLM.from_pretrained`` (offline, eager
+Loads ``DIR`` with ``AutoModelForCausalLM.from_pretrained`` (a multimodal
+wrapper that transformers maps to no causal LM, such as Qwen2.5-VL: with
+``AutoModelForImageTextToText``; text-only prompts) (offline, eager
 attention), runs each prompt alone (batch 1, no padding, no KV cache) with
 ``output_hidden_states=True``, and writes one float32 tensor per prompt,
 ``prompt_<i>`` = ``[L+2, tokens, hidden]``: ``hs[0..L]`` then ``final_prenorm``
@@ -29,6 +31,8 @@ import os
 import sys
 from pathlib import Path
 from typing import Any
+
+from pytest_eagle3.target.checkpoint.family_worker import decoder_of, model_class
 
 DTYPES = ("float32", "bfloat16", "float16")
 #: Below this many bytes of safetensors the worker runs torch single-threaded.
@@ -70,8 +74,19 @@ def _keep_inv_freq_fp32(model: Any) -> int:
     return fixed
 
 
+def _load(checkpoint: Path, dtype: str) -> Any:
+    """The transformers model of ``checkpoint`` (eager attention, offline)."""
+    import torch
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(checkpoint), local_files_only=True)
+    return model_class(config).from_pretrained(
+        str(checkpoint), dtype=getattr(torch, dtype), attn_implementation="eager", local_files_only=True,
+    )
+
+
 def _final_norm(model: Any) -> Any:
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    decoder = decoder_of(model)[1]
     norm = getattr(decoder, "norm", None)
     if norm is None:
         raise RuntimeError(f"{type(decoder).__name__} has no final 'norm' to hook for final_prenorm")
@@ -89,23 +104,16 @@ def run(
     """
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM
 
-    torch_dtype = getattr(torch, dtype)
     if threads is None:
         weight_bytes = sum(p.stat().st_size for p in Path(checkpoint).glob("*.safetensors"))
         threads = 1 if weight_bytes < SMALL_MODEL_BYTES else 0
     if threads > 0:
         torch.set_num_threads(threads)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(checkpoint),
-        dtype=torch_dtype,
-        attn_implementation="eager",
-        local_files_only=True,
-    )
+    model = _load(checkpoint, dtype)
     model.eval()
     fixed = _keep_inv_freq_fp32(model)
-    num_layers = int(model.config.num_hidden_layers)
+    num_layers = len(decoder_of(model)[1].layers)
     captured: dict[str, torch.Tensor] = {}
 
     def pre_hook(_module: Any, args: tuple[Any, ...]) -> None:
@@ -197,18 +205,15 @@ def run_details(checkpoint: Path, prompts: list[list[int]], dtype: str, tp: int,
       share of that MLP output (see :func:`_rank_mlp`).
     """
     import torch
-    from transformers import AutoModelForCausalLM
 
     if threads is None:
         threads = 1
     if threads > 0:
         torch.set_num_threads(threads)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(checkpoint), dtype=getattr(torch, dtype), attn_implementation="eager", local_files_only=True,
-    )
+    model = _load(checkpoint, dtype)
     model.eval()
     _keep_inv_freq_fp32(model)
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    decoder = decoder_of(model)[1]
     layers = list(decoder.layers)
     seen: dict[tuple[str, int], Any] = {}
     handles = []

@@ -29,6 +29,7 @@ from typing import Any, Union
 
 from pytest_eagle3.errors import Eagle3ConfigError
 import pytest_eagle3
+from pytest_eagle3.target.checkpoint.families import language_config
 from pytest_eagle3.target.prompts import load_prompts as read
 
 #: ``{value}``: what the user passed; ``{known}``: comma-separated preset names.
@@ -180,7 +181,9 @@ class TargetFacts:
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> TargetFacts:
         """Read a Hugging Face ``config.json`` dict (the required integer keys
-        are checked by :class:`TargetSpec` / :class:`LocalTarget` first)."""
+        are checked by :class:`TargetSpec` / :class:`LocalTarget` first; a
+        multimodal wrapper's are its ``text_config``'s)."""
+        config = language_config(config)
         return cls(
             num_layers=int(config["num_hidden_layers"]),
             hidden_size=int(config["hidden_size"]),
@@ -248,7 +251,7 @@ class TargetSpec:
             config = data["config"]
             if not isinstance(config, dict):
                 raise ValueError("'config' must be an object")
-            missing = [k for k in _REQUIRED_CONFIG if not isinstance(config.get(k), int)]
+            missing = [k for k in _REQUIRED_CONFIG if not isinstance(language_config(config).get(k), int)]
             if missing:
                 raise ValueError(f"config lacks integer fields {missing}")
             seed = data.get("seed", 0)
@@ -343,7 +346,7 @@ class LocalTarget:
             config = json.loads(cfg.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise Eagle3ConfigError(BAD_SPEC_MSG.format(path=cfg, error=exc)) from None
-        missing = [k for k in _REQUIRED_CONFIG if not isinstance(config.get(k), int)]
+        missing = [k for k in _REQUIRED_CONFIG if not isinstance(language_config(config).get(k), int)]
         if missing:
             raise Eagle3ConfigError(
                 BAD_SPEC_MSG.format(path=cfg, error=f"config lacks integer fields {missing}")

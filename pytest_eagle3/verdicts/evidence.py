@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Union
 
-from pytest_eagle3.target.checkpoint.families import family_of
+from pytest_eagle3.target.checkpoint.families import family_of, language_config
 from pytest_eagle3.target.reference import ensure_reference_details
 
 
@@ -101,20 +101,24 @@ def layer_norms(checkpoint_dir: Path) -> tuple[Any, float]:
 
     checkpoint_dir = Path(checkpoint_dir)
     config = json.loads((checkpoint_dir / "config.json").read_text())
-    L = int(config["num_hidden_layers"])
+    text = language_config(config)
+    L = int(text["num_hidden_layers"])
+    # ``model.layers.<l>.`` (a causal LM, Qwen2.5-VL) or ``language_model.model.layers.<l>.`` (Gemma 3's wrapper).
+    names = {f"model.layers.{l}.input_layernorm.weight": l for l in range(L)}
     found: dict[int, Any] = {}
     for path in sorted(checkpoint_dir.glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():
-                for l in range(L):
-                    if name == f"model.layers.{l}.input_layernorm.weight":
-                        found[l] = f.get_tensor(name).to(torch.float32)
+                key = name.removeprefix("language_model.").removeprefix("model.language_model.")
+                key = key if key.startswith("model.") else f"model.{key}"
+                if key in names:
+                    found[names[key]] = f.get_tensor(name).to(torch.float32)
     if len(found) != L:
         raise ValueError(f"{checkpoint_dir}: input_layernorm weights of layers {sorted(set(range(L)) - set(found))} missing")
     # Gemma 3's norms multiply by (1 + weight): the candidates need the multiplier.
     family = family_of(config)
     offset = family.norm_offset if family is not None else 0.0
-    return torch.stack([found[l] + offset for l in range(L)]), float(config.get("rms_norm_eps", 1e-6))
+    return torch.stack([found[l] + offset for l in range(L)]), float(text.get("rms_norm_eps", 1e-6))
 
 
 def checkpoint_evidence(checkpoint_dir: Path, prompts: Sequence[Sequence[int]], *, tp: int, vocab_size: int,

@@ -33,9 +33,9 @@ from pytest_eagle3.target.spec import TargetSpec  # noqa: E402
 from pytest_eagle3.verdicts.diagnose import diagnose_slot  # noqa: E402
 from pytest_eagle3.verdicts.evidence import Evidence  # noqa: E402
 
-FAMILY_PRESETS = ["tiny-apertus", "tiny-exaone-moe", "tiny-gemma3", "tiny-gemma4", "tiny-glm4-moe", "tiny-glm4-moe-lite",
-                  "tiny-gpt-oss", "tiny-llama", "tiny-minimax-m2", "tiny-qwen2", "tiny-qwen2-moe", "tiny-qwen3",
-                  "tiny-qwen3-moe"]
+FAMILY_PRESETS = ["tiny-apertus", "tiny-exaone-moe", "tiny-gemma3", "tiny-gemma3-mm", "tiny-gemma4", "tiny-glm4-moe",
+                  "tiny-glm4-moe-lite", "tiny-gpt-oss", "tiny-llama", "tiny-minimax-m2", "tiny-qwen2", "tiny-qwen2-5-vl",
+                  "tiny-qwen2-moe", "tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen3-vl"]
 
 
 @pytest.fixture(scope="module")
@@ -68,16 +68,45 @@ def test_family_layers_can_be_told_apart(preset: str, cache_root: Path):
     """The distinguishable-layers init holds on every family: any two residual-stream
     snapshots of a prompt differ by relative L2 >= 0.4 (docs/design.md,
     "Reduced-layer targets that can tell layers apart")."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig
+
+    from pytest_eagle3.target.checkpoint.family_worker import model_class
 
     path = ensure_checkpoint(TargetSpec.preset(preset), cache_root)
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation="eager")
+    cls = model_class(AutoConfig.from_pretrained(str(path)))
+    model = cls.from_pretrained(str(path), dtype=torch.float32, attn_implementation="eager")
     tokens = torch.randint(0, 2048, (1, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         hs = model(input_ids=tokens, output_hidden_states=True).hidden_states
     worst_rel = min(float((hs[i] - hs[j]).norm() / hs[j].norm())
                     for i in range(len(hs) - 1) for j in range(i + 1, len(hs) - 1))
     assert worst_rel >= 0.4, f"{preset}: two snapshots are {worst_rel:.3f} apart"
+
+
+@pytest.mark.parametrize("preset", ["tiny-gemma3-mm", "tiny-qwen2-5-vl"])
+def test_a_multimodal_checkpoint_holds_the_processor_sglang_loads(preset: str, cache_root: Path):
+    """A multimodal wrapper's checkpoint carries the processor SGLang loads at start
+    (AutoProcessor on the model path), its special tokens at the config's ids, and
+    the weights under the names SGLang's loader reads."""
+    from safetensors import safe_open
+    from transformers import AutoProcessor
+
+    from pytest_eagle3.target.checkpoint.families import language_config
+    from pytest_eagle3.verdicts.evidence import layer_norms
+
+    spec = TargetSpec.preset(preset)
+    path = ensure_checkpoint(spec, cache_root)
+    processor = AutoProcessor.from_pretrained(str(path))
+    family = FAMILIES[spec.config["model_type"]]
+    assert type(processor).__name__ == family.processor.cls
+    for _attr, token, key in family.processor.tokens:
+        assert processor.tokenizer.convert_tokens_to_ids(token) == spec.config[key]
+    assert processor.tokenizer.convert_tokens_to_ids("<t7>") == 7
+    with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+        names = list(f.keys())
+    assert not [n for n in names if n.startswith("vision_tower.") and ".vision_model." not in n]
+    norms, _eps = layer_norms(path)
+    assert norms.shape == (language_config(spec.config)["num_hidden_layers"], 256)
 
 
 def test_gpt_oss_routing_is_pinned_through_the_router_bias(cache_root: Path):

@@ -51,3 +51,18 @@ def test_fills_replace_the_names_the_model_files_imported():
     other = types.SimpleNamespace(__name__="sglang.srt.models.other")
     family_kernels.minimax_m2_qk_norm(other)  # a file without the kernel is left alone
     assert not hasattr(other, "rms_sumsq_serial")
+
+
+def test_the_standin_serves_the_ops_qwen3_5_binds_at_import():
+    """``srt/models/qwen3_5.py`` binds these ``torch.ops.sgl_kernel`` names at import on
+    CPU (SGLang's Qwen-VL processors import it): the sigmoid gate in plain torch, in
+    place; the QK-norm ops only as names that fail loudly when called."""
+    from pytest_eagle3.worker.cpu.shim.sgl_kernel import TORCH_OPS, fused_sigmoid_mul_cpu
+
+    g = torch.Generator().manual_seed(2)
+    x, gate = torch.randn(4, 8, generator=g), torch.randn(4, 8, generator=g)
+    expected = x * torch.sigmoid(gate)
+    assert fused_sigmoid_mul_cpu(x, gate) is None and torch.allclose(x, expected, atol=1e-6)
+    assert TORCH_OPS["fused_sigmoid_mul_cpu"] is fused_sigmoid_mul_cpu
+    with pytest.raises(NotImplementedError, match="fused_qk_gemma_rmsnorm_cpu"):
+        TORCH_OPS["fused_qk_gemma_rmsnorm_cpu"](x, x)

@@ -27,6 +27,17 @@ transformers model of that family (read from transformers 5.19's
   (``srt/models/<file>``), for messages;
 * ``transformers_dir``: the family's folder under ``transformers/models/``
   (its absence means the installed transformers cannot build or check it);
+* ``processor``: a multimodal wrapper's checkpoint also carries the
+  processor SGLang loads at start even for text-only requests
+  (``srt/managers/tokenizer_manager.py``, ``init_tokenizer_and_processor``:
+  ``AutoProcessor.from_pretrained`` on the model path whenever the config is
+  multimodal); :class:`Processor` says which transformers classes and which
+  special tokens, at the ids the config declares;
+* ``weight_renames``: ``(prefix transformers writes, prefix SGLang loads)``
+  pairs where the installed transformers' ``save_pretrained`` writes a name the
+  published checkpoints (and SGLang's loader) spell otherwise (Gemma 3's
+  SigLIP tower: ``vision_tower.vision_model.`` in ``srt/models/gemma3_mm.py``,
+  ``load_weights``; transformers 5.19 writes ``vision_tower.``);
 * ``sinks_bf16``: SGLang keeps the attention-sink logits in bfloat16 whatever
   ``--dtype`` is (``srt/models/gpt_oss.py``, ``GptOssAttention.__init__``), so
   the builder draws sinks that bfloat16 represents exactly.
@@ -36,10 +47,48 @@ Nothing here imports torch or transformers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 #: The DeepSeek-V3 layout, built by :mod:`pytest_eagle3.target.checkpoint.init`.
 DEEPSEEK_ARCHITECTURES = frozenset({"DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM"})
+
+
+@dataclass(frozen=True)
+class Processor:
+    """The processor a multimodal wrapper's checkpoint directory holds, as transformers names it.
+
+    Attributes:
+        cls: the processor class (``Gemma3Processor``).
+        image_processor: its image processor class (``Gemma3ImageProcessor``).
+        video_processor: its video processor class, where the processor takes one.
+        tokens: ``(tokenizer attribute, token text, config key of its id)`` for each
+            special token the processor and SGLang's multimodal processor look up
+            (``srt/multimodal/processors/<family>.py``); the builder's tokenizer
+            holds each text at the id the config declares.
+        image_processor_kwargs: literal keyword arguments of the image processor.
+        kwargs: ``{processor keyword: config key}``, read from the config.
+    """
+
+    cls: str
+    image_processor: str
+    video_processor: str = ""
+    tokens: tuple[tuple[str, str, str], ...] = ()
+    image_processor_kwargs: dict[str, Any] = field(default_factory=dict)
+    kwargs: dict[str, str] = field(default_factory=dict)
+
+
+_GEMMA3_PROCESSOR = Processor(
+    "Gemma3Processor", "Gemma3ImageProcessor",
+    tokens=(("boi_token", "<start_of_image>", "boi_token_index"),
+            ("eoi_token", "<end_of_image>", "eoi_token_index"),
+            ("image_token", "<image_soft_token>", "image_token_index")),
+    image_processor_kwargs={"size": {"height": 28, "width": 28}},
+    kwargs={"image_seq_length": "mm_tokens_per_image"})
+_QWEN_VL_TOKENS = (("image_token", "<|image_pad|>", "image_token_id"),
+                   ("video_token", "<|video_pad|>", "video_token_id"),
+                   ("vision_start_token", "<|vision_start|>", "vision_start_token_id"),
+                   ("vision_end_token", "<|vision_end|>", "vision_end_token_id"))
 
 
 @dataclass(frozen=True)
@@ -57,6 +106,8 @@ class Family:
     router_gain: float = 1.0
     sinks_bf16: bool = False
     transformers_dir: str = ""
+    processor: Processor | None = None
+    weight_renames: tuple[tuple[str, str], ...] = ()
 
     @property
     def transformers_folder(self) -> str:
@@ -83,6 +134,16 @@ FAMILIES: dict[str, Family] = {
         Family("minimax_m2", "MiniMaxM2ForCausalLM", "minimax_m2.py", router="correction_bias"),
         Family("apertus", "ApertusForCausalLM", "apertus.py", mid_norm="feedforward_layernorm"),
         Family("exaone_moe", "ExaoneMoeForCausalLM", "exaone_moe.py", router="correction_bias"),
+        # Multimodal wrappers: the language model of the text family, a vision tower beside it.
+        Family("gemma3", "Gemma3ForConditionalGeneration", "gemma3_mm.py", mid_norm="pre_feedforward_layernorm",
+               post_norms=("post_attention_layernorm", "post_feedforward_layernorm"), norm_offset=1.0,
+               processor=_GEMMA3_PROCESSOR, weight_renames=(("vision_tower.", "vision_tower.vision_model."),)),
+        Family("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl.py",
+               processor=Processor("Qwen2_5_VLProcessor", "Qwen2VLImageProcessor", "Qwen2VLVideoProcessor",
+                                   tokens=_QWEN_VL_TOKENS)),
+        Family("qwen3_vl", "Qwen3VLForConditionalGeneration", "qwen3_vl.py",
+               processor=Processor("Qwen3VLProcessor", "Qwen2VLImageProcessor", "Qwen3VLVideoProcessor",
+                                   tokens=_QWEN_VL_TOKENS)),
     )
 }
 
@@ -113,6 +174,21 @@ def missing_transformers_class(family: Family) -> str | None:
         return "not installed"
     root = Path(list(spec.submodule_search_locations)[0])
     return None if (root / "models" / family.transformers_folder).is_dir() else str(root)
+
+
+def language_config(config: dict) -> dict:
+    """The language model's fields of a ``config.json`` dict: a multimodal
+    wrapper's ``text_config`` (Gemma 3, Qwen2.5-VL, Qwen3-VL: the layer count,
+    widths and vocabulary live there), with the wrapper's ``architectures`` and
+    dtype where the text part lacks them; any other config as it is."""
+    text = config.get("text_config")
+    if not isinstance(text, dict):
+        return config
+    merged = dict(text)
+    for key in ("architectures", "torch_dtype", "dtype"):
+        if key in config and key not in merged:
+            merged[key] = config[key]
+    return merged
 
 
 def family_of(config: dict) -> Family | None:

@@ -44,8 +44,31 @@ import tempfile
 from pathlib import Path
 from typing import Any
 from pytest_eagle3.target.checkpoint.builder import write_weights
-from pytest_eagle3.target.checkpoint.families import FAMILIES
+from pytest_eagle3.target.checkpoint.families import FAMILIES, Processor
 from pytest_eagle3.target.checkpoint.init import _round_scale
+
+
+def decoder_of(model: Any) -> tuple[str, Any]:
+    """``(name, module)`` of the language model's decoder: the first module with
+    both ``embed_tokens`` and ``layers`` (``model`` of a causal LM,
+    ``model.language_model`` of a multimodal wrapper)."""
+    for name, module in model.named_modules():
+        if hasattr(module, "embed_tokens") and hasattr(module, "layers"):
+            return name, module
+    raise RuntimeError(f"{type(model).__name__} has no module with embed_tokens and layers")
+
+
+def _draw_outside(name: str, shape: tuple, gain: float, gen: Any) -> Any:
+    """A parameter outside the language model (a vision tower, a projector):
+    matrices and kernels N(0, gain / fan_in), norm weights 1, other vectors 0.
+    Text-only prompts never read them; they are drawn so the bytes are the seed's."""
+    import torch
+
+    if len(shape) >= 2:
+        return torch.randn(shape, generator=gen) * math.sqrt(gain / math.prod(shape[1:]))
+    if "norm" in name and name.endswith("weight"):
+        return torch.ones(shape)
+    return torch.zeros(shape)
 
 
 def _draw(model: Any, family: Any, init: dict, gen: Any) -> None:
@@ -53,10 +76,13 @@ def _draw(model: Any, family: Any, init: dict, gen: Any) -> None:
 
     sigma = float(init["norm_lognormal_sigma"])
     gain = float(init["matrix_gain"])
+    prefix = decoder_of(model)[0] + "."
     for name, p in model.named_parameters():
         shape = tuple(p.shape)
         leaf = name.rsplit(".", 1)[-1]
-        if name.endswith("embed_tokens.weight"):
+        if not name.startswith(prefix) and not name.startswith("lm_head."):
+            value = _draw_outside(name, shape, gain, gen)
+        elif name.endswith("embed_tokens.weight"):
             value = torch.randn(shape, generator=gen) * float(init["embedding_std"])
         elif "norm" in name and len(shape) == 1:
             value = torch.exp(torch.randn(shape, generator=gen) * sigma) - family.norm_offset
@@ -88,7 +114,7 @@ def _pin_routing(model: Any, family: Any, init: dict) -> None:
 
     pins, bias = int(init["pinned_experts"]), float(init["router_bias"])
     moe_index = 0
-    for layer in model.model.layers:
+    for layer in decoder_of(model)[1].layers:
         target = None
         if family.router == "correction_bias":
             target = getattr(getattr(layer.mlp, "gate", None), "e_score_correction_bias", None)
@@ -115,8 +141,10 @@ def _calibrate(model: Any, family: Any, init: dict, tokens: Any) -> list[dict]:
     def rms(t: Any) -> float:
         return float(t.float().pow(2).mean().sqrt())
 
+    layers = decoder_of(model)[1].layers
+
     def streams(i: int) -> tuple[Any, Any, Any]:
-        layer = model.model.layers[i]
+        layer = layers[i]
         seen: dict[str, Any] = {}
 
         def pre(_m, args, kwargs):
@@ -149,7 +177,7 @@ def _calibrate(model: Any, family: Any, init: dict, tokens: Any) -> list[dict]:
                 if branch == 0 or "down_proj" in name:
                     p.mul_(s)
 
-    for i, layer in enumerate(model.model.layers):
+    for i, layer in enumerate(layers):
         x_in, x_mid, _ = streams(i)
         s_attn = _round_scale(ratio * rms(x_in) / max(rms(x_mid - x_in), 1e-30), bits)
         fold(layer, 0, s_attn)
@@ -160,12 +188,54 @@ def _calibrate(model: Any, family: Any, init: dict, tokens: Any) -> list[dict]:
     return records
 
 
+def model_class(config: Any) -> Any:
+    """The transformers auto class that builds ``config``: the causal LM where
+    transformers maps the type to one, else the image-text-to-text model
+    (Qwen2.5-VL, Qwen3-VL have no causal-LM mapping)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return AutoModelForCausalLM
+    return AutoModelForImageTextToText
+
+
+def write_processor(processor: Processor, config: dict, out_dir: Path) -> None:
+    """Write ``processor``'s files into ``out_dir``: a word-level tokenizer over
+    the language model's vocabulary (token ``i`` is ``<t{i}>``, each special
+    token's text at the id the config declares) and the processor classes
+    transformers names, as ``save_pretrained`` writes them."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    text = config.get("text_config") or config
+    size = int(text["vocab_size"])
+    vocab = {f"<t{i}>": i for i in range(size)}
+    by_id = {i: t for t, i in vocab.items()}
+    extra = {}
+    for attr, token, key in processor.tokens:
+        i = int(config[key])
+        del vocab[by_id[i]]
+        vocab[token] = i
+        extra[attr] = token
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<t0>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=core, extra_special_tokens=extra)
+    parts: dict[str, Any] = {
+        "image_processor": getattr(transformers, processor.image_processor)(**processor.image_processor_kwargs),
+        "tokenizer": tokenizer,
+    }
+    if processor.video_processor:
+        parts["video_processor"] = getattr(transformers, processor.video_processor)()
+    kwargs = {k: config[key] for k, key in processor.kwargs.items()}
+    getattr(transformers, processor.cls)(**parts, **kwargs).save_pretrained(str(out_dir))
+
+
 def build(spec: dict, out_dir: Path) -> list[dict]:
     """Draw, calibrate and write ``spec``'s weights into ``out_dir``; returns the scales."""
     import torch
     from safetensors.torch import load_file
-    from transformers import AutoConfig, AutoModelForCausalLM
-
+    from transformers import AutoConfig
 
     config = dict(spec["config"])
     family = FAMILIES[config["model_type"]]
@@ -175,12 +245,12 @@ def build(spec: dict, out_dir: Path) -> list[dict]:
         (Path(tmp) / "config.json").write_text(json.dumps(config), encoding="ascii")
         cfg = AutoConfig.from_pretrained(tmp)
         cfg._attn_implementation = "eager"
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+        model = model_class(cfg).from_config(cfg, dtype=torch.float32).eval()
         gen = torch.Generator().manual_seed(int(spec["seed"]))
         with torch.no_grad():
             _draw(model, family, init, gen)
             _pin_routing(model, family, init)
-            tokens = torch.randint(0, int(config["vocab_size"]),
+            tokens = torch.randint(0, int((config.get("text_config") or config)["vocab_size"]),
                                    (int(init["calibration_sequences"]), int(init["calibration_tokens"])),
                                    generator=gen)
             scales = _calibrate(model, family, init, tokens)
@@ -190,8 +260,13 @@ def build(spec: dict, out_dir: Path) -> list[dict]:
         for f in sorted(saved.glob("*.safetensors")):
             weights.update(load_file(str(f)))
     out_dir.mkdir(parents=True, exist_ok=True)
+    for old, new in family.weight_renames:
+        weights = {(new + k[len(old):] if k.startswith(old) and not k.startswith(new) else k): v
+                   for k, v in weights.items()}
     write_weights({k: weights[k] for k in sorted(weights)}, out_dir,
                   dtype=str(config.get("torch_dtype") or config.get("dtype") or "float32"))
+    if family.processor is not None:
+        write_processor(family.processor, config, out_dir)
     return scales
 
 

@@ -114,3 +114,19 @@ def minimax_m2_qk_norm(module: Any) -> None:
 
     module.rms_sumsq_serial = rms_sumsq_serial
     module.rms_apply_serial = rms_apply_serial
+
+
+
+def standin_torch_ops() -> None:
+    """Import the CPU tier's stand-in ``sgl_kernel`` now, in every SGLang process,
+    so the ``torch.ops.sgl_kernel`` names it serves exist before a model file
+    binds them at import (``srt/models/qwen3_5.py``, imported by SGLang's Qwen-VL
+    multimodal processors in the server's main process, which imports no
+    ``sgl_kernel`` of its own before).  A no-op where the real package is the one
+    found (it raises ImportError without a GPU: SGLang then falls back as usual)."""
+    import importlib
+
+    try:
+        importlib.import_module("sgl_kernel")
+    except ImportError:
+        return

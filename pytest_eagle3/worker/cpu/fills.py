@@ -13,7 +13,9 @@ is one :class:`Fill` of :data:`FILLS`, in the order :func:`install` walks them:
    routing, DP padding, two-batch overlap's SM counts, single-batch overlap's
    second stream, DeepEP's all-to-all and the experts on its layouts
    (:mod:`pytest_eagle3.worker.cpu.deepep`), the triton kernels of the
-   Qwen2-MoE and MiniMax-M2 model files (:mod:`pytest_eagle3.worker.cpu.family_kernels`), and the AMX platform
+   Qwen2-MoE and MiniMax-M2 model files and the stand-in ``sgl_kernel``'s
+   ``torch.ops`` names imported early, before a model file binds them at import
+   (:mod:`pytest_eagle3.worker.cpu.family_kernels`), and the AMX platform
    fact for engines on the ``intel_amx`` attention backend;
 4. older releases' gaps (:mod:`pytest_eagle3.worker.cpu.older_releases`), each
    checking its own gap in the installed SGLang (a no-op on 0.5.23), and the
@@ -86,6 +88,7 @@ FILLS: tuple[Fill, ...] = (
     Fill("sbo_streams", "sglang.srt.models.deepseek_v2", patches.sbo_streams),
     Fill("deepep_standin", "sglang.srt.layers.moe.token_dispatcher.deepep", deepep.install),
     Fill("deepep_experts", "sglang.srt.layers.moe.ep_moe.layer", deepep.expert_core),
+    Fill("standin_torch_ops", None, family_kernels.standin_torch_ops),
     Fill("qwen2_moe_shared_gate", "sglang.srt.models.qwen2_moe", family_kernels.qwen2_moe_shared_gate),
     Fill("minimax_m2_qk_norm", "sglang.srt.models.minimax_m2", family_kernels.minimax_m2_qk_norm),
     Fill("amx_attention_platform", None, patches.amx_attention_platform, _speculative),
