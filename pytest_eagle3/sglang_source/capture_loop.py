@@ -125,7 +125,9 @@ def capture_site(method: FoundMethod) -> tuple[str, str, str]:
 
     * :data:`SITE_BOUNDARY`: the loop hands a capture object to layer ``i``
       (``capture_output=aux_hidden_states.capture if i in self.layers_to_capture``,
-      ``captured_last_layer_outputs=``), and the layer stores the stream it formed;
+      ``captured_last_layer_outputs=``; or the choice assigned to a name first and
+      that name handed over: ``srt/models/qwen3_vl.py``), and the layer stores the
+      stream it formed;
     * :data:`SITE_APPEND`: the loop appends a tensor itself
       (``aux_hidden_states.append(hidden_states)``: ``gemma3_causal.py``, ``longcat_flash.py``);
       ``code`` is the appended expression, as written;
@@ -143,6 +145,13 @@ def capture_site(method: FoundMethod) -> tuple[str, str, str]:
                 and (_mentions(node.value.test, _CAPTURE_NAMES) or _names_flag(node.value.test)):
             return (SITE_FLAGS if _names_flag(node.value.test) else SITE_BOUNDARY, f"{where}:{node.value.lineno}",
                     f"{node.arg}={ast.unparse(node.value.body)} if {ast.unparse(node.value.test)}")
+    passed = {n.value.id for n in ast.walk(fn) if isinstance(n, ast.keyword) and isinstance(n.value, ast.Name)}
+    for node in nodes:  # the same choice named first and handed over by name (srt/models/qwen3_vl.py)
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id in passed and isinstance(node.value, ast.IfExp)
+                and (_mentions(node.value.test, _CAPTURE_NAMES) or _names_flag(node.value.test))):
+            return (SITE_FLAGS if _names_flag(node.value.test) else SITE_BOUNDARY, f"{where}:{node.value.lineno}",
+                    f"{node.targets[0].id}={ast.unparse(node.value.body)} if {ast.unparse(node.value.test)}")
     for node in nodes:
         if isinstance(node, ast.If) and _mentions(node.test, _CAPTURE_NAMES):
             appended = [c for c in ast.walk(node) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)

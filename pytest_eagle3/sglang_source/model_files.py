@@ -151,8 +151,11 @@ class ModelFileReader:
 
     def attribute_class(self, mod: ParsedFile, cls: ast.ClassDef, attr: str) -> tuple[ParsedFile, ast.ClassDef] | None:
         """The class ``__init__`` assigns to ``self.<attr>`` (``self.model = DeepseekV2Model(...)``,
-        or through a ``self._init_model(...)`` helper that returns one); ``None`` when
-        it is chosen at run time or cannot be found."""
+        through a ``self._init_model(...)`` helper that returns one, or through a class
+        parameter's default when ``cls`` defines that ``__init__``: 0.5.23
+        ``srt/models/qwen3_vl.py``, ``self.model = language_model_cls(...)`` with
+        ``language_model_cls=Qwen3LLMModel``); ``None`` when it is chosen at run time
+        or cannot be found."""
         init = self.find_method(mod, cls, "__init__")
         if init is None:
             return None
@@ -163,7 +166,10 @@ class ModelFileReader:
                 continue
             value = node.value
             if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
-                found = self.resolve_class(init.module, value.func.id)
+                name = value.func.id
+                if init.cls == cls.name:  # a class parameter: its default, which this class's own init uses
+                    name = parameter_default(init.node, name) or name
+                found = self.resolve_class(init.module, name)
                 if found is not None:
                     return found
             if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and is_self(value.func.value):
@@ -176,6 +182,19 @@ class ModelFileReader:
                             if found is not None:
                                 return found
         return None
+
+
+def parameter_default(func: ast.FunctionDef, name: str) -> str | None:
+    """The name a parameter ``name`` of ``func`` defaults to (``language_model_cls=Qwen3LLMModel``),
+    ``None`` when ``name`` is no parameter or its default is not a plain name."""
+    args = func.args
+    positional = [*args.posonlyargs, *args.args]
+    pairs = list(zip(positional[len(positional) - len(args.defaults):], args.defaults))
+    pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
+    for arg, default in pairs:
+        if arg.arg == name and isinstance(default, ast.Name):
+            return default.id
+    return None
 
 
 def is_self(node: ast.AST) -> bool:

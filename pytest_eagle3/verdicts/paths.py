@@ -9,7 +9,7 @@ API, :func:`check_methods_agree`; a radix-cache hit against its fresh send,
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -85,6 +85,29 @@ def compare_captures(a: "Captures", b: "Captures") -> Agreement:
         decode_rel=rel_err_or_inf(a.decode, b.decode),
         rows=((a.prefill.shape[0], a.decode.shape[0]), (b.prefill.shape[0], b.decode.shape[0])), aligned=n,
     )
+
+
+def common_slots(a_snapshots: Sequence[int], b_snapshots: Sequence[int]) -> list[tuple[int, int]]:
+    """``(slot of a, slot of b)`` for each snapshot both capture lists hold, in
+    ``a``'s slot order: two engines whose ids differ (a draft's ids against the
+    capture engine's) are compared on the layers they share."""
+    where = {s: j for j, s in enumerate(b_snapshots)}
+    return [(i, where[s]) for i, s in enumerate(a_snapshots) if s in where]
+
+
+def select_slots(captures: "Captures", slots: Sequence[int], hidden_size: int) -> "Captures":
+    """``captures`` with only ``slots`` (each ``hidden_size`` columns of the
+    ``[rows, K*H]`` prefill and decode rows), in that order."""
+    import dataclasses
+
+    import torch
+
+    def cols(t: "torch.Tensor") -> "torch.Tensor":
+        if not slots:
+            return t[:, :0]
+        return torch.cat([t[:, k * hidden_size:(k + 1) * hidden_size] for k in slots], dim=1)
+
+    return dataclasses.replace(captures, prefill=cols(captures.prefill), decode=cols(captures.decode))
 
 
 def check_pair(agreements: Iterable[Agreement], *, what: str, a_name: str, b_name: str,

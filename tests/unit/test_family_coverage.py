@@ -94,6 +94,28 @@ def test_every_file_with_the_method_is_read_with_its_site_and_needs(fake_sglang:
     assert boundary.needs == () and append.needs == ()
 
 
+NAMED = '''            capture_output = (
+                aux_hidden_states.capture if i in self.layers_to_capture else None)
+            hidden_states = layer(hidden_states, capture_output=capture_output)'''
+
+
+def test_a_wrapper_whose_language_model_class_is_a_parameter_default_is_read(tmp_path: Path):
+    """0.5.23 ``srt/models/qwen3_vl.py``: ``self.model = language_model_cls(...)`` with
+    ``language_model_cls=Qwen3LLMModel``, and the loop names the capture choice before
+    handing it to the layer."""
+    models = tmp_path / "sglang" / "srt" / "models"
+    models.mkdir(parents=True)
+    text = TEMPLATE.format(arch="FakeVL", capture=NAMED, imports="")
+    text = text.replace("    def __init__(self, config):\n        self.config = config\n        self.model = FakeVLModel(config)",
+                        "    def __init__(self, config, language_model_cls=FakeVLModel):\n"
+                        "        self.config = config\n        self.model = language_model_cls(config)")
+    assert "language_model_cls(config)" in text
+    (models / "fake_vl.py").write_text(text, encoding="utf-8")
+    (found,) = read_family_files(tmp_path / "sglang")
+    assert found.rule.known and found.rule.kind == "always +1"
+    assert found.site[0] == SITE_BOUNDARY and found.site[2].startswith("capture_output=aux_hidden_states.capture if")
+
+
 def test_a_file_is_run_where_a_preset_serves_its_architecture_else_it_says_why(fake_sglang: Path):
     assert "tiny-qwen2" in preset_architectures()["Qwen2ForCausalLM"]
     items = {c.family.file: c for c in coverage(fake_sglang)}
