@@ -62,6 +62,7 @@ class Processor:
         cls: the processor class (``Gemma3Processor``).
         image_processor: its image processor class (``Gemma3ImageProcessor``).
         video_processor: its video processor class, where the processor takes one.
+        feature_extractor: its audio feature extractor class, where it takes one.
         tokens: ``(tokenizer attribute, token text, config key of its id)`` for each
             special token the processor and SGLang's multimodal processor look up
             (``srt/multimodal/processors/<family>.py``); the builder's tokenizer
@@ -73,6 +74,7 @@ class Processor:
     cls: str
     image_processor: str
     video_processor: str = ""
+    feature_extractor: str = ""
     tokens: tuple[tuple[str, str, str], ...] = ()
     image_processor_kwargs: dict[str, Any] = field(default_factory=dict)
     kwargs: dict[str, str] = field(default_factory=dict)
@@ -138,6 +140,17 @@ FAMILIES: dict[str, Family] = {
         Family("gemma3", "Gemma3ForConditionalGeneration", "gemma3_mm.py", mid_norm="pre_feedforward_layernorm",
                post_norms=("post_attention_layernorm", "post_feedforward_layernorm"), norm_offset=1.0,
                processor=_GEMMA3_PROCESSOR, weight_renames=(("vision_tower.", "vision_tower.vision_model."),)),
+        Family("gemma4", "Gemma4ForConditionalGeneration", "gemma4_mm.py", mid_norm="pre_feedforward_layernorm",
+               post_norms=("post_attention_layernorm", "post_feedforward_layernorm"),
+               processor=Processor("Gemma4Processor", "Gemma4ImageProcessor", "Gemma4VideoProcessor",
+                                   "Gemma4AudioFeatureExtractor",
+                                   tokens=(("boi_token", "<|image>", "boi_token_id"),
+                                           ("eoi_token", "<image|>", "eoi_token_id"),
+                                           ("image_token", "<|image|>", "image_token_id"),
+                                           ("video_token", "<|video|>", "video_token_id"),
+                                           ("boa_token", "<|audio>", "boa_token_id"),
+                                           ("eoa_token", "<audio|>", "eoa_token_index"),
+                                           ("audio_token", "<|audio|>", "audio_token_id")))),
         Family("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl.py",
                processor=Processor("Qwen2_5_VLProcessor", "Qwen2VLImageProcessor", "Qwen2VLVideoProcessor",
                                    tokens=_QWEN_VL_TOKENS)),

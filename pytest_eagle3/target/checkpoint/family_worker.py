@@ -61,7 +61,7 @@ def decoder_of(model: Any) -> tuple[str, Any]:
 def _draw_outside(name: str, shape: tuple, gain: float, gen: Any) -> Any:
     """A parameter outside the language model (a vision tower, a projector):
     matrices and kernels N(0, gain / fan_in), norm weights 1, other vectors 0.
-    Text-only prompts never read them; they are drawn so the bytes are the seed's."""
+    Text-only prompts never read them; they are drawn from the spec's generator, so the bytes are reproducible."""
     import torch
 
     if len(shape) >= 2:
@@ -227,6 +227,8 @@ def write_processor(processor: Processor, config: dict, out_dir: Path) -> None:
     }
     if processor.video_processor:
         parts["video_processor"] = getattr(transformers, processor.video_processor)()
+    if processor.feature_extractor:
+        parts["feature_extractor"] = getattr(transformers, processor.feature_extractor)()
     kwargs = {k: config[key] for k, key in processor.kwargs.items()}
     getattr(transformers, processor.cls)(**parts, **kwargs).save_pretrained(str(out_dir))
 
