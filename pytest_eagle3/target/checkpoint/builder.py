@@ -2,7 +2,9 @@
 
 The directory is a plain Hugging Face checkpoint that transformers
 (``from_pretrained``) and SGLang (``--model-path``) load as-is, without a
-tokenizer (engines run with ``skip_tokenizer_init``). ``build_info.json``
+tokenizer (engines run with ``skip_tokenizer_init``), except a multimodal
+wrapper's, which holds the processor SGLang loads at start whatever that flag
+says (``family_worker.write_processor``). ``build_info.json``
 records the spec and the calibration scales for people; loaders ignore it.
 
 torch and safetensors are imported inside functions only.

@@ -6,8 +6,9 @@ Usage::
 
 ``SPEC.json`` is a target spec (:class:`~pytest_eagle3.target.spec.TargetSpec`
 fields).  The worker instantiates the family's transformers class from the
-spec's ``config`` (``AutoModelForCausalLM.from_config``, float32, eager
-attention), applies the distinguishable-layers init of docs/design.md,
+spec's ``config`` (``AutoModelForCausalLM.from_config``, or
+``AutoModelForImageTextToText`` for a multimodal wrapper transformers maps to no
+causal LM: :func:`model_class`; float32, eager attention), applies the distinguishable-layers init of docs/design.md,
 "Reduced-layer targets that can tell layers apart", parameter by parameter in
 the model's own order from one ``torch.Generator`` seeded with ``spec.seed``:
 
@@ -29,7 +30,10 @@ post-branch norm's weight).  The weights are written through transformers'
 ``save_pretrained`` (which restores the checkpoint names SGLang loads, e.g.
 per-expert ``experts.E.down_proj.weight``) and rewritten as ``DIR/model.safetensors``
 with :func:`~.builder.write_weights` (deterministic bytes); ``DIR/scales.json``
-holds the calibration record.
+holds the calibration record.  A multimodal wrapper (a :class:`~.families.Family`
+with a ``processor``) is calibrated on its language model (:func:`decoder_of`),
+its other parameters drawn from the same generator, and its directory also holds
+the processor SGLang loads at start (:func:`write_processor`).
 
 Exit status 0 on success; on failure a traceback on stderr and status 1.
 """
