@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pytest_eagle3.target.checkpoint.family_worker import decoder_of, model_class
+from pytest_eagle3.target.checkpoint.family_worker import decoder_of, mlp_of, model_class
 
 DTYPES = ("float32", "bfloat16", "float16")
 #: Below this many bytes of safetensors the worker runs torch single-threaded.
@@ -236,11 +236,11 @@ def run_details(checkpoint: Path, prompts: list[list[int]], dtype: str, tp: int,
 
     for l, layer in enumerate(layers):
         handles.append(getattr(layer, _mid_norm(layer)).register_forward_pre_hook(keep_mid(l)))
-        handles.append(layer.mlp.register_forward_hook(keep_mlp(l)))
+        handles.append(mlp_of(layer).register_forward_hook(keep_mlp(l)))
         handles.append(layer.register_forward_hook(keep_out(l)))
     if post_norm is not None:
         tp = 1  # a norm after the MLP: rank shares of its input are not shares of the branch
-    ranks = [_rank_mlp(layer.mlp, tp, r) for layer in layers for r in range(tp)] if tp > 1 else []
+    ranks = [_rank_mlp(mlp_of(layer), tp, r) for layer in layers for r in range(tp)] if tp > 1 else []
     out: dict[str, Any] = {}
     try:
         with torch.no_grad():

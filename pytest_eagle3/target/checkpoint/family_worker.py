@@ -62,6 +62,13 @@ def decoder_of(model: Any) -> tuple[str, Any]:
     raise RuntimeError(f"{type(model).__name__} has no module with embed_tokens and layers")
 
 
+def mlp_of(layer: Any) -> Any:
+    """A decoder layer's MLP branch: ``layer.mlp``, or ``layer.feed_forward``
+    (transformers' Llama 4, dense or MoE)."""
+    mlp = getattr(layer, "mlp", None)
+    return mlp if mlp is not None else layer.feed_forward
+
+
 def _draw_outside(name: str, shape: tuple, gain: float, gen: Any) -> Any:
     """A parameter outside the language model (a vision tower, a projector):
     matrices and kernels N(0, gain / fan_in), norm weights 1, other vectors 0.
@@ -121,11 +128,11 @@ def _pin_routing(model: Any, family: Any, init: dict) -> None:
     for layer in decoder_of(model)[1].layers:
         target = None
         if family.router == "correction_bias":
-            target = getattr(getattr(layer.mlp, "gate", None), "e_score_correction_bias", None)
+            target = getattr(getattr(mlp_of(layer), "gate", None), "e_score_correction_bias", None)
             if target is None:  # MiniMax-M2 keeps it on the MoE block
-                target = getattr(layer.mlp, "e_score_correction_bias", None)
+                target = getattr(mlp_of(layer), "e_score_correction_bias", None)
         elif family.router == "logit_bias":
-            target = getattr(getattr(layer.mlp, "router", None), "bias", None)
+            target = getattr(getattr(mlp_of(layer), "router", None), "bias", None)
         if target is None:
             continue
         with torch.no_grad():
@@ -176,7 +183,7 @@ def _calibrate(model: Any, family: Any, init: dict, tokens: Any) -> list[dict]:
                 w = getattr(layer, family.post_norms[branch]).weight
                 w.copy_((w + family.norm_offset) * s - family.norm_offset)
                 return
-            module = layer.self_attn.o_proj if branch == 0 else layer.mlp
+            module = layer.self_attn.o_proj if branch == 0 else mlp_of(layer)
             for name, p in module.named_parameters():
                 if branch == 0 or "down_proj" in name:
                     p.mul_(s)
