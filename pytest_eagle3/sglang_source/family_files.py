@@ -51,9 +51,9 @@ NEEDS: tuple[Need, ...] = (
     Need("dsa-indexer", r"is_deepseek_dsa|nsa_indexer|NativeSparseAttn|Indexer\(",
          "DeepSeek sparse attention (a top-k indexer over the KV cache)"),
     Need("multimodal", r"from sglang\.srt\.managers\.mm_utils import",
-         "a multimodal checkpoint: the wrapper loads a vision tower beside the language model, so a "
-         "preset needs the wrapper's config and vision weights (text-only prompts then reach the "
-         "language model)"),
+         "a multimodal checkpoint: the wrapper loads a vision tower beside the language model and "
+         "SGLang loads the model path's processor at start, so a preset is the wrapper's config with "
+         "vision weights and a processor (as tiny-qwen2-5-vl; text-only prompts reach the language model)"),
     Need("mhc", r"from sglang\.kernels\.ops\.layernorm\.mhc import",
          "hyper-connections (mhc) kernels"),
     Need("zero-experts", r"zero_experts_compute_triton",
