@@ -258,7 +258,7 @@ class TargetSpec:
             if not isinstance(seed, int) or isinstance(seed, bool):
                 raise ValueError(f"'seed' must be an integer, got {seed!r}")
             init = InitParams.from_dict(data.get("init", {}))
-            if init.pinned_experts < int(config.get("num_experts_per_tok", 0)):
+            if init.pinned_experts < int(language_config(config).get("num_experts_per_tok") or 0):
                 raise ValueError("init.pinned_experts must be >= config.num_experts_per_tok")
         except ValueError as exc:
             raise Eagle3ConfigError(BAD_SPEC_MSG.format(path=where, error=exc)) from None

@@ -97,10 +97,19 @@ def common_slots(a_snapshots: Sequence[int], b_snapshots: Sequence[int]) -> list
 
 def select_slots(captures: "Captures", slots: Sequence[int], hidden_size: int) -> "Captures":
     """``captures`` with only ``slots`` (each ``hidden_size`` columns of the
-    ``[rows, K*H]`` prefill and decode rows), in that order."""
+    ``[rows, K*H]`` float32 prefill and decode rows), in that order.
+
+    Raises:
+        ValueError: the rows are not ``K*H`` wide, or a slot is not below ``K``
+            (a capture with fewer slots than predicted is never compared on nothing).
+    """
     import dataclasses
 
     import torch
+
+    width = captures.width
+    if hidden_size <= 0 or width % hidden_size or any(not 0 <= k < width // hidden_size for k in slots):
+        raise ValueError(f"slots {list(slots)} of H={hidden_size} do not fit captures {width} wide")
 
     def cols(t: "torch.Tensor") -> "torch.Tensor":
         if not slots:

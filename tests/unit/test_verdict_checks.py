@@ -171,6 +171,24 @@ def test_a_pair_is_compared_at_the_positions_both_returned() -> None:
     assert not compare_captures(other_tokens, full).ok(rel_tol=1.0)
 
 
+def test_two_id_lists_are_compared_on_the_snapshots_they_share() -> None:
+    """A draft's ``[1, 3, 4]`` (hs[2], hs[4], hs[5]) against the wide case's
+    ``[0, 3, 5]`` (hs[1], hs[4], hs[6]) under always +1: slot 1 against slot 1;
+    a slot past the captured width is an error, never an empty comparison."""
+    pytest.importorskip("torch")
+    from pytest_eagle3.verdicts.paths import common_slots, compare_captures, select_slots
+
+    assert common_slots([2, 4, 5], [1, 4, 6]) == [(1, 1)]
+    assert common_slots([0, 3, 5], [5, 0]) == [(0, 1), (2, 0)]
+    assert common_slots([2], [3]) == []
+    draft = _caps([[9.0, 9.0, 1.0, 2.0, 8.0, 8.0]])
+    wide = _caps([[7.0, 7.0, 1.0, 2.0, 6.0, 6.0]])
+    assert compare_captures(select_slots(draft, [1], 2), select_slots(wide, [1], 2)).ok(rel_tol=0.0)
+    assert not compare_captures(draft, wide).ok(rel_tol=1e-4)
+    with pytest.raises(ValueError, match="do not fit"):
+        select_slots(draft, [3], 2)
+
+
 def test_verify_guards_fire_when_nothing_was_checked() -> None:
     from pytest_eagle3.verdicts.rankcheck import check_request_count, check_verify_recorded
 

@@ -192,14 +192,17 @@ def missing_transformers_class(family: Family) -> str | None:
 def language_config(config: dict) -> dict:
     """The language model's fields of a ``config.json`` dict: a multimodal
     wrapper's ``text_config`` (Gemma 3, Qwen2.5-VL, Qwen3-VL: the layer count,
-    widths and vocabulary live there), with the wrapper's ``architectures`` and
-    dtype where the text part lacks them; any other config as it is."""
+    widths and vocabulary live there), with the wrapper's ``architectures`` (the
+    class SGLang serves) and its dtype where the text part has none; any other
+    config as it is."""
     text = config.get("text_config")
     if not isinstance(text, dict):
         return config
     merged = dict(text)
-    for key in ("architectures", "torch_dtype", "dtype"):
-        if key in config and key not in merged:
+    if config.get("architectures"):  # the class SGLang serves is the wrapper's
+        merged["architectures"] = config["architectures"]
+    for key in ("torch_dtype", "dtype"):
+        if config.get(key) is not None and merged.get(key) is None:
             merged[key] = config[key]
     return merged
 

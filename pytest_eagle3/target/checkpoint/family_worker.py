@@ -48,14 +48,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 from pytest_eagle3.target.checkpoint.builder import write_weights
-from pytest_eagle3.target.checkpoint.families import FAMILIES, Processor
+from pytest_eagle3.target.checkpoint.families import FAMILIES, Processor, language_config
 from pytest_eagle3.target.checkpoint.init import _round_scale
 
 
 def decoder_of(model: Any) -> tuple[str, Any]:
     """``(name, module)`` of the language model's decoder: the first module with
     both ``embed_tokens`` and ``layers`` (``model`` of a causal LM,
-    ``model.language_model`` of a multimodal wrapper)."""
+    ``model.language_model`` of a multimodal wrapper; ``""`` for a bare decoder).
+
+    Raises:
+        RuntimeError: no module has both.
+    """
     for name, module in model.named_modules():
         if hasattr(module, "embed_tokens") and hasattr(module, "layers"):
             return name, module
@@ -64,7 +68,11 @@ def decoder_of(model: Any) -> tuple[str, Any]:
 
 def mlp_of(layer: Any) -> Any:
     """A decoder layer's MLP branch: ``layer.mlp``, or ``layer.feed_forward``
-    (transformers' Llama 4, dense or MoE)."""
+    (transformers' Llama 4, dense or MoE).
+
+    Raises:
+        AttributeError: the layer has neither.
+    """
     mlp = getattr(layer, "mlp", None)
     return mlp if mlp is not None else layer.feed_forward
 
@@ -87,7 +95,8 @@ def _draw(model: Any, family: Any, init: dict, gen: Any) -> None:
 
     sigma = float(init["norm_lognormal_sigma"])
     gain = float(init["matrix_gain"])
-    prefix = decoder_of(model)[0] + "."
+    name = decoder_of(model)[0]
+    prefix = f"{name}." if name else ""
     for name, p in model.named_parameters():
         shape = tuple(p.shape)
         leaf = name.rsplit(".", 1)[-1]
@@ -200,29 +209,48 @@ def _calibrate(model: Any, family: Any, init: dict, tokens: Any) -> list[dict]:
 
 
 def model_class(config: Any) -> Any:
-    """The transformers auto class that builds ``config``: the causal LM where
-    transformers maps the type to one, else the image-text-to-text model
-    (Qwen2.5-VL, Qwen3-VL have no causal-LM mapping)."""
+    """The transformers class that builds ``config``: the causal-LM auto class
+    where transformers maps the type to one, else the image-text-to-text auto
+    class (Qwen2.5-VL, Qwen3-VL have no causal-LM mapping); the class the first
+    ``architectures`` entry names instead where the mapping would build another
+    one (``llama4`` maps to the text-only ``Llama4ForCausalLM``).  An auto class
+    has ``from_config``; a named class is instantiated directly."""
+    import transformers
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    )
 
-    if config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        return AutoModelForCausalLM
-    return AutoModelForImageTextToText
+    causal = config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    mapping = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES if causal else MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+    arch = (getattr(config, "architectures", None) or [""])[0] or ""
+    named = getattr(transformers, arch, None) if arch else None
+    if isinstance(named, type) and mapping.get(config.model_type) != arch:
+        return named
+    return AutoModelForCausalLM if causal else AutoModelForImageTextToText
 
 
 def write_processor(processor: Processor, config: dict, out_dir: Path) -> None:
     """Write ``processor``'s files into ``out_dir``: a word-level tokenizer over
     the language model's vocabulary (token ``i`` is ``<t{i}>``, each special
     token's text at the id the config declares) and the processor classes
-    transformers names, as ``save_pretrained`` writes them."""
+    transformers names, as ``save_pretrained`` writes them.
+
+    Raises:
+        ValueError: a special token's id is missing from the config, outside the
+            vocabulary, or shared with another special token.
+    """
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    text = config.get("text_config") or config
-    size = int(text["vocab_size"])
+    size = int(language_config(config)["vocab_size"])
     vocab = {f"<t{i}>": i for i in range(size)}
     by_id = {i: t for t, i in vocab.items()}
+    ids = [config.get(key) for _attr, _token, key in processor.tokens]
+    if any(not isinstance(i, int) or not 0 <= i < size for i in ids) or len(set(ids)) != len(ids):
+        raise ValueError(f"{processor.cls}: special token ids {dict(zip((k for *_, k in processor.tokens), ids))} "
+                         f"must be distinct integers below the vocabulary size {size}")
     extra = {}
     for attr, token, key in processor.tokens:
         i = int(config[key])
@@ -258,12 +286,14 @@ def build(spec: dict, out_dir: Path) -> list[dict]:
         (Path(tmp) / "config.json").write_text(json.dumps(config), encoding="ascii")
         cfg = AutoConfig.from_pretrained(tmp)
         cfg._attn_implementation = "eager"
-        model = model_class(cfg).from_config(cfg, dtype=torch.float32).eval()
+        cls = model_class(cfg)
+        model = (cls.from_config(cfg, dtype=torch.float32) if hasattr(cls, "from_config")
+                 else cls(cfg).to(torch.float32)).eval()
         gen = torch.Generator().manual_seed(int(spec["seed"]))
         with torch.no_grad():
             _draw(model, family, init, gen)
             _pin_routing(model, family, init)
-            tokens = torch.randint(0, int((config.get("text_config") or config)["vocab_size"]),
+            tokens = torch.randint(0, int(language_config(config)["vocab_size"]),
                                    (int(init["calibration_sequences"]), int(init["calibration_tokens"])),
                                    generator=gen)
             scales = _calibrate(model, family, init, tokens)

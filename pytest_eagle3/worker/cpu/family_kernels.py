@@ -116,7 +116,6 @@ def minimax_m2_qk_norm(module: Any) -> None:
     module.rms_apply_serial = rms_apply_serial
 
 
-
 def standin_torch_ops() -> None:
     """Import the CPU tier's stand-in ``sgl_kernel`` now, in every SGLang process,
     so the ``torch.ops.sgl_kernel`` names it serves exist before a model file

@@ -84,7 +84,8 @@ def _with_kv_scales(op: Callable[..., Any], scale_at: int) -> Callable[..., Any]
 
 def fused_sigmoid_mul_cpu(x: torch.Tensor, gate: torch.Tensor) -> None:
     """``x *= sigmoid(gate)`` in place, in fp32 (the attention output gate of
-    ``fused_sigmoid_mul`` in SGLang ``srt/models/qwen3_5.py``)."""
+    ``fused_sigmoid_mul`` in SGLang ``srt/models/qwen3_5.py``); ``x`` and ``gate``
+    have the same shape ``[tokens, heads * head_dim]``, any float dtype."""
     x.copy_((x.float() * gate.float().sigmoid()).to(x.dtype))
 
 
