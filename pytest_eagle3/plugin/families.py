@@ -18,7 +18,6 @@ too; the parent waits for it to stop its engines, then stops.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -30,7 +29,7 @@ from pytest_eagle3.errors import Eagle3Error
 from pytest_eagle3.sglang_source.install import locate
 from pytest_eagle3.target.checkpoint.families import is_deepseek
 from pytest_eagle3.target.family_coverage import coverage, summary
-from pytest_eagle3.target.spec import list_presets, targets_dir
+from pytest_eagle3.target.spec import preset_configs
 
 #: The ``--eagle3-target`` value that selects every family preset.
 FAMILIES = "families"
@@ -45,15 +44,7 @@ _OUTCOMES = {0: "passed", 1: "tests failed", 2: "interrupted", 3: "internal erro
 
 def family_presets() -> list[str]:
     """The packaged target presets whose ``config.json`` is not DeepSeek-V3, sorted."""
-    out = []
-    for name in list_presets():
-        try:
-            config = json.loads((targets_dir() / f"{name}.json").read_text(encoding="utf-8"))["config"]
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if not is_deepseek(config):
-            out.append(name)
-    return out
+    return [name for name, config in preset_configs().items() if not is_deepseek(config)]
 
 
 #: Per-run output files a child would overwrite: (option dest, flag, default suffix).

@@ -19,13 +19,12 @@ read from the file, a missing transformers class, or no preset built yet.
 from __future__ import annotations
 
 import importlib.util
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_eagle3.sglang_source.family_files import FamilyFile, read_family_files
-from pytest_eagle3.target.spec import list_presets, targets_dir
+from pytest_eagle3.target.spec import preset_configs
 
 #: Status words of :attr:`Coverage.status`.
 RUN = "run"
@@ -89,11 +88,7 @@ class Coverage:
 def preset_architectures() -> dict[str, list[str]]:
     """``{architecture: [preset, ...]}`` of the packaged target presets."""
     out: dict[str, list[str]] = {}
-    for name in list_presets():
-        try:
-            config = json.loads((targets_dir() / f"{name}.json").read_text(encoding="utf-8"))["config"]
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
+    for name, config in preset_configs().items():
         for arch in config.get("architectures") or []:
             out.setdefault(str(arch), []).append(name)
     return out

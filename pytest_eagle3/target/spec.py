@@ -82,6 +82,20 @@ def list_presets() -> list[str]:
     return sorted(p.stem for p in d.glob("*.json"))
 
 
+def preset_configs() -> dict[str, dict[str, Any]]:
+    """``{preset: config.json dict}`` of the packaged presets, sorted by name; a
+    preset file that cannot be read is left out (its use reports it)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in list_presets():
+        try:
+            config = json.loads((targets_dir() / f"{name}.json").read_text(encoding="utf-8"))["config"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(config, dict):
+            out[name] = config
+    return out
+
+
 @dataclass(frozen=True)
 class InitParams:
     """Parameters of the distinguishable-layers init (docs/design.md, "Reduced-layer targets").

@@ -109,6 +109,17 @@ def test_a_multimodal_checkpoint_holds_the_processor_sglang_loads(preset: str, c
     assert norms.shape == (language_config(spec.config)["num_hidden_layers"], 256)
 
 
+def test_a_processor_with_clashing_or_out_of_range_token_ids_is_refused(tmp_path: Path):
+    from pytest_eagle3.target.checkpoint.family_worker import write_processor
+
+    spec = TargetSpec.preset("tiny-gemma3-mm")
+    processor = FAMILIES["gemma3"].processor
+    for bad in ({"boi_token_index": spec.config["eoi_token_index"]}, {"image_token_index": 2048}):
+        with pytest.raises(ValueError, match="must be distinct integers below the vocabulary size 2048"):
+            write_processor(processor, {**spec.config, **bad}, tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
 def test_gpt_oss_routing_is_pinned_through_the_router_bias(cache_root: Path):
     from safetensors.torch import load_file
 

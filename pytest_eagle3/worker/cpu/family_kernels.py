@@ -1,4 +1,5 @@
-"""Plain-torch stand-ins for the triton kernels two model families call on CPU.
+"""Plain-torch stand-ins for the triton kernels two model families call on CPU,
+and the early import of the stand-in ``sgl_kernel`` (:func:`standin_torch_ops`).
 
 SGLang 0.5.23 calls these triton kernels from model code on any device
 without AMX; with no GPU, triton has no driver ("0 active drivers") or the
