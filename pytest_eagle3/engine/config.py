@@ -172,15 +172,21 @@ def speculative_server_args(
     return args
 
 
+def _config(model_path: Any) -> dict[str, Any]:
+    """The checkpoint's ``config.json`` (``{}`` when it cannot be read)."""
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
 def _architecture(model_path: Any) -> str:
     """The first ``architectures`` entry of the checkpoint's ``config.json``
     (DeepSeek-V3's when it cannot be read); read once per engine."""
-    try:
-        archs = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8")).get("architectures")
-        if isinstance(archs, list) and archs and isinstance(archs[0], str):
-            return archs[0]
-    except (OSError, ValueError, AttributeError):
-        pass
+    archs = _config(model_path).get("architectures")
+    if isinstance(archs, list) and archs and isinstance(archs[0], str):
+        return archs[0]
     return "DeepseekV3ForCausalLM"
 
 
@@ -250,6 +256,7 @@ def build_engine_config(
                                   and install.fusion_code().refusal is None))
         if speculative and install.spec_v2_cpu_gap:
             env[recipe.SPEC_V2_ENV] = "False"
+        env.update(recipe.linear_attention_env(_config(model_path)))
         for fill in env_fills.env_fills(install, install.model_code(architecture).file):
             env[fill.name] = fill.value
     elif device == "cuda" and cuda is not None:
@@ -280,6 +287,12 @@ def build_engine_config(
         if device == "cuda" and "disable_cuda_graph" not in layers and relay_named():
             # The relayed captures have no CUDA-graph buffer (worker/pp_relay.py): eager forwards.
             args["disable_cuda_graph"] = True
+    if (device == "cpu" and install.location and not args.get("disable_radix_cache")
+            and "disable_overlap_schedule" not in layers
+            and recipe.refuses_mamba_overlap(install.location, _config(model_path)) is not None):
+        # A hybrid linear-attention model with the radix cache on: SGLang refuses its
+        # overlap schedule's cache strategy on CPU (recipe.refuses_mamba_overlap), as a user finds out.
+        args["disable_overlap_schedule"] = True
     for name in list(args):
         if not install.has_arg(name):
             # A default this fork does not know (e.g. skip_server_warmup on old versions).

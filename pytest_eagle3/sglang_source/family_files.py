@@ -43,11 +43,11 @@ class Need:
 
 #: What a model file can need that the CPU tier's recipe does not provide
 #: (docs/cpu-tier.md), found by a line of the file itself.  Read on 0.5.23.
+#: Gated delta-net layers (Qwen3-Next, Qwen3.5) are not among them: the CPU
+#: tier serves SGLang's CPU ops for them (``worker/cpu/shim/sgl_kernel/mamba.py``).
 NEEDS: tuple[Need, ...] = (
     Need("mindspore", r"^\s*(import mindspore|from mindspore)|MindSpore",
          "MindSpore, which runs its layers instead of SGLang's torch model code"),
-    Need("gated-delta-net", r"from sglang\.kernels\.ops\.attention\.(fla|triton_gdn)",
-         "gated delta-net (linear attention) layers on SGLang's fla/triton kernels and its mamba state pool"),
     Need("dsa-indexer", r"is_deepseek_dsa|nsa_indexer|NativeSparseAttn|Indexer\(",
          "DeepSeek sparse attention (a top-k indexer over the KV cache)"),
     Need("multimodal", r"from sglang\.srt\.managers\.mm_utils import",

@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,7 @@ from pytest_eagle3.verdicts.evidence import Evidence  # noqa: E402
 
 FAMILY_PRESETS = ["tiny-apertus", "tiny-exaone-moe", "tiny-gemma3", "tiny-gemma3-mm", "tiny-gemma4", "tiny-gemma4-mm", "tiny-glm4-moe",
                   "tiny-glm4-moe-lite", "tiny-gpt-oss", "tiny-llama", "tiny-minimax-m2", "tiny-qwen2", "tiny-qwen2-5-vl",
-                  "tiny-qwen2-moe", "tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen3-vl"]
+                  "tiny-qwen2-moe", "tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen3-next", "tiny-qwen3-vl"]
 
 
 @pytest.fixture(scope="module")
@@ -213,6 +214,50 @@ def test_plain_attention_refusal_is_read_from_the_installed_code(tmp_path: Path)
     assert args["attention_backend"] == recipe.SPECULATIVE_ATTENTION
 
 
+def test_linear_attention_engines_are_read_from_the_config_and_the_installed_code(tmp_path: Path):
+    """A hybrid delta-net config gets a float32 conv window and, where the installed
+    SGLang refuses the mamba cache's extra buffer off GPU, the overlap schedule off."""
+    hybrid = {"layer_types": ["linear_attention", "full_attention"]}
+    wrapper = {"text_config": hybrid}
+    assert recipe.has_linear_attention(hybrid) and recipe.has_linear_attention(wrapper)
+    assert not recipe.has_linear_attention({"layer_types": ["full_attention", "sliding_attention"]})
+    assert recipe.linear_attention_env(hybrid) == {recipe.MAMBA_CONV_DTYPE_ENV: "float32"}
+    assert recipe.linear_attention_env({}) == {}
+    hook = tmp_path / "srt" / "arg_groups" / "mamba_hook.py"
+    hook.parent.mkdir(parents=True)
+    hook.write_text('def f():\n    assert ok, (\n        "extra_buffer requires platform support for Mamba cache."\n    )\n')
+    assert recipe.refuses_mamba_overlap(tmp_path, hybrid) == "srt/arg_groups/mamba_hook.py:3"
+    assert recipe.refuses_mamba_overlap(tmp_path, {}) is None
+    assert recipe.refuses_mamba_overlap(tmp_path / "missing", hybrid) is None
+
+
+def test_delta_net_fills_touch_only_their_names():
+    if torch.cuda.is_available():
+        pytest.skip("the fills apply only where CUDA is absent")
+    from pytest_eagle3.worker.cpu import family_kernels
+
+    seen = {}
+
+    class Net:
+        def __init__(self) -> None:
+            seen["module"] = torch.get_device_module()
+
+    module = types.SimpleNamespace(__name__="sglang.srt.models.qwen3_next", Qwen3GatedDeltaNet=Net)
+    outside = torch.get_device_module()
+    family_kernels.delta_net_device(module)
+    family_kernels.delta_net_device(module)  # idempotent
+    Net()
+    assert seen["module"] is torch.cpu and torch.get_device_module() is outside
+    assert Net.__init__._pytest_eagle3_cpu_device
+    norm = types.SimpleNamespace(__name__="sglang.kernels.ops.attention.fla.fused_norm_gate", _use_cpu=False)
+    family_kernels.delta_net_norm(norm)
+    assert norm._use_cpu is True
+    other = types.SimpleNamespace(__name__="x")
+    family_kernels.delta_net_norm(other)
+    family_kernels.delta_net_device(other)
+    assert not hasattr(other, "_use_cpu")
+
+
 # --- the Gemma 3 diagnosis ---------------------------------------------------------
 
 
@@ -279,7 +324,7 @@ def test_families_runs_one_pytest_per_family_preset(tmp_path: Path):
     # Before the children: how many of the installed SGLang's EAGLE-3 model files the presets
     # cover, and one line per file they do not, with why.
     assert re.search(r"^eagle3 families: the suite runs \d+ of \d+ EAGLE-3 model files", proc.stdout, re.M)
-    assert re.search(r"^eagle3 family file not run: srt/models/qwen3_next.py: needs gated delta-net", proc.stdout, re.M)
+    assert re.search(r"^eagle3 family file not run: srt/models/mindspore.py: needs MindSpore", proc.stdout, re.M)
 
 
 def test_an_architecture_without_eagle3_capture_is_one_line(tmp_path: Path):

@@ -75,7 +75,7 @@ def fake_sglang(tmp_path: Path) -> Path:
     _write(models, "qwen2", "Qwen2ForCausalLM", BOUNDARY)
     _write(models, "gemma_like", "FakeAppendForCausalLM", APPEND)
     _write(models, "moe_like", "FakeFlagsForCausalLM", FLAGS,
-           imports="from sglang.kernels.ops.attention.fla.layernorm_gated import RMSNorm")
+           imports="from sglang.kernels.ops.moe.ep_moe_kernels import zero_experts_compute_triton")
     (models / "no_eagle.py").write_text("class Plain:\n    pass\n\nEntryClass = [Plain]\n", encoding="utf-8")
     return tmp_path / "sglang"
 
@@ -89,7 +89,7 @@ def test_every_file_with_the_method_is_read_with_its_site_and_needs(fake_sglang:
     assert flags.site[0] == SITE_FLAGS and "_is_layer_to_capture" in flags.site[2]
     assert boundary.rule.kind == "always +1"
     assert boundary.default_ids_text() == "layers_to_capture [2, 4, 5] on 8 layers"
-    assert [n[0] for n in flags.needs] == ["gated-delta-net"]
+    assert [n[0] for n in flags.needs] == ["zero-experts"]
     assert flags.needs[0][1] == "srt/models/moe_like.py:2"
     assert boundary.needs == () and append.needs == ()
 
@@ -124,7 +124,7 @@ def test_a_file_is_run_where_a_preset_serves_its_architecture_else_it_says_why(f
     assert qwen2.lines()[0].startswith("srt/models/qwen2.py [Qwen2ForCausalLM]: run: --eagle3-target tiny-qwen2")
     flags = items["srt/models/moe_like.py"]
     assert flags.status == NOT_RUN
-    assert "gated delta-net" in flags.reason() and "(srt/models/moe_like.py:2)" in flags.reason()
+    assert "zero-compute experts" in flags.reason() and "(srt/models/moe_like.py:2)" in flags.reason()
     assert "defines none of FakeFlagsForCausalLM: no reference" in flags.reason()
     assert summary(list(items.values())) == (
         "the suite runs 1 of 3 EAGLE-3 model files of this SGLang (set_eagle3_layers_to_capture)")

@@ -168,3 +168,71 @@ def cpu_server_args(*, speculative: bool = False, amx_attention: bool = False) -
         # (engine/pool.py), on a 2-core machine.  Dropped where a fork lacks it.
         "sleep_on_idle": True,
     }
+
+
+#: SGLang's refusal of the mamba radix cache's ``extra_buffer`` strategy off
+#: CUDA, MUSA, NPU, HIP and XPU (0.5.23 ``srt/arg_groups/mamba_hook.py:120``).
+_EXTRA_BUFFER_REFUSAL = "extra_buffer requires platform support"
+_MAMBA_HOOK_FILES = ("srt/arg_groups/mamba_hook.py", "srt/server_args.py")
+
+
+def has_linear_attention(config: dict[str, Any]) -> bool:
+    """Whether a ``config.json`` dict (or its ``text_config``) declares
+    linear-attention layers (``layer_types`` with ``"linear_attention"``: the
+    gated delta-net layers of Qwen3-Next and Qwen3.5), whose state SGLang keeps
+    in its mamba pool."""
+    for cfg in (config, config.get("text_config") or {}):
+        if "linear_attention" in (cfg.get("layer_types") or ()):
+            return True
+    return False
+
+
+#: SGLang's dtype of a linear-attention layer's conv window (``srt/environ.py``,
+#: default ``"bfloat16"``, read by ``srt/configs/mamba_utils.py`` ``mamba2_state_dtype``).
+MAMBA_CONV_DTYPE_ENV = "SGLANG_MAMBA_CONV_DTYPE"
+
+
+def linear_attention_env(config: dict[str, Any]) -> dict[str, str]:
+    """Environment for a float32 CPU engine of ``config``: the conv window of its
+    linear-attention layers in float32 too.
+
+    SGLang keeps that window (the last ``W-1`` inputs of each delta-net conv,
+    carried from one prefill chunk to the next and into decode) in bfloat16
+    unless :data:`MAMBA_CONV_DTYPE_ENV` says otherwise, whatever ``--dtype``
+    is; a float32 engine's later chunks then differ from one unchunked forward
+    by a bfloat16 round trip of the window (measured on tiny-qwen3-next:
+    rel. error 1.7e-3 at hs[2], against 0 for prompts within one chunk).
+    Empty without linear-attention layers; a value already in the
+    environment wins."""
+    if not has_linear_attention(config) or MAMBA_CONV_DTYPE_ENV in os.environ:
+        return {}
+    return {MAMBA_CONV_DTYPE_ENV: "float32"}
+
+
+def refuses_mamba_overlap(location: str | Path, config: dict[str, Any]) -> str | None:
+    """Where the installed SGLang refuses a CPU engine of ``config`` with the
+    radix cache on and its overlap schedule.
+
+    With the radix cache on, SGLang keeps a hybrid model's mamba state in its
+    radix cache and resolves the strategy ``auto`` to ``extra_buffer`` while
+    the overlap schedule is on (0.5.23 ``srt/arg_groups/overrides.py``,
+    ``_mamba_radix_cache_resolution``), then asserts that strategy's platform
+    support, which lists no CPU; with the overlap schedule off ``auto`` is
+    ``no_buffer``, which runs on CPU.  A CPU user passes
+    ``--disable-overlap-schedule``, as the CPU tier does for these engines.
+
+    Returns:
+        ``"srt/arg_groups/mamba_hook.py:120"``-style location of the refusal,
+        or ``None`` (no linear-attention layers, or no such refusal installed).
+    """
+    if not has_linear_attention(config):
+        return None
+    for rel in _MAMBA_HOOK_FILES:
+        try:
+            text = (Path(location) / rel).read_text(encoding="utf-8")
+        except OSError:
+            continue
+        at = text.find(_EXTRA_BUFFER_REFUSAL)
+        if at >= 0:
+            return f"{rel}:{text.count(chr(10), 0, at) + 1}"
+    return None

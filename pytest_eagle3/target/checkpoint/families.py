@@ -23,6 +23,9 @@ transformers model of that family (read from transformers 5.19's
   gpt-oss; the router matrix is drawn ``router_gain`` times smaller so the
   bias decides), or ``""`` (no bias to pin with: Qwen3-MoE routes on its
   logits alone, which fp32 on both sides reproduces);
+* ``plain_norms``: names of norms inside a branch that multiply by ``weight``
+  where the family's layer norms multiply by ``offset + weight`` (Qwen3-Next's
+  gated delta-net output norm ``linear_attn.norm``, ``Qwen3NextRMSNormGated``);
 * ``sglang_file``: the installed SGLang model file that serves the architecture
   (``srt/models/<file>``), for messages;
 * ``transformers_dir``: the family's folder under ``transformers/models/``
@@ -103,6 +106,7 @@ class Family:
     mid_norm: str = "post_attention_layernorm"
     post_norms: tuple[str, str] | None = None
     norm_offset: float = 0.0
+    plain_norms: tuple[str, ...] = ()
     experts_in_first: bool = False
     router: str = ""
     router_gain: float = 1.0
@@ -136,6 +140,8 @@ FAMILIES: dict[str, Family] = {
         Family("minimax_m2", "MiniMaxM2ForCausalLM", "minimax_m2.py", router="correction_bias"),
         Family("apertus", "ApertusForCausalLM", "apertus.py", mid_norm="feedforward_layernorm"),
         Family("exaone_moe", "ExaoneMoeForCausalLM", "exaone_moe.py", router="correction_bias"),
+        Family("qwen3_next", "Qwen3NextForCausalLM", "qwen3_next.py", norm_offset=1.0,
+               plain_norms=(".linear_attn.norm.",)),
         # Multimodal wrappers: the language model of the text family, a vision tower beside it.
         Family("gemma3", "Gemma3ForConditionalGeneration", "gemma3_mm.py", mid_norm="pre_feedforward_layernorm",
                post_norms=("post_attention_layernorm", "post_feedforward_layernorm"), norm_offset=1.0,

@@ -77,6 +77,17 @@ def mlp_of(layer: Any) -> Any:
     return mlp if mlp is not None else layer.feed_forward
 
 
+def attention_output_of(layer: Any) -> Any:
+    """The projection that ends a decoder layer's attention branch: ``self_attn.o_proj``,
+    or ``linear_attn.out_proj`` on a gated delta-net layer (Qwen3-Next).
+
+    Raises:
+        AttributeError: the layer has neither.
+    """
+    attn = getattr(layer, "self_attn", None)
+    return attn.o_proj if attn is not None else layer.linear_attn.out_proj
+
+
 def _draw_outside(name: str, shape: tuple, gain: float, gen: Any) -> Any:
     """A parameter outside the language model (a vision tower, a projector):
     matrices and kernels N(0, gain / fan_in), norm weights 1, other vectors 0.
@@ -105,7 +116,10 @@ def _draw(model: Any, family: Any, init: dict, gen: Any) -> None:
         elif name.endswith("embed_tokens.weight"):
             value = torch.randn(shape, generator=gen) * float(init["embedding_std"])
         elif "norm" in name and len(shape) == 1:
-            value = torch.exp(torch.randn(shape, generator=gen) * sigma) - family.norm_offset
+            offset = 0.0 if any(n in name for n in family.plain_norms) else family.norm_offset
+            value = torch.exp(torch.randn(shape, generator=gen) * sigma) - offset
+        elif leaf == "A_log":  # a delta-net head's log decay rate: log(A), A ~ U(1, 16)
+            value = torch.log(1.0 + 15.0 * torch.rand(shape, generator=gen))
         elif ".act_fn." in name:  # a trainable activation's own parameters (Apertus' xIELU): its init
             continue
         elif leaf == "sinks":
@@ -192,7 +206,7 @@ def _calibrate(model: Any, family: Any, init: dict, tokens: Any) -> list[dict]:
                 w = getattr(layer, family.post_norms[branch]).weight
                 w.copy_((w + family.norm_offset) * s - family.norm_offset)
                 return
-            module = layer.self_attn.o_proj if branch == 0 else mlp_of(layer)
+            module = attention_output_of(layer) if branch == 0 else mlp_of(layer)
             for name, p in module.named_parameters():
                 if branch == 0 or "down_proj" in name:
                     p.mul_(s)

@@ -117,6 +117,55 @@ def minimax_m2_qk_norm(module: Any) -> None:
     module.rms_apply_serial = rms_apply_serial
 
 
+def delta_net_device(module: Any) -> None:
+    """Build ``Qwen3GatedDeltaNet`` of ``sglang.srt.models.qwen3_next`` (no CUDA only)
+    with ``torch.get_device_module()`` answering ``torch.cpu``, as a CPU-only
+    torch build does: its constructor places the gated output norm on
+    ``torch.get_device_module().current_device()`` (0.5.23
+    ``srt/models/qwen3_next.py:235,252``), which the CPU tier's CUDA build of
+    torch answers with ``torch.cuda``, raising "Found no NVIDIA driver".  Only
+    while that constructor runs; every other caller keeps torch's answer."""
+    import functools
+
+    import torch
+
+    cls = getattr(module, "Qwen3GatedDeltaNet", None)
+    if _cuda() or cls is None or getattr(cls.__init__, "_pytest_eagle3_cpu_device", False):
+        return
+    original_init = cls.__init__
+    seen: set[str] = set()
+
+    @functools.wraps(original_init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        _said(seen, "Qwen3GatedDeltaNet on torch.cpu's device module", module.__name__)
+        real = torch.get_device_module
+
+        def get_device_module(device: Any = None) -> Any:
+            return torch.cpu if device is None else real(device)
+
+        torch.get_device_module = get_device_module
+        try:
+            original_init(self, *args, **kwargs)
+        finally:
+            torch.get_device_module = real
+
+    __init__._pytest_eagle3_cpu_device = True  # type: ignore[attr-defined]
+    cls.__init__ = __init__
+
+
+def delta_net_norm(module: Any) -> None:
+    """Send ``FusedRMSNormGated`` of ``sglang.kernels.ops.attention.fla.fused_norm_gate``
+    down its CPU branch (no CUDA only): the module sets ``_use_cpu`` from
+    ``is_cpu() and cpu_has_amx_support()`` (0.5.23 line 20), so on an AMX Xeon
+    the delta-net's gated output norm calls
+    ``torch.ops.sgl_kernel.fused_rmsnorm_gated_cpu`` (served by the stand-in
+    ``sgl_kernel.mamba``) and elsewhere a triton kernel with no CPU driver."""
+    if _cuda() or not hasattr(module, "_use_cpu"):
+        return
+    module._use_cpu = True
+    _said(set(), "FusedRMSNormGated on its CPU branch (fused_rmsnorm_gated_cpu)", module.__name__)
+
+
 def standin_torch_ops() -> None:
     """Import the CPU tier's stand-in ``sgl_kernel`` now, in every SGLang process,
     so the ``torch.ops.sgl_kernel`` names it serves exist before a model file

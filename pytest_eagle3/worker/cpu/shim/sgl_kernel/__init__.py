@@ -50,6 +50,7 @@ def __getattr__(name: str) -> Any:
 
 from ._attention import decode_attention_cpu, extend_attention_cpu  # noqa: E402
 from ._norm import NORM_OPS  # noqa: E402
+from .mamba import TORCH_OPS as GDN_OPS  # noqa: E402
 from ._speculative import (  # noqa: E402,F401
     assign_draft_cache_locs_contiguous_cpu,
     assign_extend_cache_locs_cpu,
@@ -108,6 +109,8 @@ TORCH_OPS = {
     # Reached only where the CPU tier runs SGLang's in-place norm branch
     # (pytest_eagle3/worker/cpu/norms.py): never on the native path.
     **NORM_OPS,
+    # Qwen3-Next's and Qwen3.5's gated delta-net layers (sgl_kernel.mamba).
+    **GDN_OPS,
 }
 
 
