@@ -138,6 +138,24 @@ class ModelFileReader:
                 return method
         return None
 
+    def class_attribute(self, mod: ParsedFile, cls: ast.ClassDef, name: str,
+                        depth: int = 0) -> tuple[ParsedFile, ast.expr] | None:
+        """``(file, value)`` of a class-level ``name = value`` on ``cls`` or its bases
+        (0.5.23 ``srt/models/qwen3_5_text.py``: ``body_cls = qwen3_5.Qwen3_5ForCausalLM``);
+        ``None`` where neither assigns it."""
+        if depth > 12:
+            return None
+        for node in cls.body:
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+                return mod, node.value
+        for base in cls.bases:
+            found = self._resolve_base(mod, base)
+            if found is not None:
+                held = self.class_attribute(found[0], found[1], name, depth + 1)
+                if held is not None:
+                    return held
+        return None
+
     def _resolve_base(self, mod: ParsedFile, base: ast.AST) -> tuple[ParsedFile, ast.ClassDef] | None:
         if isinstance(base, ast.Name):
             return self.resolve_class(mod, base.id)
@@ -149,16 +167,24 @@ class ModelFileReader:
                     return self.resolve_class(other, base.attr)
         return None
 
-    def attribute_class(self, mod: ParsedFile, cls: ast.ClassDef, attr: str) -> tuple[ParsedFile, ast.ClassDef] | None:
+    def attribute_class(self, mod: ParsedFile, cls: ast.ClassDef, attr: str,
+                        overrides: dict[str, tuple[ParsedFile, str]] | None = None,
+                        depth: int = 0) -> tuple[ParsedFile, ast.ClassDef] | None:
         """The class ``__init__`` assigns to ``self.<attr>`` (``self.model = DeepseekV2Model(...)``,
         through a ``self._init_model(...)`` helper that returns one, or through a class
         parameter's default when ``cls`` defines that ``__init__``: 0.5.23
         ``srt/models/qwen3_vl.py``, ``self.model = language_model_cls(...)`` with
-        ``language_model_cls=Qwen3LLMModel``); ``None`` when it is chosen at run time
-        or cannot be found."""
+        ``language_model_cls=Qwen3LLMModel``, or through a class attribute:
+        ``srt/models/qwen3_5_text.py``, ``self.model = self.body_cls(...)`` with
+        ``body_cls = qwen3_5.Qwen3_5ForCausalLM``).  A subclass whose own ``__init__``
+        only hands a parameter on to its base's sets that parameter's default for
+        the base (``srt/models/qwen3_5.py``, ``Qwen3_5ForConditionalGeneration``:
+        ``language_model_cls=Qwen3_5ForCausalLM``, then ``super().__init__``).
+        ``None`` when it is chosen at run time or cannot be found."""
         init = self.find_method(mod, cls, "__init__")
-        if init is None:
+        if init is None or depth > 8:
             return None
+        overrides = dict(overrides or {})
         for node in ast.walk(init.node):
             if not isinstance(node, ast.Assign):
                 continue
@@ -166,13 +192,20 @@ class ModelFileReader:
                 continue
             value = node.value
             if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
-                name = value.func.id
-                if init.cls == cls.name:  # a class parameter: its default, which this class's own init uses
+                where, name = init.module, value.func.id
+                if name in overrides:  # a parameter whose default a subclass set
+                    where, name = overrides[name]
+                elif init.cls == cls.name:  # a class parameter: its default, which this class's own init uses
                     name = parameter_default(init.node, name) or name
-                found = self.resolve_class(init.module, name)
+                found = self.resolve_class(where, name)
                 if found is not None:
                     return found
             if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and is_self(value.func.value):
+                held = self.class_attribute(mod, cls, value.func.attr)
+                if held is not None:  # a class attribute that holds the class (``body_cls = qwen3_5.X``)
+                    found = self._resolve_base(*held)
+                    if found is not None:
+                        return found
                 helper = self.find_method(mod, cls, value.func.attr)
                 if helper is not None:
                     for ret in ast.walk(helper.node):
@@ -181,20 +214,30 @@ class ModelFileReader:
                             found = self.resolve_class(helper.module, ret.value.func.id)
                             if found is not None:
                                 return found
+        if init.cls == cls.name:  # this init assigns nothing: its base's does, with these defaults
+            defaults = {k: (init.module, v) for k, v in parameter_defaults(init.node).items()}
+            for base in cls.bases:
+                found_base = self._resolve_base(mod, base)
+                if found_base is not None:
+                    found = self.attribute_class(*found_base, attr, {**defaults, **overrides}, depth + 1)
+                    if found is not None:
+                        return found
         return None
+
+
+def parameter_defaults(func: ast.FunctionDef) -> dict[str, str]:
+    """``{parameter: name}`` for each parameter of ``func`` that defaults to a plain name."""
+    args = func.args
+    positional = [*args.posonlyargs, *args.args]
+    pairs = list(zip(positional[len(positional) - len(args.defaults):], args.defaults))
+    pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
+    return {arg.arg: default.id for arg, default in pairs if isinstance(default, ast.Name)}
 
 
 def parameter_default(func: ast.FunctionDef, name: str) -> str | None:
     """The name a parameter ``name`` of ``func`` defaults to (``language_model_cls=Qwen3LLMModel``),
     ``None`` when ``name`` is no parameter or its default is not a plain name."""
-    args = func.args
-    positional = [*args.posonlyargs, *args.args]
-    pairs = list(zip(positional[len(positional) - len(args.defaults):], args.defaults))
-    pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
-    for arg, default in pairs:
-        if arg.arg == name and isinstance(default, ast.Name):
-            return default.id
-    return None
+    return parameter_defaults(func).get(name)
 
 
 def is_self(node: ast.AST) -> bool:

@@ -36,7 +36,7 @@ from pytest_eagle3.verdicts.evidence import Evidence  # noqa: E402
 
 FAMILY_PRESETS = ["tiny-apertus", "tiny-exaone-moe", "tiny-gemma3", "tiny-gemma3-mm", "tiny-gemma4", "tiny-gemma4-mm", "tiny-glm4-moe",
                   "tiny-glm4-moe-lite", "tiny-gpt-oss", "tiny-llama", "tiny-minimax-m2", "tiny-qwen2", "tiny-qwen2-5-vl",
-                  "tiny-qwen2-moe", "tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen3-next", "tiny-qwen3-vl"]
+                  "tiny-qwen2-moe", "tiny-qwen3", "tiny-qwen3-5", "tiny-qwen3-5-mm", "tiny-qwen3-moe", "tiny-qwen3-next", "tiny-qwen3-vl"]
 
 
 @pytest.fixture(scope="module")

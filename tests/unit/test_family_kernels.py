@@ -55,8 +55,9 @@ def test_fills_replace_the_names_the_model_files_imported():
 
 def test_the_standin_serves_the_ops_qwen3_5_binds_at_import():
     """``srt/models/qwen3_5.py`` binds these ``torch.ops.sgl_kernel`` names at import on
-    CPU (SGLang's Qwen-VL processors import it): the sigmoid gate in plain torch, in
-    place; the QK-norm ops only as names that fail loudly when called."""
+    CPU (SGLang's Qwen-VL processors import it) and Qwen3.5's layers call: the sigmoid
+    gate in place, the QK norms (with the output gate split off) and the delta-net's
+    input split, in plain torch."""
     from pytest_eagle3.worker.cpu.shim.sgl_kernel import TORCH_OPS, fused_sigmoid_mul_cpu
 
     g = torch.Generator().manual_seed(2)
@@ -64,5 +65,20 @@ def test_the_standin_serves_the_ops_qwen3_5_binds_at_import():
     expected = x * torch.sigmoid(gate)
     assert fused_sigmoid_mul_cpu(x, gate) is None and torch.allclose(x, expected, atol=1e-6)
     assert TORCH_OPS["fused_sigmoid_mul_cpu"] is fused_sigmoid_mul_cpu
-    with pytest.raises(NotImplementedError, match="fused_qk_gemma_rmsnorm_cpu"):
-        TORCH_OPS["fused_qk_gemma_rmsnorm_cpu"](x, x)
+    # the QK norm with the gate: [q_h0, gate_h0, q_h1, gate_h1] per token, Gemma's (1 + w)
+    T, H, KV, D = 3, 2, 1, 4
+    qg, k = torch.randn(T, H * 2 * D, generator=g), torch.randn(T, KV * D, generator=g)
+    wq, wk = torch.randn(D, generator=g), torch.randn(D, generator=g)
+    q_out, k_out, gate = TORCH_OPS["fused_qk_gemma_rmsnorm_with_gate_cpu"](qg, k, wq, wk, 1e-6, D, H)
+    heads = qg.view(T, H, 2 * D)
+    norm = lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + w)  # noqa: E731
+    assert torch.allclose(q_out, norm(heads[..., :D].reshape(-1, D), wq), atol=1e-6)
+    assert torch.allclose(k_out, norm(k.view(-1, D), wk), atol=1e-6)
+    assert torch.equal(gate, heads[..., D:].reshape(-1, D))
+    q_only, k_only = TORCH_OPS["fused_qk_gemma_rmsnorm_cpu"](heads[..., :D].reshape(T, -1), k, wq, wk, 1e-6, D)
+    assert torch.allclose(q_only, q_out) and torch.allclose(k_only, k_out)
+    # the delta-net's input split: [all q | all k | all v | all z] and [all b | all a]
+    qkvz, ba = torch.randn(T, 2 * 8 + 2 * 12, generator=g), torch.randn(T, 6, generator=g)
+    mixed, z, b, a = TORCH_OPS["fused_qkvzba_split_reshape_cat_contiguous_cpu"](qkvz, ba, 2, 3, 4, 4)
+    assert torch.equal(mixed, qkvz[:, :28]) and torch.equal(z, qkvz[:, 28:].view(T, 3, 4))
+    assert torch.equal(b, ba[:, :3]) and torch.equal(a, ba[:, 3:])

@@ -142,6 +142,8 @@ FAMILIES: dict[str, Family] = {
         Family("exaone_moe", "ExaoneMoeForCausalLM", "exaone_moe.py", router="correction_bias"),
         Family("qwen3_next", "Qwen3NextForCausalLM", "qwen3_next.py", norm_offset=1.0,
                plain_norms=(".linear_attn.norm.",)),
+        Family("qwen3_5_text", "Qwen3_5ForCausalLM", "qwen3_5_text.py", norm_offset=1.0,
+               plain_norms=(".linear_attn.norm.",), transformers_dir="qwen3_5"),
         # Multimodal wrappers: the language model of the text family, a vision tower beside it.
         Family("gemma3", "Gemma3ForConditionalGeneration", "gemma3_mm.py", mid_norm="pre_feedforward_layernorm",
                post_norms=("post_attention_layernorm", "post_feedforward_layernorm"), norm_offset=1.0,
@@ -161,6 +163,10 @@ FAMILIES: dict[str, Family] = {
                processor=Processor("Qwen2_5_VLProcessor", "Qwen2VLImageProcessor", "Qwen2VLVideoProcessor",
                                    tokens=_QWEN_VL_TOKENS)),
         Family("qwen3_vl", "Qwen3VLForConditionalGeneration", "qwen3_vl.py",
+               processor=Processor("Qwen3VLProcessor", "Qwen2VLImageProcessor", "Qwen3VLVideoProcessor",
+                                   tokens=_QWEN_VL_TOKENS)),
+        Family("qwen3_5", "Qwen3_5ForConditionalGeneration", "qwen3_5.py", norm_offset=1.0,
+               plain_norms=(".linear_attn.norm.",),
                processor=Processor("Qwen3VLProcessor", "Qwen2VLImageProcessor", "Qwen3VLVideoProcessor",
                                    tokens=_QWEN_VL_TOKENS)),
     )

@@ -154,12 +154,13 @@ def delta_net_device(module: Any) -> None:
 
 
 def delta_net_norm(module: Any) -> None:
-    """Send ``FusedRMSNormGated`` of ``sglang.kernels.ops.attention.fla.fused_norm_gate``
-    down its CPU branch (no CUDA only): the module sets ``_use_cpu`` from
-    ``is_cpu() and cpu_has_amx_support()`` (0.5.23 line 20), so on an AMX Xeon
-    the delta-net's gated output norm calls
-    ``torch.ops.sgl_kernel.fused_rmsnorm_gated_cpu`` (served by the stand-in
-    ``sgl_kernel.mamba``) and elsewhere a triton kernel with no CPU driver."""
+    """Send the delta-net's gated output norm down its CPU branch (no CUDA only):
+    ``FusedRMSNormGated`` of ``sglang.kernels.ops.attention.fla.fused_norm_gate``
+    (Qwen3-Next) and ``RMSNorm`` of ``...fla.layernorm_gated`` (Qwen3.5).  Each
+    module sets ``_use_cpu`` from ``is_cpu() and cpu_has_amx_support()`` (0.5.23
+    ``fused_norm_gate.py:20``, ``layernorm_gated.py:35``), so on an AMX Xeon the
+    norm calls ``torch.ops.sgl_kernel.fused_rmsnorm_gated_cpu`` (served by the
+    stand-in ``sgl_kernel.mamba``) and elsewhere a triton kernel with no CPU driver."""
     if _cuda() or not hasattr(module, "_use_cpu"):
         return
     module._use_cpu = True

@@ -93,6 +93,7 @@ FILLS: tuple[Fill, ...] = (
     Fill("minimax_m2_qk_norm", "sglang.srt.models.minimax_m2", family_kernels.minimax_m2_qk_norm),
     Fill("delta_net_device", "sglang.srt.models.qwen3_next", family_kernels.delta_net_device),
     Fill("delta_net_norm", "sglang.kernels.ops.attention.fla.fused_norm_gate", family_kernels.delta_net_norm),
+    Fill("delta_net_norm_gated", "sglang.kernels.ops.attention.fla.layernorm_gated", family_kernels.delta_net_norm),
     Fill("amx_attention_platform", None, patches.amx_attention_platform, _speculative),
     Fill("intel_amx_speculative", "sglang.srt.layers.attention.intel_amx_backend",
          older_releases.intel_amx_speculative),

@@ -51,6 +51,7 @@ def __getattr__(name: str) -> Any:
 from ._attention import decode_attention_cpu, extend_attention_cpu  # noqa: E402
 from ._norm import NORM_OPS  # noqa: E402
 from .mamba import TORCH_OPS as GDN_OPS  # noqa: E402
+from ._qwen3_5 import TORCH_OPS as QWEN3_5_OPS  # noqa: E402
 from ._speculative import (  # noqa: E402,F401
     assign_draft_cache_locs_contiguous_cpu,
     assign_extend_cache_locs_cpu,
@@ -90,20 +91,12 @@ def fused_sigmoid_mul_cpu(x: torch.Tensor, gate: torch.Tensor) -> None:
     x.copy_((x.float() * gate.float().sigmoid()).to(x.dtype))
 
 
-#: Bound at import by SGLang ``srt/models/qwen3_5.py`` under ``is_cpu()`` (0.5.23,
-#: module level), which SGLang's Qwen-VL multimodal processors import
-#: (``srt/multimodal/processors/qwen_vl.py``): Qwen2.5-VL and Qwen3-VL cannot
-#: start without the names.  Only Qwen3.5's own layers call them.
-_QWEN3_5_IMPORT_ONLY = (
-    "fused_qk_gemma_rmsnorm_cpu",
-    "fused_qk_gemma_rmsnorm_with_gate_cpu",
-    "fused_qkvzba_split_reshape_cat_contiguous_cpu",
-)
-
 #: Ops SGLang reaches through ``torch.ops.sgl_kernel`` rather than by import.
 TORCH_OPS = {
     "fused_sigmoid_mul_cpu": fused_sigmoid_mul_cpu,
-    **{name: _missing(name) for name in _QWEN3_5_IMPORT_ONLY},
+    # Bound at import by srt/models/qwen3_5.py under is_cpu() (0.5.23, module level), which
+    # SGLang's Qwen-VL multimodal processors also import; Qwen3.5's own layers call them.
+    **QWEN3_5_OPS,
     "decode_attention_cpu": _with_kv_scales(decode_attention_cpu, 3),
     "extend_attention_cpu": _with_kv_scales(extend_attention_cpu, 6),
     # Reached only where the CPU tier runs SGLang's in-place norm branch
