@@ -116,6 +116,40 @@ def test_a_wrapper_whose_language_model_class_is_a_parameter_default_is_read(tmp
     assert found.site[0] == SITE_BOUNDARY and found.site[2].startswith("capture_output=aux_hidden_states.capture if")
 
 
+def test_a_body_held_in_a_class_attribute_and_a_subclass_default_are_followed(tmp_path: Path):
+    """0.5.23 ``srt/models/qwen3_5_text.py``: ``self.model = self.body_cls(...)`` with
+    ``body_cls = body.FakeBody`` (another file); ``srt/models/qwen3_5.py``: a subclass
+    whose ``__init__`` only sets ``language_model_cls`` and hands it to its base's."""
+    models = tmp_path / "sglang" / "srt" / "models"
+    models.mkdir(parents=True)
+    (models / "body.py").write_text(TEMPLATE.format(arch="FakeBody", capture=FLAGS, imports=""), encoding="utf-8")
+    (models / "text.py").write_text(
+        "import torch\nfrom sglang.srt.models import body\n\n\n"
+        "class FakeText(torch.nn.Module):\n    body_cls = body.FakeBodyModel\n\n"
+        "    def __init__(self, config):\n        self.config = config\n"
+        "        self.model = self.body_cls(config)\n\n"
+        "    def set_eagle3_layers_to_capture(self, layer_ids=None):\n"
+        "        self.model.layers_to_capture = [v + 1 for v in (layer_ids or [1, 3, 4])]\n\n\n"
+        "EntryClass = [FakeText]\n", encoding="utf-8")
+    base = TEMPLATE.format(arch="FakeVL", capture=BOUNDARY, imports="").replace(
+        "    def __init__(self, config):\n        self.config = config\n        self.model = FakeVLModel(config)",
+        "    def __init__(self, config, language_model_cls=FakeVLModel):\n"
+        "        self.config = config\n        self.model = language_model_cls(config)")
+    (models / "vl.py").write_text(base, encoding="utf-8")
+    (models / "sub.py").write_text(
+        "from sglang.srt.models.vl import FakeVL\nfrom sglang.srt.models.body import FakeBodyModel\n\n\n"
+        "class FakeSub(FakeVL):\n"
+        "    def __init__(self, config, language_model_cls=FakeBodyModel):\n"
+        "        super().__init__(config, language_model_cls)\n\n\n"
+        "class Inner:  # the file defines the method elsewhere, as qwen3_5.py's body does\n"
+        "    def set_eagle3_layers_to_capture(self, layer_ids=None):\n        pass\n\n\n"
+        "EntryClass = [FakeSub]\n", encoding="utf-8")
+    files = {f.file: f for f in read_family_files(tmp_path / "sglang")}
+    assert files["srt/models/text.py"].site[0] == SITE_FLAGS
+    assert files["srt/models/vl.py"].site[0] == SITE_BOUNDARY
+    assert files["srt/models/sub.py"].site[0] == SITE_FLAGS  # the subclass's default, not the base's
+
+
 def test_a_file_is_run_where_a_preset_serves_its_architecture_else_it_says_why(fake_sglang: Path):
     assert "tiny-qwen2" in preset_architectures()["Qwen2ForCausalLM"]
     items = {c.family.file: c for c in coverage(fake_sglang)}
