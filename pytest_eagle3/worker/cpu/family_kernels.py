@@ -1,5 +1,7 @@
 """Plain-torch stand-ins for the triton kernels two model families call on CPU,
-and the early import of the stand-in ``sgl_kernel`` (:func:`standin_torch_ops`).
+the CPU facts the gated delta-net layers of Qwen3-Next and Qwen3.5 need
+(:func:`delta_net_norm`, :func:`delta_net_device`), and the early import of the
+stand-in ``sgl_kernel`` (:func:`standin_torch_ops`).
 
 SGLang 0.5.23 calls these triton kernels from model code on any device
 without AMX; with no GPU, triton has no driver ("0 active drivers") or the
@@ -164,7 +166,7 @@ def delta_net_norm(module: Any) -> None:
     if _cuda() or not hasattr(module, "_use_cpu"):
         return
     module._use_cpu = True
-    _said(set(), "FusedRMSNormGated on its CPU branch (fused_rmsnorm_gated_cpu)", module.__name__)
+    _said(set(), "the delta-net's gated norm on its CPU branch (fused_rmsnorm_gated_cpu)", module.__name__)
 
 
 def standin_torch_ops() -> None:

@@ -13,7 +13,8 @@ is one :class:`Fill` of :data:`FILLS`, in the order :func:`install` walks them:
    routing, DP padding, two-batch overlap's SM counts, single-batch overlap's
    second stream, DeepEP's all-to-all and the experts on its layouts
    (:mod:`pytest_eagle3.worker.cpu.deepep`), the triton kernels of the
-   Qwen2-MoE and MiniMax-M2 model files and the stand-in ``sgl_kernel``'s
+   Qwen2-MoE and MiniMax-M2 model files, the gated delta-net's norm branch
+   and device (Qwen3-Next, Qwen3.5) and the stand-in ``sgl_kernel``'s
    ``torch.ops`` names imported early, before a model file binds them at import
    (:mod:`pytest_eagle3.worker.cpu.family_kernels`), and the AMX platform
    fact for engines on the ``intel_amx`` attention backend;
