@@ -31,17 +31,26 @@ def prefill_rows(prompt_len: int, server_info: Mapping[str, Any], *, repeat: int
 
     * a radix-cache hit (cache on, ``repeat > 1``) returns the uncached tail:
       the matched prefix is ``page_size * ((T - 1) // page_size)`` tokens
-      (``Req._compute_max_prefix_len``);
+      (``Req._compute_max_prefix_len``); on a hybrid linear-attention model
+      whose cache keeps no extra mamba buffer (``uses_mamba_radix_cache`` with
+      ``mamba_radix_cache_strategy`` ``no_buffer``) a prefix matches only where
+      the cache holds the recurrent state, which chunked prefill leaves at each
+      chunk boundary: ``C * ((T - 1) // C)`` tokens (measured on
+      tiny-qwen3-next, chunk 16: 5 tokens return 5 rows, 23 tokens 7; without
+      chunking no boundary is kept, so nothing matches: not measured);
     * chunked prefill returns the last chunk: ``T - C * ((T - 1) // C)`` rows;
     * otherwise all ``T`` rows.
     """
     T = int(prompt_len)
     page = max(1, int(server_info.get("page_size") or 1))
-    if repeat > 1 and not server_info.get("disable_radix_cache", True):
-        return T - page * ((T - 1) // page)
     chunk = server_info.get("chunked_prefill_size")
-    if chunk is not None and int(chunk) > 0:
-        return T - int(chunk) * ((T - 1) // int(chunk))
+    chunk = int(chunk) if chunk is not None and int(chunk) > 0 else 0
+    if repeat > 1 and not server_info.get("disable_radix_cache", True):
+        if server_info.get("uses_mamba_radix_cache") and server_info.get("mamba_radix_cache_strategy") == "no_buffer":
+            return T - (chunk * ((T - 1) // chunk) if chunk else 0)
+        return T - page * ((T - 1) // page)
+    if chunk:
+        return T - chunk * ((T - 1) // chunk)
     return T
 
 

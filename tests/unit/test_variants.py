@@ -300,6 +300,15 @@ def test_reduced_dsv3_has_production_widths() -> None:
     (70, {"chunked_prefill_size": 4096, "disable_radix_cache": False, "page_size": 64}, 2, 6),
     (13, {"chunked_prefill_size": 4096, "disable_radix_cache": False, "page_size": 1}, 1, 13),
     (13, {"chunked_prefill_size": 4096, "disable_radix_cache": True, "page_size": 1}, 2, 13),
+    # a hybrid linear-attention model's cache matches at chunk boundaries only (measured, chunk 16)
+    (5, {"chunked_prefill_size": 16, "disable_radix_cache": False, "page_size": 1,
+         "uses_mamba_radix_cache": True, "mamba_radix_cache_strategy": "no_buffer"}, 2, 5),
+    (23, {"chunked_prefill_size": 16, "disable_radix_cache": False, "page_size": 1,
+          "uses_mamba_radix_cache": True, "mamba_radix_cache_strategy": "no_buffer"}, 2, 7),
+    (23, {"chunked_prefill_size": -1, "disable_radix_cache": False, "page_size": 1,
+          "uses_mamba_radix_cache": True, "mamba_radix_cache_strategy": "no_buffer"}, 2, 23),
+    (23, {"chunked_prefill_size": 16, "disable_radix_cache": False, "page_size": 1,
+          "uses_mamba_radix_cache": False, "mamba_radix_cache_strategy": "auto"}, 2, 1),
 ])
 def test_prefill_rows_follow_the_engines_resolved_settings(T, info, repeat, rows) -> None:
     assert prefill_rows(T, info, repeat=repeat) == rows
