@@ -121,3 +121,14 @@ def test_gated_norm_and_the_torch_ops_names():
         installed = getattr(torch.ops.sgl_kernel, name)
         assert installed.__module__.endswith("sgl_kernel.mamba")
         assert installed.__qualname__ == TORCH_OPS[name].__qualname__
+
+
+def test_each_standin_op_logs_its_proof_line_once_per_process(caplog):
+    from pytest_eagle3.worker.cpu.shim.sgl_kernel import _said
+
+    with caplog.at_level("WARNING", logger="pytest_eagle3.cpu"):
+        _said.said("an_op_nobody_calls_cpu", "gated delta-net")
+        _said.said("an_op_nobody_calls_cpu", "gated delta-net")
+    lines = [r.getMessage() for r in caplog.records if "an_op_nobody_calls_cpu" in r.getMessage()]
+    assert len(lines) == 1
+    assert lines[0].startswith("pytest-eagle3 CPU stand-in: sgl_kernel an_op_nobody_calls_cpu (gated delta-net)")

@@ -65,20 +65,28 @@ def refuses_plain_attention(location: str | Path, architecture: str) -> str | No
         ``"srt/arg_groups/model_hook.py:538"``-style location of the assertion,
         or ``None`` when the architecture may run ``torch_native``.
     """
-    needle = f"{architecture} requires one of"
+    found = _first_line_with(location, _BACKEND_CHECK_FILES, f"{architecture} requires one of")
+    if found is not None:
+        return found
     for rel in _BACKEND_CHECK_FILES:
+        line = _backend_list_assert(Path(location) / rel, architecture)
+        if line:
+            return f"{rel}:{line}"
+    return None
+
+
+def _first_line_with(location: str | Path, files: tuple[str, ...], needle: str) -> str | None:
+    """``"file:line"`` of ``needle``'s first occurrence in the first of ``files``
+    (relative to the installed ``sglang`` package at ``location``) that holds it;
+    ``None`` where none does or none can be read."""
+    for rel in files:
         try:
             text = (Path(location) / rel).read_text(encoding="utf-8")
         except OSError:
             continue
         at = text.find(needle)
-        if at < 0:
-            continue
-        return f"{rel}:{text.count(chr(10), 0, at) + 1}"
-    for rel in _BACKEND_CHECK_FILES:
-        line = _backend_list_assert(Path(location) / rel, architecture)
-        if line:
-            return f"{rel}:{line}"
+        if at >= 0:
+            return f"{rel}:{text.count(chr(10), 0, at) + 1}"
     return None
 
 
@@ -227,12 +235,4 @@ def refuses_mamba_overlap(location: str | Path, config: dict[str, Any]) -> str |
     """
     if not has_linear_attention(config):
         return None
-    for rel in _MAMBA_HOOK_FILES:
-        try:
-            text = (Path(location) / rel).read_text(encoding="utf-8")
-        except OSError:
-            continue
-        at = text.find(_EXTRA_BUFFER_REFUSAL)
-        if at >= 0:
-            return f"{rel}:{text.count(chr(10), 0, at) + 1}"
-    return None
+    return _first_line_with(location, _MAMBA_HOOK_FILES, _EXTRA_BUFFER_REFUSAL)

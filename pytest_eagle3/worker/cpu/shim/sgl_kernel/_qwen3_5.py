@@ -22,26 +22,18 @@ same names, whose contracts these follow (``srt/models/utils.py``
 
 One deviation, as for the norm stand-ins: the triton kernels store their
 normed outputs in bfloat16 or float16; these keep the input's dtype, float32
-on the CPU tier.  The first call of each op in a process logs :data:`LINE`.
+on the CPU tier.  The first call of each op in a process logs :data:`._said.LINE`.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-
 import torch
 
-logger = logging.getLogger("pytest_eagle3.cpu")
-
-LINE = "pytest-eagle3 CPU stand-in: sgl_kernel {op} (Qwen3.5) in plain torch (pid {pid})"
-_SEEN: set[str] = set()
+from ._said import said
 
 
 def _said(op: str) -> None:
-    if op not in _SEEN:
-        _SEEN.add(op)
-        logger.warning(LINE.format(op=op, pid=os.getpid()))
+    said(op, "Qwen3.5")
 
 
 def _gemma_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -27,28 +27,21 @@ are read from SGLang's own triton kernels, which the CUDA tier runs:
 
 All arithmetic is float32; outputs take the input's dtype.  Nothing here
 touches the residual stream, a capture or a collective.  The first call of
-each op in a process logs :data:`LINE`, so the engine log proves the path ran.
+each op in a process logs :data:`._said.LINE`, so the engine log proves the path ran.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-logger = logging.getLogger("pytest_eagle3.cpu")
-
-LINE = "pytest-eagle3 CPU stand-in: sgl_kernel {op} (gated delta-net) in plain torch (pid {pid})"
-_SEEN: set[str] = set()
+from ._said import said
 
 
 def _said(op: str) -> None:
-    if op not in _SEEN:
-        _SEEN.add(op)
-        logger.warning(LINE.format(op=op, pid=os.getpid()))
+    said(op, "gated delta-net")
 
 
 def gdn_gating(A_log: torch.Tensor, a: torch.Tensor, b: torch.Tensor, dt_bias: torch.Tensor,
