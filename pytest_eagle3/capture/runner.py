@@ -147,6 +147,16 @@ class CaptureRunner:
             self.pool.results[key] = server.server_info()
         return self.pool.results[key]
 
+    def log_text(self, request: "CaptureRequest") -> tuple[str, str]:
+        """(the log of ``request``'s engine so far, its path); ``""`` when unreadable."""
+        self._server(request.ids, request.extra_args, request.draft)
+        assert self.last_config is not None
+        path = self.pool.log_path(self.last_config)
+        try:
+            return path.read_text(encoding="utf-8", errors="replace"), str(path)
+        except OSError:
+            return "", str(path)
+
     def speculate(self, request: "CaptureRequest", prompts: Sequence[Sequence[int]],
                   max_new_tokens: Sequence[int]) -> "list[DraftPathCaptures]":
         """Greedy speculative decoding of ``prompts`` on the engine of ``request``

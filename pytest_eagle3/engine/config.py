@@ -23,7 +23,7 @@ from pytest_eagle3.sglang_source.pp_code import PP_SPEC_SWITCH, read_pp_code
 from pytest_eagle3.worker.env import RECORD_TARGET_ENV
 from pytest_eagle3.worker.upstream_fixes import relay_named
 from pytest_eagle3.worker.recorder_hook import TARGET as RECORD_TARGET
-from pytest_eagle3.worker.env import HOOKS_ENV
+from pytest_eagle3.worker.env import HOOKS_ENV, INPUT_SCATTERED_ENV, ROUTE_PROOF_ENV
 from pytest_eagle3.worker.sglang_hooks import SITE_HOOK_DIR
 from pytest_eagle3.errors import Eagle3ConfigError
 
@@ -117,6 +117,11 @@ def base_server_args(model_path: str, tp: int) -> dict[str, Any]:
         "disable_radix_cache": True,
         "random_seed": 0,
     }
+
+
+#: Server arguments that put an engine on one of SGLang's reduce-scatter routes
+#: (attention DP; input-scattered attention): :mod:`pytest_eagle3.engine.route_proof`.
+REDUCE_SCATTER_ARGS = ("attn_dp_size", "enable_dp_attention", "enable_attn_tp_input_scattered")
 
 
 def has_draft(args: Mapping[str, Any]) -> bool:
@@ -257,10 +262,18 @@ def build_engine_config(
         if speculative and install.spec_v2_cpu_gap:
             env[recipe.SPEC_V2_ENV] = "False"
         env.update(recipe.linear_attention_env(_config(model_path)))
+        if layers.get("enable_attn_tp_input_scattered") and tp > 1:
+            # SGLang's own context decides; on CPU only its device condition is stood in
+            # (worker/cpu/patches.py input_scattered_platform).
+            env[INPUT_SCATTERED_ENV] = "1"
         for fill in env_fills.env_fills(install, install.model_code(architecture).file):
             env[fill.name] = fill.value
     elif device == "cuda" and cuda is not None:
         args.update(cuda.args)
+    if tp > 1 and any(layers.get(name) for name in REDUCE_SCATTER_ARGS):
+        # An engine on a reduce-scatter route logs each forward's reduce-scatters
+        # (worker/reduce_scatter_proof.py; read by engine/route_proof.py).
+        env[ROUTE_PROOF_ENV] = "1"
     # A self-test fault (worker/faults.py) is part of the engine's env, so of its key.
     env.update(extra_env or {})
     # The per-rank recorder, idle until a test enables it (worker/recorder_hook.py),

@@ -34,7 +34,7 @@ from pytest_eagle3.engine.config import EngineConfig
 from pytest_eagle3.engine.lease import GpuLeaser
 from pytest_eagle3.worker.env import RECORD_DIR_ENV
 from pytest_eagle3.engine.server import SGLangServer
-from pytest_eagle3.engine import tbo_start
+from pytest_eagle3.engine import route_proof, tbo_start
 from pytest_eagle3.engine.pp_start import explain_start
 from pytest_eagle3.engine.start_failures import StartFailures
 from pytest_eagle3.errors import Eagle3EngineError, Eagle3StartCauseSeen
@@ -186,13 +186,17 @@ class EnginePool:
     def _explain(self, config: EngineConfig, cause: str | None, server: SGLangServer,
                  log_text: str | None = None) -> tuple[str, str] | None:
         """``(cause key, line)`` naming why ``server`` died (:mod:`pytest_eagle3.engine.pp_start`,
-        :mod:`pytest_eagle3.engine.tbo_start`), or ``None``; never raises: the error it would
+        :mod:`pytest_eagle3.engine.tbo_start`, :mod:`pytest_eagle3.engine.route_proof`), or ``None``; never raises: the error it would
         explain must reach the test as it is."""
         try:
             explained = explain_start(config, cause, self.sglang_location)
-            if explained is None and cause and dict(config.server_args).get("enable_two_batch_overlap"):
+            args = dict(config.server_args)
+            if explained is None and cause and args.get("enable_two_batch_overlap"):
                 text = log_text if log_text is not None else server.start_log()
                 explained = tbo_start.explain_start(config, cause, text, self.sglang_location)
+            if explained is None and cause and args.get("enable_attn_tp_input_scattered"):
+                text = log_text if log_text is not None else server.start_log()
+                explained = route_proof.explain_death(args, cause, text, config.tp)
             return explained
         except Exception:  # noqa: BLE001
             return None

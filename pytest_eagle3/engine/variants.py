@@ -121,6 +121,10 @@ class Variant:
         pair: the variant whose captures must equal this one's, row for row (the
             on/off contrast); the test's engine set holds its engine as
             :data:`PAIR_MEMBER` and the captures are compared with each other.
+        reduce_scatter: ``(forward mode, SGLang function)``: the reduce-scatter
+            route the variant proves, which every TP rank must have run in the
+            forwards of that mode that returned captures
+            (:mod:`pytest_eagle3.engine.route_proof`); ``None``: no route.
     """
 
     name: str
@@ -135,6 +139,7 @@ class Variant:
     shared_on: tuple[str, ...] = ()
     cpu_args: Mapping[str, Any] | None = None
     pair: str = ""
+    reduce_scatter: tuple[str, str] | None = None
 
     def own_engine(self, device: str) -> bool:
         """Whether the variant needs an engine nobody else uses on ``device``:
@@ -290,7 +295,8 @@ VARIANTS: tuple[Variant, ...] = (
         name="dp-attention",
         description="attention data-parallel across the TP group (one scheduler per DP rank), "
         "dense FFN fully data-parallel (moe_dense_tp_size=1), vocab-parallel LM head per "
-        "attention group; MoE inputs are gathered and reduce-scattered; captured rows must "
+        "attention group; MoE inputs are gathered, and in decode (max-len DP padding) the MoE "
+        "output comes back through a reduce-scatter (dp_reduce_scatter); captured rows must "
         "come back gathered",
         server_args=_DP_ATTENTION,
         alternatives=(_DP_ATTENTION_LEGACY,),
@@ -303,20 +309,28 @@ VARIANTS: tuple[Variant, ...] = (
             "AttributeError at the first forward",
         ),
         source="srt/layers/dp_attention.py; srt/arg_groups/parallel_hook.py "
-        "handle_data_parallelism, handle_deprecated_dp_attention; PR #14280",
+        "handle_data_parallelism, handle_deprecated_dp_attention; PR #14280; layer_boundary/exit.py "
+        "_select_dp_reduce_scatter",
+        reduce_scatter=("DECODE", "dp_reduce_scatter"),
     ),
     Variant(
         name="attn-tp-input-scattered",
-        description="attention input scattered across TP ranks in prefill (reduce-scatter "
-        "instead of all-reduce); captured rows must be gathered back to full rows",
+        description="attention input scattered across TP ranks in prefill: each rank keeps its slice "
+        "of the rows, the FFN's sum completes in a reduce-scatter onto the slice (tp_reduce_scatter) "
+        "and the rows are gathered back; captured rows must be the full, summed rows. SGLang turns "
+        "it on only for a model with q_lora_rank and without an EAGLE-3 speculative algorithm "
+        "(the capture-only engine qualifies, a draft engine does not); on cpu SGLang's own "
+        "context with the device condition stood in",
         server_args=MappingProxyType({"enable_attn_tp_input_scattered": True}),
+        request=MappingProxyType({"batch": True, "decode_steps": 2}),
         needs=Needs(
-            summary="input-scattered attention needs CUDA (or NPU) and TP>1 without DP "
-            "attention (AttnTpContext.init_context silently keeps it off elsewhere)",
-            devices=("cuda",), min_tp=2,
+            summary="input-scattered attention needs TP>1 without DP attention", min_tp=2,
+            cpu_fix="input_scattered_platform",
+            cpu_fix_why="AttnTpContext.init_context keeps it off outside CUDA and NPU",
         ),
-        source="srt/layers/layer_boundary/adapters/attention.py AttnTpContext; "
-        "layer_boundary/layout.py input_scattered_configured",
+        source="srt/layers/layer_boundary/adapters/attention.py AttnTpContext.init_context; "
+        "layer_boundary/layout.py input_scattered_configured; layer_boundary/ops.py residual_slice_output",
+        reduce_scatter=("EXTEND", "tp_reduce_scatter"),
     ),
     Variant(
         name="allreduce-fusion-on",

@@ -23,7 +23,11 @@ Every path proves it was taken: each server arg the variant set must be in
 effect in SGLang's ``/server_info`` (its resolved server args); a flag SGLang
 resolved away, or a row-shaping path that changed no prompt's rows (every
 prompt within one chunk or one KV page), skips the variant with that reason
-instead of passing it.
+instead of passing it.  A variant on a reduce-scatter route (attention DP's
+``dp_reduce_scatter`` in decode, input-scattered attention's
+``tp_reduce_scatter`` in prefill) fails unless every TP rank logged it in the
+forwards that returned captures (:mod:`pytest_eagle3.engine.route_proof`; the
+``eagle3_route_proof`` property holds each rank's line).
 
 Variants this machine or SGLang cannot run are left out at collection with the
 precise reason (``--eagle3-list-variants`` prints the matrix); on cpu, variants
@@ -35,6 +39,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_eagle3.planning.declare import MAIN, variant_needs
+from pytest_eagle3.engine.route_proof import proof_lines, route_not_proven
 from pytest_eagle3.engine.variant_proof import path_not_exercised, path_not_taken, prefill_rows
 from pytest_eagle3.engine.variants import PAIR_MEMBER, VARIANTS
 from pytest_eagle3.suite.outcome import conclude, conclude_each
@@ -69,6 +74,15 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_set, eagle3_
         name, req.extra_args, req.repeat, [len(c.prompt) for c in captures], info)
     if off:
         pytest.skip(off)
+    route = eagle3_need.variant.reduce_scatter
+    if route is not None and eagle3_tp > 1:
+        # The reduce-scatter route the variant proves, from every TP rank's log lines.
+        text, log = eagle3_capture.log_text(req)
+        record_property("eagle3_route_proof", proof_lines(text, *route, eagle3_tp))
+        why = route_not_proven(text, variant=name, mode=route[0], function=route[1], tp=eagle3_tp,
+                               every_forward=eagle3_settings.device == "cpu", log=log)
+        if why:
+            pytest.fail(why, pytrace=False)
     settings = row_settings(info)
     tol = tolerance(eagle3_settings)
     # A batch under chunked prefill shares each chunk's token budget among its

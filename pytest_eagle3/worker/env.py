@@ -30,3 +30,7 @@ FUSION_ENV = "PYTEST_EAGLE3_CPU_ALLREDUCE_FUSION"
 #: (:mod:`pytest_eagle3.worker.cpu.norms`); resolved by the host from the user's
 #: ``--eagle3-cpu-norm`` (env ``PYTEST_EAGLE3_CPU_NORM_PATH``, an option, not this).
 NORM_PATH_ENV = "PYTEST_EAGLE3_WORKER_NORM_BRANCH"
+#: ``1``: log the reduce-scatters of every forward (:mod:`pytest_eagle3.worker.reduce_scatter_proof`).
+ROUTE_PROOF_ENV = "PYTEST_EAGLE3_ROUTE_PROOF"
+#: ``1``: the engine runs with ``--enable-attn-tp-input-scattered`` on cpu (:func:`pytest_eagle3.worker.cpu.patches.input_scattered_platform`).
+INPUT_SCATTERED_ENV = "PYTEST_EAGLE3_CPU_INPUT_SCATTERED"

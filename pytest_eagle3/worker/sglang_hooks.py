@@ -21,6 +21,10 @@ pytest-eagle3's ``pyproject.toml`` and does nothing unless the engine host set
   self-test run); never without it.  Installed before the recorder, so the
   recorder and the HTTP API see the faulted captures.
 
+With ``PYTEST_EAGLE3_ROUTE_PROOF=1`` (engines on a reduce-scatter route: attention
+DP, input-scattered attention) every worker logs each forward's reduce-scatters
+(:mod:`pytest_eagle3.worker.reduce_scatter_proof`).
+
 With :data:`FIX_ENV` set (and any hook set active), the upstream fix it names
 (:mod:`pytest_eagle3.worker.upstream_fixes`) is installed after the fault and
 before the recorder.
@@ -38,7 +42,7 @@ import logging
 import os
 from pathlib import Path
 
-from pytest_eagle3.worker.env import FAULT_ENV, FIX_ENV, HOOKS_ENV, ID_SWITCH_ENV
+from pytest_eagle3.worker.env import FAULT_ENV, FIX_ENV, HOOKS_ENV, ID_SWITCH_ENV, RECORD_TARGET_ENV, ROUTE_PROOF_ENV
 
 logger = logging.getLogger("pytest_eagle3.sglang_hooks")
 
@@ -98,6 +102,11 @@ def load() -> None:
 
         id_switch.install()
         logger.info("pytest-eagle3: aux layer id switch installed (pid %d)", os.getpid())
+    if os.environ.get(ROUTE_PROOF_ENV) == "1":
+        from pytest_eagle3.worker import recorder_hook, reduce_scatter_proof
+
+        if reduce_scatter_proof.install(os.environ.get(RECORD_TARGET_ENV) or recorder_hook.TARGET):
+            logger.info("pytest-eagle3: reduce-scatter proof installed (pid %d)", os.getpid())
     if "record" in sets:
         from pytest_eagle3.worker import recorder_hook
 

@@ -34,6 +34,18 @@ imported, and production servers never see it.
   two-batch overlap the layers from ``first_k_dense_replace`` on are never
   captured): each micro-batch captures its layers over its own token rows,
   merged in token order (:mod:`pytest_eagle3.worker.tbo_capture`).
+* ``input-scattered-capture-gathered`` (no upstream PR gathers it; SGLang PR
+  #10568 added the route and keeps it off under an EAGLE-3 draft, not on the
+  capture-only engine; docs/compatibility.md): on an input-scattered extend batch
+  (``--enable-attn-tp-input-scattered``) each TP rank keeps only its slice of
+  the rows in the residual stream, and ``StageBoundary._prepare_attention``
+  (0.5.23 ``srt/layers/layer_boundary/stage.py:461-488``) hands that slice to
+  the capture (the entry's ``input_move`` is ``None`` there); the logits
+  processor then indexes the short capture with the batch's row indices
+  (``IndexError`` in ``logits_processor.py`` ``_get_pruned_states``, measured).
+  The fix gathers the captured slice over the TP group with SGLang's own
+  ``tp_gather`` (``srt/layers/layer_boundary/adapters/attention.py``), the
+  gather the attention's own input takes, before the capture stores it.
 """
 
 from __future__ import annotations
@@ -62,6 +74,12 @@ CATALOG: dict[str, tuple[str, str]] = {
         "the lift, and each pipeline stage captures its own layers; the captures travel to the last stage in the "
         "proxy tensors, and the per-request hidden states travel back in the output tensors",
         "SGLang issue #39634 (at PP only the last stage captures)",
+    ),
+    "input-scattered-capture-gathered": (
+        "StageBoundary._prepare_attention hands the aux capture the residual rows gathered over the TP group "
+        "(adapters/attention.py tp_gather) when the batch is input-scattered, not this rank's slice",
+        "SGLang PR #10568 added input-scattered attention and keeps it off under an EAGLE-3 draft; the "
+        "capture-only engine (--enable-return-aux-hidden-states) is not kept off, and no PR gathers its capture",
     ),
     "tbo-capture-per-microbatch": (
         "under two-batch overlap, each micro-batch captures the asked-for layers from first_k_dense_replace on "
@@ -123,6 +141,41 @@ def _around_gemma3_layer(original: Callable, layer: Any, *args: Any, **kwargs: A
     return out + residual, residual.new_zeros(residual.shape)
 
 
+#: The method that hands the attention stage's input rows to the aux capture.
+PREPARE_ATTENTION = "sglang.srt.layers.layer_boundary.stage.StageBoundary._prepare_attention"
+
+
+class _GatheredCapture:
+    """A capture collector that gathers an input-scattered slice to all rows first."""
+
+    def __init__(self, inner: Any, forward_batch: Any, gather: Callable) -> None:
+        self._inner, self._batch, self._gather = inner, forward_batch, gather
+
+    def capture(self, value: Any, *, owned: bool = False) -> None:
+        self._inner.capture(self._gather(value, self._batch), owned=True)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+
+def _around_prepare_attention(original: Callable, boundary: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND ``StageBoundary._prepare_attention``: gather an input-scattered capture."""
+    collector = kwargs.get("capture_gathered")
+    if collector is not None:
+        from sglang.srt.layers.layer_boundary.adapters import attention
+
+        forward_batch = args[2] if len(args) > 2 else kwargs.get("forward_batch")
+        if attention.get_attn_tp_context().input_scattered:
+            kwargs["capture_gathered"] = _GatheredCapture(collector, forward_batch, attention.tp_gather)
+            if "input-scattered" not in _logged:
+                _logged.add("input-scattered")
+                logger.warning(APPLIED_LINE.format(fix="input-scattered-capture-gathered", pid=os.getpid()))
+    return original(boundary, *args, **kwargs)
+
+
 def install(fix: str | None = None) -> str | None:
     """Register the fix :data:`FIX_ENV` names (or ``fix``) with SGLang's
     ``HookRegistry``; returns its name, ``None`` when none is asked for."""
@@ -137,4 +190,6 @@ def install(fix: str | None = None) -> str | None:
         pp_relay.install(relay=fix == PP_RELAY)
     elif fix == "tbo-capture-per-microbatch":
         tbo_capture.install()
+    elif fix == "input-scattered-capture-gathered":
+        HookRegistry.register(PREPARE_ATTENTION, _around_prepare_attention, HookType.AROUND)
     return fix

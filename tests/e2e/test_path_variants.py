@@ -2,8 +2,9 @@
 
 Runs ``pytest_eagle3.suite.test_paths --tp 2 --eagle3-slow`` once (chunked
 prefill and radix-cache hits on the wide case's engines; engines of their own
-for DP attention, all-reduce fusion on, unchunked prefill, single-batch
-overlap, two-batch overlap and the two id variants); about 8 minutes on 2 cores.
+for DP attention, input-scattered attention, all-reduce fusion on, unchunked
+prefill, single-batch overlap, two-batch overlap and the two id variants);
+about 9 minutes on 2 cores.
 The variant matrix and its skip reasons come from :mod:`pytest_eagle3.engine.variants`.
 """
 
@@ -24,13 +25,23 @@ RUNS_ON_CPU = {
     2: ("plain", "decode", "batch", "chunked-prefill", "radix-cache-hit", "dp-attention",
         "allreduce-fusion-on", "allreduce-fusion-off"),
 }
-GPU_ONLY = ("cuda-graph-on", "cuda-graph-off", "attn-tp-input-scattered")
+GPU_ONLY = ("cuda-graph-on", "cuda-graph-off")
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> InnerRun:
-    return run_inner(tmp_path_factory.mktemp("e2e-paths"),
-                     ["--pyargs", "pytest_eagle3.suite.test_paths", "--tp", "2", "--eagle3-slow", "-v"])
+    work = tmp_path_factory.mktemp("e2e-paths")
+    return run_inner(work, ["--pyargs", "pytest_eagle3.suite.test_paths", "--tp", "2", "--eagle3-slow", "-v",
+                            f"--basetemp={work / 'tmp'}"])
+
+
+def _engine_logs(run: InnerRun, flag: str, without: str) -> str:
+    """The SGLang logs of the inner run's engines started with ``flag`` and without ``without``."""
+    from pathlib import Path
+
+    return "".join(text for p in Path(run.mark).glob("tmp/**/tp2-cpu-*.log")
+                   if flag in (first := (text := p.read_text(errors="replace")).split("\n", 1)[0])
+                   and without not in first)
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +84,32 @@ def test_fusion_pair_needs_tp2(run: InnerRun, outcomes, variant: str) -> None:
 def test_own_engine_variants_run_at_tp1_only_on_cpu(run: InnerRun, outcomes) -> None:
     assert _name(2, "ids-at-first-k-dense") not in outcomes
     assert "run at TP 1 only on cpu" in _left_out(run, _name(2, "ids-at-first-k-dense"))
+
+
+def test_dp_attention_proves_its_reduce_scatter_on_every_rank(run: InnerRun, outcomes) -> None:
+    """Every decode forward that returned captures ran dp_reduce_scatter on both ranks
+    (the test itself fails otherwise: engine/route_proof.py); the workers' lines are in the log."""
+    from pytest_eagle3.engine.route_proof import forwards
+
+    assert outcomes[_name(2, "dp-attention")][0] == "passed"
+    seen = forwards(_engine_logs(run, "--attn-dp-size", without="--enable-two-batch-overlap"))
+    for rank in (0, 1):
+        decode = [f for f in seen if f.rank == rank and f.mode == "DECODE" and f.captured]
+        assert decode and all("dp_reduce_scatter" in f.routes for f in decode), seen
+        assert not any(f.routes for f in seen if f.rank == rank and f.mode == "EXTEND")
+
+
+def test_input_scattered_fails_once_naming_the_sliced_capture(run: InnerRun, outcomes) -> None:
+    """sglang 0.5.23 turns input-scattered attention on for the capture-only engine (the
+    device condition stood in on CPU) and dies at the first multi-row batch: the capture
+    holds each rank's slice of the rows.  Green with the fix: tests/e2e/test_reduce_scatter_routes.py."""
+    name = _name(2, "attn-tp-input-scattered")
+    outcome, _ = outcomes[name]
+    message = run.messages[name]
+    assert outcome == "failed" and "[input-scattered-capture] under input-scattered attention" in message, \
+        message[:3000]
+    assert "ran tp_reduce_scatter (srt/layers/layer_boundary/ops.py:" in message
+    assert "this case runs at TP 1" in _left_out(run, _name(1, "attn-tp-input-scattered"))
 
 
 def test_two_batch_overlap_fails_once_naming_the_uncaptured_layers(run: InnerRun, outcomes) -> None:

@@ -66,7 +66,8 @@ def test_cpu_tp1() -> None:
         "pytest_eagle3/worker/cpu/allreduce_fusion.py); this case runs at TP 1")
     assert got["cuda-graph-on"] == "CUDA graphs need CUDA; this run is cpu"
     assert got["two-batch-overlap"].endswith("; this case runs at TP 1")
-    assert got["attn-tp-input-scattered"].endswith("; this run is cpu")
+    assert got["attn-tp-input-scattered"] == (
+        "input-scattered attention needs TP>1 without DP attention; this case runs at TP 1")
 
 
 @pytest.fixture
@@ -88,6 +89,7 @@ def test_cpu_tp2_dp_attention_needs_the_cpu_fix(without_cpu_fixes: None) -> None
     assert {n for n, r in got.items() if r is None} == ON_CPU - {"single-batch-overlap"}
     assert "the CPU-tier fix 'sbo_streams'" in got["single-batch-overlap"]
     assert "the CPU-tier fix 'deepep_standin'" in got["two-batch-overlap"]
+    assert "the CPU-tier fix 'input_scattered_platform'" in got["attn-tp-input-scattered"]
     assert got["dp-attention"] == (
         "DP attention needs TP>=2 (attn_dp_size = tp); on cpu it also needs the CPU-tier fix "
         "'torch_native_dp_padding', which this pytest-eagle3 lacks (sglang 0.5.23 pads DP batches "
@@ -98,15 +100,15 @@ def test_cpu_tp2_dp_attention_needs_the_cpu_fix(without_cpu_fixes: None) -> None
 
 def test_cpu_tp2(with_dp_padding_fix: None) -> None:
     got = reasons(fake_install(), "cpu", 2)
-    assert {n for n, r in got.items() if r is None} == ON_CPU | {"dp-attention", "two-batch-overlap"}
+    assert {n for n, r in got.items() if r is None} == ON_CPU | {
+        "dp-attention", "two-batch-overlap", "attn-tp-input-scattered"}
     # The fake install has no add_norm.py: no fused path for the stand-in to serve.
     assert got["allreduce-fusion-off"].startswith(
         "all-reduce fusion off differs from plain only where fusion can run: "
         "TP>1 and CUDA SM90/SM100 (on cpu: the stand-in); on cpu the installed sglang 0.5.23")
-    assert got["attn-tp-input-scattered"] == (
-        "input-scattered attention needs CUDA (or NPU) and TP>1 without DP attention "
-        "(AttnTpContext.init_context silently keeps it off elsewhere); this run is cpu"
-    )
+    # Both reduce-scatter routes are proven from the workers' log lines (engine/route_proof.py).
+    assert V.get_variant("dp-attention").reduce_scatter == ("DECODE", "dp_reduce_scatter")
+    assert V.get_variant("attn-tp-input-scattered").reduce_scatter == ("EXTEND", "tp_reduce_scatter")
 
 
 def test_cpu_tp2_fusion_pair_where_the_fused_path_is_installed(with_dp_padding_fix: None,
@@ -116,7 +118,7 @@ def test_cpu_tp2_fusion_pair_where_the_fused_path_is_installed(with_dp_padding_f
     monkeypatch.setattr(SGLangInstall, "fusion_code", lambda self: SimpleNamespace(refusal=None))
     got = reasons(fake_install(), "cpu", 2)
     assert {n for n, r in got.items() if r is None} == ON_CPU | {
-        "dp-attention", "two-batch-overlap", "allreduce-fusion-on", "allreduce-fusion-off"}
+        "dp-attention", "two-batch-overlap", "allreduce-fusion-on", "allreduce-fusion-off", "attn-tp-input-scattered"}
     on, off = V.get_variant("allreduce-fusion-on"), V.get_variant("allreduce-fusion-off")
     # On cpu the stand-in's switch, not FlashInfer's flags; fusion on needs an engine, off is the capture engine.
     assert on.args_for(fake_install(), 2, "cpu") == {V.CPU_ALLREDUCE_FUSION: True}
@@ -202,7 +204,7 @@ def test_format_matrix(with_dp_padding_fix: None) -> None:
     lines = text.splitlines()
     assert lines[0] == "eagle3 variants for sglang 0.5.23 (/fake/sglang), device cpu, tp 2:"
     assert "attn_dp_size=2 enable_dp_lm_head=True moe_dense_tp_size=1" in text
-    assert lines[-1] == f"{len(ON_CPU) + 2} of {len(V.VARIANTS)} variants run here"  # + DP attention, TBO
+    assert lines[-1] == f"{len(ON_CPU) + 3} of {len(V.VARIANTS)} variants run here"  # + DP attention, TBO, input-scattered
 
 
 # --- against the installed SGLang --------------------------------------------

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from pytest_eagle3.worker.cpu import allreduce_fusion, deepep, family_kernels, forks, norms, older_releases, patches
-from pytest_eagle3.worker.env import AMX_ATTENTION_ENV
+from pytest_eagle3.worker.env import AMX_ATTENTION_ENV, INPUT_SCATTERED_ENV
 from pytest_eagle3.worker.post_import import when_imported
 
 
@@ -52,6 +52,10 @@ def _inplace_norms() -> bool:
 
 def _fusion() -> bool:
     return os.environ.get(allreduce_fusion.FUSION_ENV, "") == "1"
+
+
+def _input_scattered() -> bool:
+    return os.environ.get(INPUT_SCATTERED_ENV, "") == "1"
 
 
 def _speculative() -> bool:
@@ -87,6 +91,8 @@ FILLS: tuple[Fill, ...] = (
     Fill("torch_native_dp_padding", None, patches.torch_native_dp_padding),
     Fill("tbo_sm_count", "sglang.srt.batch_overlap.operations_strategy", patches.tbo_sm_count),
     Fill("sbo_streams", "sglang.srt.models.deepseek_v2", patches.sbo_streams),
+    Fill("input_scattered_platform", "sglang.srt.layers.layer_boundary.adapters.attention",
+         patches.input_scattered_platform, _input_scattered),
     Fill("deepep_standin", "sglang.srt.layers.moe.token_dispatcher.deepep", deepep.install),
     Fill("deepep_experts", "sglang.srt.layers.moe.ep_moe.layer", deepep.expert_core),
     Fill("standin_torch_ops", None, family_kernels.standin_torch_ops),

@@ -216,3 +216,29 @@ def sbo_streams(module: Any) -> None:
             self.alt_stream = None
 
     cls.forward_normal = forward_normal
+
+
+INPUT_SCATTERED_LINE = ("pytest-eagle3: input-scattered attention's device condition stood in on CPU: "
+                        "AttnTpContext.init_context reads _is_cuda True; its other conditions are SGLang's (pid {pid})")
+
+
+def input_scattered_platform(module: Any) -> None:
+    """Let SGLang's own context turn input-scattered attention on at TP > 1 on CPU.
+
+    ``AttnTpContext.init_context`` (0.5.23 ``srt/layers/layer_boundary/adapters/attention.py:78-95``)
+    allows it only where ``input_scattered_configured()`` holds (the flag, TP > 1,
+    no attention DP, no a2a MoE backend, no fully data-parallel dense FFN) and the
+    process is on CUDA or NPU, the model has ``q_lora_rank``, no DSA indexer, no
+    piecewise prefill graph and no EAGLE-3 speculative algorithm.  On CPU only the
+    device condition fails; this answers it (the module's ``_is_cuda``, read by
+    ``init_context`` alone) for engines started with ``--enable-attn-tp-input-scattered``,
+    and leaves every other condition, and the collectives the route runs (the TP
+    group's ``reduce_scatter_tensor`` and ``all_gather_into_tensor``, gloo on CPU), to SGLang.
+    A no-op where CUDA is available or the module has no ``_is_cuda``.
+    """
+    import torch
+
+    if torch.cuda.is_available() or not hasattr(module, "_is_cuda") or not hasattr(module, "AttnTpContext"):
+        return
+    module._is_cuda = True
+    logger.warning(INPUT_SCATTERED_LINE.format(pid=os.getpid()))

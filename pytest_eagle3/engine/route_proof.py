@@ -1,0 +1,160 @@
+"""Proof, from an engine's log, that its captures passed one of SGLang's reduce-scatter routes.
+
+Every TP worker of an engine on a reduce-scatter route logs one line per forward
+of the capturing model (:mod:`pytest_eagle3.worker.reduce_scatter_proof`): its
+order, mode, token count, whether it returned captures, and each reduce-scatter
+SGLang called in it, with the asking function and the decoder layers.  A path
+variant with a route (:attr:`pytest_eagle3.engine.variants.Variant.reduce_scatter`,
+``(forward mode, SGLang function)``) passes only if:
+
+* every TP rank ran the function in at least one forward of that mode that
+  returned captures (else the route never ran there: :data:`NOT_RUN`);
+* with ``every_forward`` (the CPU tier, where SGLang's choice of route is fixed
+  by the batch shape, measured on 0.5.23), no forward of that mode returned
+  captures without it (:data:`MISSED`).
+
+:func:`proof_lines` gives one line per rank for the report.  Measured on
+sglang 0.5.23, CPU, TP 2, tiny-dsv3: attention DP takes ``dp_reduce_scatter``
+(``srt/layers/layer_boundary/ops.py:318``) in the MoE layers 2-7 of every
+decode forward and none in extend forwards (``DpPaddingMode`` picks SUM_LEN for
+an extend over two DP ranks, MAX_LEN for decode: ``srt/layers/dp_attention.py:165-205``);
+input-scattered attention takes ``tp_reduce_scatter`` (``ops.py:69``) in all
+eight layers of every extend forward, none in decode.
+
+Nothing here imports torch or sglang.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from pytest_eagle3.worker.reduce_scatter_proof import PROOF, ROUTE
+
+NOT_RUN = ("{variant}: the reduce-scatter route did not run: no {mode} forward on TP rank {rank} that returned "
+           "captures called {function} ({seen}); the captures did not pass it, so this test proves nothing "
+           "about it (log: {log})")
+MISSED = ("{variant}: TP rank {rank} forward {seq} ({mode}, {tokens} token(s)) returned captures without "
+          "{function} (it ran: {routes}); the route this variant proves was not taken there (log: {log})")
+
+
+@dataclass(frozen=True)
+class Forward:
+    """One forward of the capturing model on one TP rank, as its worker logged it.
+
+    Attributes:
+        rank: TP rank.
+        seq: the forward's order in that worker process (1-based).
+        mode: SGLang's forward mode name (``EXTEND``, ``DECODE``, ``IDLE``, ...).
+        tokens: rows in the forward's batch on this rank.
+        rows: rows of the aux hidden states it returned (0: none).
+        routes: function name -> (its ``srt/...:line``, the layers it ran in; ``None`` unknown).
+    """
+
+    rank: int
+    seq: int
+    mode: str
+    tokens: int
+    rows: int
+    routes: dict[str, tuple[str, tuple[int | None, ...]]] = field(default_factory=dict)
+
+    @property
+    def captured(self) -> bool:
+        """Whether the forward returned aux hidden states."""
+        return self.rows > 0
+
+
+def forwards(log_text: str) -> list[Forward]:
+    """Every forward line in ``log_text``, in log order."""
+    out = []
+    for m in PROOF.finditer(log_text):
+        routes = {}
+        if m.group("routes") != "none":
+            for r in ROUTE.finditer(m.group("routes")):
+                layers = tuple(None if x == "?" else int(x) for x in r.group("layers").split(","))
+                routes[r.group("name")] = (r.group("where"), layers)
+        out.append(Forward(rank=int(m.group("rank")), seq=int(m.group("seq")), mode=m.group("mode"),
+                           tokens=int(m.group("tokens")), rows=int(m.group("rows")), routes=routes))
+    return out
+
+
+def _layers(layers: Sequence[int | None]) -> str:
+    known = sorted({x for x in layers if x is not None})
+    if not known:
+        return "?"
+    if known == list(range(known[0], known[-1] + 1)) and len(known) > 2:
+        return f"{known[0]}-{known[-1]}"
+    return ",".join(map(str, known))
+
+
+def proof_lines(log_text: str, mode: str, function: str, tp: int) -> list[str]:
+    """One line per TP rank: in how many of its ``mode`` forwards that returned
+    captures ``function`` ran, where SGLang defines it, and in which layers."""
+    seen = forwards(log_text)
+    lines = []
+    for rank in range(tp):
+        mine = [f for f in seen if f.rank == rank and f.mode == mode and f.captured]
+        took = [f for f in mine if function in f.routes]
+        where = took[0].routes[function][0] if took else "?"
+        layers = _layers([x for f in took for x in f.routes[function][1]])
+        lines.append(f"TP rank {rank}: {function} ({where}) in layers {layers} of {len(took)} of {len(mine)} "
+                     f"{mode} forwards that returned captures")
+    return lines
+
+
+def route_not_proven(log_text: str, *, variant: str, mode: str, function: str, tp: int, every_forward: bool,
+                     log: str = "") -> str | None:
+    """Why the engine's captures are not proven to have passed ``function`` in
+    ``mode`` forwards (:data:`NOT_RUN`, :data:`MISSED`), or ``None``."""
+    seen = forwards(log_text)
+    for rank in range(tp):
+        mine = [f for f in seen if f.rank == rank and f.mode == mode and f.captured]
+        if not any(function in f.routes for f in mine):
+            other = sorted({name for f in seen if f.rank == rank for name in f.routes})
+            return NOT_RUN.format(variant=variant, mode=mode, rank=rank, function=function, log=log,
+                                  seen=f"{len(mine)} such forward(s); reduce-scatters it ran: "
+                                  + (", ".join(other) or "none"))
+        if every_forward:
+            for f in mine:
+                if function not in f.routes:
+                    return MISSED.format(variant=variant, rank=rank, seq=f.seq, mode=mode, tokens=f.tokens,
+                                         function=function, routes=", ".join(f.routes) or "no reduce-scatter",
+                                         log=log)
+    return None
+
+
+#: The cause key and line of an input-scattered engine that died because its capture kept only a slice.
+SCATTERED_CAPTURE_CAUSE = ("[input-scattered-capture] under input-scattered attention the aux capture holds only "
+                           "each TP rank's slice of the rows")
+SCATTERED_CAPTURE = (
+    "[input-scattered-capture] under input-scattered attention the aux capture holds only each TP rank's slice "
+    "of the rows: TP rank {rank} forward {seq} ({mode}, {tokens} token(s)) ran {function} ({where}) in layers "
+    "{layers} and returned captures of {rows} row(s), {tokens} / TP {tp}; the logits processor then indexed "
+    "them with the batch's rows and the engine died of {cause}.  SGLang hands the capture the residual stream "
+    "on the rank's slice (StageBoundary._prepare_attention, srt/layers/layer_boundary/stage.py: no gather for "
+    "an input-scattered entry) while the final hidden states are gathered back; with "
+    "PYTEST_EAGLE3_UPSTREAM_FIX=input-scattered-capture-gathered (the capture gathered over the TP group) the "
+    "same test passes")
+_INDEX_DEATH = ("IndexError", "logits_processor.py")
+
+
+def explain_death(server_args: dict, cause: str | None, log_text: str, tp: int) -> tuple[str, str] | None:
+    """``(cause key, line)`` for an input-scattered engine (``enable_attn_tp_input_scattered``)
+    that died of an ``IndexError`` in the logits processor right after a forward whose
+    workers logged captures of ``tokens / tp`` rows on the ``tp_reduce_scatter`` route;
+    ``None`` otherwise.  Measured on sglang 0.5.23, CPU, TP 2, tiny-dsv3: a 138-token
+    batch returned 69 captured rows per rank and died of ``IndexError: index 96 is out of
+    bounds for dimension 0 with size 69`` (``logits_processor.py:728``)."""
+    if not server_args.get("enable_attn_tp_input_scattered") or not cause or tp < 2:
+        return None
+    if not all(word in cause for word in _INDEX_DEATH):
+        return None
+    short = [f for f in forwards(log_text) if f.captured and "tp_reduce_scatter" in f.routes
+             and f.rows * tp == f.tokens and f.tokens > f.rows]
+    if not short:
+        return None
+    f = short[-1]
+    where, layers = f.routes["tp_reduce_scatter"]
+    return SCATTERED_CAPTURE_CAUSE, SCATTERED_CAPTURE.format(
+        rank=f.rank, seq=f.seq, mode=f.mode, tokens=f.tokens, function="tp_reduce_scatter", where=where,
+        layers=_layers(layers), rows=f.rows, tp=tp, cause=cause)

@@ -1,0 +1,172 @@
+"""The reduce-scatter route proof without an engine: the worker's observer and log
+line (worker/reduce_scatter_proof.py), the test process's reading of them
+(engine/route_proof.py), the engine env that switches them on, the CPU tier's
+input-scattered device condition and the input-scattered capture fix.
+
+On the real engine (sglang 0.5.23, TP 2): ``tests/e2e/test_reduce_scatter_routes.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+from pytest_eagle3.engine.route_proof import forwards, proof_lines, route_not_proven
+from pytest_eagle3.worker import reduce_scatter_proof as proof
+
+DP = ("DECODE", "dp_reduce_scatter")
+
+
+def line(rank: int, seq: int, mode: str, captured: bool = True, routes: str = "none", tokens: int = 4) -> str:
+    return "[2026-12-06 TP%d] " % rank + proof.PROOF_LINE.format(
+        rank=rank, seq=seq, mode=mode, tokens=tokens, rows=tokens if captured else 0, routes=routes,
+        pid=100 + rank)
+
+
+RS = "dp_reduce_scatter (srt/layers/layer_boundary/ops.py:318) in layers 2,3,4,5,6,7"
+
+
+def test_lines_parse_back() -> None:
+    text = "\n".join([line(0, 1, "EXTEND"), line(0, 2, "DECODE", routes=RS),
+                      line(1, 2, "IDLE", captured=False)])
+    got = forwards(text)
+    assert [(f.rank, f.seq, f.mode, f.captured) for f in got] == [
+        (0, 1, "EXTEND", True), (0, 2, "DECODE", True), (1, 2, "IDLE", False)]
+    assert got[1].routes == {"dp_reduce_scatter": ("srt/layers/layer_boundary/ops.py:318", (2, 3, 4, 5, 6, 7))}
+    assert got[0].routes == {}
+
+
+def test_proven_when_every_rank_ran_it_in_every_captured_forward_of_its_mode() -> None:
+    text = "\n".join([line(r, s, m, routes=RS if m == "DECODE" else "none")
+                      for r in (0, 1) for s, m in ((1, "EXTEND"), (2, "DECODE"), (3, "DECODE"))]
+                     + [line(1, 4, "IDLE", captured=False)])
+    assert route_not_proven(text, variant="dp-attention", mode=DP[0], function=DP[1], tp=2,
+                            every_forward=True) is None
+    assert proof_lines(text, *DP, 2) == [
+        f"TP rank {r}: dp_reduce_scatter (srt/layers/layer_boundary/ops.py:318) in layers 2-7 of 2 of 2 "
+        "DECODE forwards that returned captures" for r in (0, 1)]
+
+
+def test_a_rank_that_never_ran_it_fails_naming_the_rank() -> None:
+    text = "\n".join([line(0, 2, "DECODE", routes=RS), line(1, 2, "DECODE")])
+    why = route_not_proven(text, variant="dp-attention", mode=DP[0], function=DP[1], tp=2, every_forward=False,
+                           log="/l.log")
+    assert why is not None and why.startswith(
+        "dp-attention: the reduce-scatter route did not run: no DECODE forward on TP rank 1 that returned "
+        "captures called dp_reduce_scatter (1 such forward(s); reduce-scatters it ran: none)")
+    assert route_not_proven("", variant="v", mode=DP[0], function=DP[1], tp=1, every_forward=True) is not None
+
+
+def test_a_captured_forward_without_it_fails_on_cpu() -> None:
+    text = "\n".join([line(r, 2, "DECODE", routes=RS) for r in (0, 1)] + [line(0, 3, "DECODE", tokens=2)])
+    kw = dict(variant="dp-attention", mode=DP[0], function=DP[1], tp=2, log="/l.log")
+    assert route_not_proven(text, every_forward=True, **kw) == (
+        "dp-attention: TP rank 0 forward 3 (DECODE, 2 token(s)) returned captures without dp_reduce_scatter "
+        "(it ran: no reduce-scatter); the route this variant proves was not taken there (log: /l.log)")
+    assert route_not_proven(text, every_forward=False, **kw) is None
+    # A forward that returned no captures is not judged.
+    quiet = "\n".join([line(r, 2, "DECODE", routes=RS) for r in (0, 1)] + [line(0, 3, "DECODE", captured=False)])
+    assert route_not_proven(quiet, every_forward=True, **kw) is None
+
+
+def test_the_observer_names_the_asking_function_and_the_layers(caplog: pytest.LogCaptureFixture) -> None:
+    torch = pytest.importorskip("torch")
+    calls = []
+
+    class GroupCoordinator:
+        def reduce_scatter_tensor(self, output, input):
+            calls.append(input.shape[0])
+            output.copy_(input[: output.shape[0]])
+
+    module = SimpleNamespace(GroupCoordinator=GroupCoordinator)
+    proof.wrap_coordinator(module)
+    proof.wrap_coordinator(module)  # once only
+    group = GroupCoordinator()
+
+    def dp_reduce_scatter(out, x):  # the SGLang step that asks for it
+        group.reduce_scatter_tensor(out, x)
+
+    class Layer(torch.nn.Module):
+        def __init__(self, layer_id, scatter):
+            super().__init__()
+            self.layer_id, self.scatter = layer_id, scatter
+
+        def forward(self, x):
+            if self.scatter:
+                out = x.new_empty((x.shape[0] // 2, x.shape[1]))
+                dp_reduce_scatter(out, x)
+            return x
+
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList([Layer(0, False), Layer(1, True), Layer(2, True)])
+    batch = SimpleNamespace(forward_mode=SimpleNamespace(name="DECODE"))
+    ids = torch.zeros(4, dtype=torch.long)
+    with caplog.at_level(logging.WARNING, logger="pytest_eagle3.reduce_scatter_proof"):
+        proof.before_forward(model, ids, None, batch)
+        x = torch.ones(4, 3)
+        for layer in model.layers:
+            x = layer(x)
+        proof.after_forward((x, torch.ones(4, 9)), model, ids, None, batch)
+        proof.before_forward(model, ids, None, SimpleNamespace(forward_mode=SimpleNamespace(name="EXTEND")))
+        proof.after_forward(x, model, ids, None, SimpleNamespace(forward_mode=SimpleNamespace(name="EXTEND")))
+    assert calls == [4, 4]
+    got = forwards("\n".join(r.getMessage() for r in caplog.records))
+    assert [(f.mode, f.captured, f.tokens) for f in got] == [("DECODE", True, 4), ("EXTEND", False, 4)]
+    where, layers = got[0].routes["dp_reduce_scatter"]
+    assert layers == (1, 2) and where.endswith(f"test_route_proof.py:{dp_reduce_scatter.__code__.co_firstlineno}")
+    assert got[1].routes == {}
+    # Outside a bracketed forward the observer only calls through.
+    group.reduce_scatter_tensor(torch.empty(1, 3), torch.ones(2, 3))
+    assert calls == [4, 4, 2]
+
+
+def test_engine_env_switches_the_proof_and_the_cpu_condition_on() -> None:
+    from pytest_eagle3.engine.config import build_engine_config
+    from pytest_eagle3.sglang_source.install import SGLangInstall
+    from pytest_eagle3.worker.env import INPUT_SCATTERED_ENV, ROUTE_PROOF_ENV
+
+    from tests.unit.test_variants import FLAGS_0523
+
+    inst = SGLangInstall(version="0.5.23", location="", flags=FLAGS_0523, python="python")
+    env = lambda **args: build_engine_config(inst, model_path="/m", tp=2, device="cpu", test_args=args).env_dict()
+    assert ROUTE_PROOF_ENV not in env() and INPUT_SCATTERED_ENV not in env()
+    assert env(attn_dp_size=2)[ROUTE_PROOF_ENV] == "1" and INPUT_SCATTERED_ENV not in env(attn_dp_size=2)
+    scattered = env(enable_attn_tp_input_scattered=True)
+    assert scattered[ROUTE_PROOF_ENV] == "1" and scattered[INPUT_SCATTERED_ENV] == "1"
+
+
+def test_cpu_input_scattered_condition_answers_only_the_device(caplog: pytest.LogCaptureFixture) -> None:
+    pytest.importorskip("torch")
+    from pytest_eagle3.worker.cpu import patches
+
+    module = SimpleNamespace(_is_cuda=False, _is_npu=False, AttnTpContext=object)
+    patches.input_scattered_platform(module)
+    assert module._is_cuda is True and module._is_npu is False
+    other = SimpleNamespace(_is_cuda=False)  # not the attention adapter module: untouched
+    patches.input_scattered_platform(other)
+    assert other._is_cuda is False
+
+
+def test_input_scattered_fix_gathers_the_captured_slice(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("sglang.srt.layers.layer_boundary.adapters.attention")
+    from sglang.srt.layers.layer_boundary.adapters import attention
+
+    from pytest_eagle3.worker import upstream_fixes
+
+    stored = []
+    collector = SimpleNamespace(capture=lambda value, owned=False: stored.append((value, owned)))
+    gather = lambda value, batch: torch.cat([value, value + 10])  # two ranks' slices
+    monkeypatch.setattr(attention, "tp_gather", gather)
+    batch = SimpleNamespace()
+
+    def prepare(boundary, hidden, stream, forward_batch, capture_gathered=None):
+        capture_gathered.capture(torch.ones(2, 3))
+        return hidden, stream
+
+    for scattered, rows in ((False, 2), (True, 4)):
+        monkeypatch.setattr(type(attention.get_attn_tp_context()), "input_scattered", property(lambda s: scattered))
+        upstream_fixes._around_prepare_attention(prepare, None, "h", "s", batch, capture_gathered=collector)
+        assert stored[-1][0].shape[0] == rows
