@@ -157,6 +157,27 @@ class CaptureRunner:
         except OSError:
             return "", str(path)
 
+    def recorded(self, request: "CaptureRequest") -> "tuple[list[Captures], dict[int, list[Record]]]":
+        """The suite prompts sent as ``request`` sends them (batch, decode steps) with
+        the per-rank recorder on: the API's captures and every TP rank's forwards
+        holding their rows, each restricted to those rows
+        (:func:`pytest_eagle3.engine.recordings.request_forwards`).  Under attention
+        DP each DP rank holds the forwards of the requests it served.
+
+        Raises:
+            Eagle3Error: a rank recorded nothing (the SGLang plugin is not loaded).
+        """
+        server = self._server(request.ids, request.extra_args, request.draft)
+        assert self.last_config is not None
+        args = dict(self.last_config.server_args)
+        recorder = Recorder(self.pool.record_dir(self.last_config))
+        self._flush(server)
+        with recorder.recording():
+            captures = capture(server, self.prompts, decode_steps=request.decode_steps, batch=request.batch)
+            records = recorder.read(self.tp, even=not (args.get("attn_dp_size") or args.get("enable_dp_attention")))
+        rids = [c.rid for c in self._count_send(captures)]
+        return captures, request_forwards(records, rids)
+
     def speculate(self, request: "CaptureRequest", prompts: Sequence[Sequence[int]],
                   max_new_tokens: Sequence[int]) -> "list[DraftPathCaptures]":
         """Greedy speculative decoding of ``prompts`` on the engine of ``request``

@@ -200,6 +200,10 @@ def verify_records(records: Mapping[int, Sequence[Record]], sequences: Mapping[s
     return out
 
 
+#: Seconds without a new record after which an uneven (DP attention) recording is read.
+SETTLE_S = 1.0
+
+
 class Recorder:
     """Controls one engine's recorder directory."""
 
@@ -238,17 +242,24 @@ class Recorder:
             enabled.unlink(missing_ok=True)
             fault_file.unlink(missing_ok=True)
 
-    def read(self, tp: int, *, timeout: float = 30.0) -> dict[int, list[Record]]:
+    def read(self, tp: int, *, timeout: float = 30.0, even: bool = True) -> dict[int, list[Record]]:
         """Every rank's records in forward order, once all ``tp`` ranks have written
-        the same number of forwards.
+        the same number of forwards; with ``even=False`` (attention DP: each DP rank
+        records the forwards of the requests it served, and none of its idle ones),
+        once every rank has written and no count changed for :data:`SETTLE_S`.
 
         Raises:
             Eagle3Error: a rank wrote nothing, or counts stay uneven, by ``timeout``.
         """
         deadline = time.monotonic() + timeout
+        last: dict[int, int] = {}
+        since = time.monotonic()
         while True:
             counts = {r: len(list((self.directory / f"rank{r}").glob("*.safetensors"))) for r in range(tp)}
-            if all(counts.values()) and len(set(counts.values())) == 1:
+            if counts != last:
+                last, since = counts, time.monotonic()
+            if all(counts.values()) and (len(set(counts.values())) == 1 if even
+                                         else time.monotonic() - since >= SETTLE_S):
                 break
             if time.monotonic() > deadline:
                 missing = [r for r, n in counts.items() if n == 0]

@@ -92,6 +92,9 @@ def _observe(config: pytest.Config | None, verdict: Verdict, where: Mapping[str,
         observe(config, verdict.report, where)
     elif verdict.report is not None and verdict.outcome == PASSED:
         observe(config, verdict.report, where, ok=True)
+    elif getattr(verdict.report, "slots", None) and verdict.outcome == FAILED:
+        # A slot comparison worded with its context (a TP rank's rows): its slots are the evidence.
+        observe(config, verdict.report, where, ok=False)
     else:
         observe(config, verdict, where, ok=verdict.outcome == PASSED)
 

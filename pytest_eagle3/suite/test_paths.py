@@ -27,7 +27,10 @@ instead of passing it.  A variant on a reduce-scatter route (attention DP's
 ``dp_reduce_scatter`` in decode, input-scattered attention's
 ``tp_reduce_scatter`` in prefill) fails unless every TP rank logged it in the
 forwards that returned captures (:mod:`pytest_eagle3.engine.route_proof`; the
-``eagle3_route_proof`` property holds each rank's line).
+``eagle3_route_proof`` property holds each rank's line), and every rank's rows
+of the prompts, sent again with the per-rank recorder on, are compared with the
+reference at their positions, prefill and decode (under attention DP each DP
+rank's rows of the requests it served).
 
 Variants this machine or SGLang cannot run are left out at collection with the
 precise reason (``--eagle3-list-variants`` prints the matrix); on cpu, variants
@@ -45,6 +48,7 @@ from pytest_eagle3.engine.variants import PAIR_MEMBER, VARIANTS
 from pytest_eagle3.suite.outcome import conclude, conclude_each
 from pytest_eagle3.suite.support import attention_tp, evidence, request_mode, tbo_split, tolerance, where
 from pytest_eagle3.verdicts.compare import compare_slots
+from pytest_eagle3.verdicts.rankcheck import rank_rows_by_position
 from pytest_eagle3.verdicts.paths import check_pair, check_rows, compare_captures, row_settings
 from pytest_eagle3.target.reference import ensure_reference
 
@@ -135,6 +139,16 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_set, eagle3_
                                          side_names=(f"SGLang ({name}, fresh send, prefill rows {T - n}..{T - 1})",
                                                      "reference")),
                            where(req, cap, path=name)))
+    if route is not None and eagle3_tp > 1:
+        # The route's captures on every TP rank (the per-rank recorder; under attention DP
+        # each DP rank holds the requests it served), row by row at their positions.
+        recorded, by_rank = eagle3_capture.recorded(req)
+        refs = ensure_reference(eagle3_checkpoint, [list(c.prompt) + list(c.output_ids[:-1]) for c in recorded])
+        for report, rank, i, mode in rank_rows_by_position(
+                by_rank, [c.rid for c in recorded], refs, expected=list(req.expected), num_layers=L, hidden_size=H,
+                tol=tol, every_rank=attn_tp == eagle3_tp):
+            checks.append((report, where(req, recorded[i], path=name, mode=mode, check="ranks",
+                                         **({"rank": rank} if rank >= 0 else {}))))
     conclude_each(checks, pytestconfig)
     if req.batch:
         # The pair that must agree: each request of the batch against the same

@@ -221,3 +221,65 @@ def check_verify_recorded(count: int, *, draft: str) -> Verdict:
     if count == 0:
         return Verdict.failed(NO_VERIFY.format(draft=draft))
     return Verdict.passed()
+
+
+NOT_SERVED = ("no TP rank recorded rows of request {i} (rid {rid}); ranks recorded requests {seen}: "
+              "its captures on the ranks were not checked")
+#: Forward modes whose rows :func:`rank_rows_by_position` compares, by the name the report uses.
+ROW_MODES = {"EXTEND": "prefill", "MIXED": "prefill", "DECODE": "decode"}
+
+
+def rank_rows_by_position(forwards: Mapping[int, Sequence["Record"]], rids: Sequence[str],
+                          references: Sequence["torch.Tensor"], *, expected: Sequence[int], num_layers: int,
+                          hidden_size: int, tol: float, every_rank: bool) -> list[tuple[Any, int, int, str]]:
+    """Each TP rank's captured rows of each request, prefill and decode apart,
+    against the reference at the rows' own positions.
+
+    ``forwards``: rank -> the forwards holding the requests' rows, restricted to
+    them (:func:`pytest_eagle3.engine.recordings.request_forwards`; records carry
+    ``rids`` and ``positions``).  ``references[i]``: ``[L+2, N, H]`` of request
+    ``rids[i]``'s sequence (prompt, then the generated tokens the decode rows
+    read), covering every recorded position.  Under attention DP a request's rows
+    are on the rank that served it; otherwise (``every_rank``) on every rank.
+
+    Returns ``(report, rank, request index, mode)`` per comparison (``"prefill"`` /
+    ``"decode"``): the :class:`~pytest_eagle3.verdicts.compare.SlotReport` where it
+    agrees, else a failed :class:`~pytest_eagle3.verdicts.outcome.Verdict` whose
+    text starts with the rank, request and positions and which holds the report;
+    and a failed verdict (rank ``-1``) for a request no rank (``every_rank``: some
+    rank) recorded.
+    """
+    import torch
+
+    out: list[tuple[Any, int, int, str]] = []
+    index = {str(rid): i for i, rid in enumerate(rids)}
+    seen: dict[int, set[str]] = {}
+    for rank, recs in sorted(forwards.items()):
+        parts: dict[tuple[str, str], list[Any]] = {}
+        for rec in recs:
+            mode = ROW_MODES.get(rec.mode)
+            if mode is None or rec.positions is None:
+                continue
+            for rid in rec.rids:
+                if rid in index:
+                    parts.setdefault((rid, mode), []).append(rec.for_request(rid) or rec)
+                    seen.setdefault(rank, set()).add(rid)
+        for (rid, mode), got in sorted(parts.items(), key=lambda kv: (index[kv[0][0]], kv[0][1])):
+            aux = torch.cat([p.aux for p in got])
+            pos = torch.cat([p.positions for p in got]).long()
+            ref = references[index[rid]]
+            if int(pos.max()) >= ref.shape[1]:
+                continue  # a row past the sequence the reference covers (the last sampled token)
+            first, last = int(pos.min()), int(pos.max())
+            side = f"TP rank {rank}, request {index[rid]} ({mode} rows at positions {first}..{last})"
+            report = compare_slots(aux, ref[:, pos], expected=list(expected), num_layers=num_layers,
+                                   hidden_size=hidden_size, tol=tol, side_names=(side, "reference"))
+            out.append((report if report.ok else Verdict.failed(f"{side}: {report.message()}", report),
+                        rank, index[rid], mode))
+    ranks = sorted(forwards)
+    for rid, i in index.items():
+        holders = [r for r in ranks if rid in seen.get(r, set())]
+        if not holders or (every_rank and len(holders) < len(ranks)):
+            out.append((Verdict.failed(NOT_SERVED.format(i=i, rid=rid, seen={r: len(seen.get(r, ())) for r in ranks})),
+                        -1, i, "prefill"))
+    return out

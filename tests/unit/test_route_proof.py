@@ -170,3 +170,38 @@ def test_input_scattered_fix_gathers_the_captured_slice(monkeypatch: pytest.Monk
         monkeypatch.setattr(type(attention.get_attn_tp_context()), "input_scattered", property(lambda s: scattered))
         upstream_fixes._around_prepare_attention(prepare, None, "h", "s", batch, capture_gathered=collector)
         assert stored[-1][0].shape[0] == rows
+
+
+def test_rank_rows_by_position_judges_each_rank_at_its_rows_positions() -> None:
+    """Each rank's rows of each request against the reference at their own positions
+    (prefill and decode apart); a wrong rank is named; a request no rank recorded fails."""
+    torch = pytest.importorskip("torch")
+    from pytest_eagle3.engine.recordings import Record
+    from pytest_eagle3.verdicts.rankcheck import rank_rows_by_position
+
+    L, H, N = 4, 8, 6
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(L + 2, N, H, generator=g)
+    expected = [0, 2, 3]
+
+    def rec(rank, mode, rid, pos, *, wrong=False):
+        pos = torch.tensor(pos)
+        aux = torch.cat([ref[i][pos] for i in expected], dim=1)
+        if wrong:
+            aux[:, H:2 * H] = ref[1][pos]  # slot 1 holds the wrong snapshot
+        return Record(rank, 1, mode, aux, torch.zeros(len(pos), dtype=torch.long), pos, None, (rid,), (len(pos),))
+
+    kw = dict(expected=expected, num_layers=L, hidden_size=H, tol=1e-4)
+    # Attention DP: request a on rank 0, b on rank 1 (prefill 0..3, decode 4, 5).
+    fwd = {0: [rec(0, "EXTEND", "a", [0, 1, 2, 3]), rec(0, "DECODE", "a", [4]), rec(0, "DECODE", "a", [5])],
+           1: [rec(1, "EXTEND", "b", [0, 1, 2]), rec(1, "IDLE", "b", [3]), rec(1, "DECODE", "b", [3], wrong=True)]}
+    got = rank_rows_by_position(fwd, ["a", "b"], [ref, ref], every_rank=False, **kw)
+    assert [(r, i, m, rep.ok) for rep, r, i, m in got] == [
+        (0, 0, "decode", True), (0, 0, "prefill", True), (1, 1, "decode", False), (1, 1, "prefill", True)]
+    bad = next(rep for rep, r, i, m in got if not rep.ok)
+    assert bad.text.startswith("TP rank 1, request 1 (decode rows at positions 3..3): aux hidden states: 1 of 3 "
+                               "slots wrong\nslot 1: holds hs[1]"), bad.text
+    # Without DP every rank must hold every request: b missing on rank 0 fails.
+    missing = rank_rows_by_position(fwd, ["a", "b"], [ref, ref], every_rank=True, **kw)
+    assert any(m == "prefill" and r == -1 and not rep.ok and "no TP rank recorded rows of request 0" in rep.text
+               for rep, r, i, m in missing)
