@@ -158,3 +158,20 @@ def explain_death(server_args: dict, cause: str | None, log_text: str, tp: int) 
     return SCATTERED_CAPTURE_CAUSE, SCATTERED_CAPTURE.format(
         rank=f.rank, seq=f.seq, mode=f.mode, tokens=f.tokens, function="tp_reduce_scatter", where=where,
         layers=_layers(layers), rows=f.rows, tp=tp, cause=cause)
+
+
+ROUTE_NOTE = ("[partial-sum] on the {function} route: in the {mode} forwards of TP ranks {ranks} that returned "
+              "captures, {function} ({where}) completes the sum of layers {layers}; a slot that holds the "
+              "residual plus one rank's unreduced share was read before that reduce-scatter ran")
+
+
+def route_note(log_text: str, mode: str, function: str, tp: int) -> str:
+    """:data:`ROUTE_NOTE` for a failure that names a partial sum on an engine whose
+    captures passed ``function`` (``""`` when no rank logged it)."""
+    took = [f for f in forwards(log_text) if f.mode == mode and f.captured and function in f.routes]
+    if not took:
+        return ""
+    ranks = ", ".join(str(r) for r in sorted({f.rank for f in took if 0 <= f.rank < tp}))
+    layers = _layers([x for f in took for x in f.routes[function][1]])
+    return ROUTE_NOTE.format(function=function, mode=mode, ranks=ranks, where=took[0].routes[function][0],
+                             layers=layers)

@@ -42,7 +42,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_eagle3.planning.declare import MAIN, variant_needs
-from pytest_eagle3.engine.route_proof import proof_lines, route_not_proven
+from pytest_eagle3.engine.route_proof import proof_lines, route_not_proven, route_note
 from pytest_eagle3.engine.variant_proof import path_not_exercised, path_not_taken, prefill_rows
 from pytest_eagle3.engine.variants import PAIR_MEMBER, VARIANTS
 from pytest_eagle3.suite.outcome import conclude, conclude_each
@@ -64,6 +64,8 @@ from pytest_eagle3.target.reference import ensure_reference
 @pytest.mark.eagle3_catches("stale-no-residual", need="decode")
 # Rows of the two micro-batches of two-batch overlap, merged by the tbo-capture-per-microbatch fix.
 @pytest.mark.eagle3_catches("tbo-microbatch-dropped", "tbo-microbatches-swapped", need="two-batch-overlap", tp=2)
+# A capture read before attention DP's decode reduce-scatter completes.
+@pytest.mark.eagle3_catches("partial-before-dp-reduce-scatter", need="dp-attention", tp=2)
 def test_captures_identical_through_path(eagle3_need, eagle3_engine_set, eagle3_capture, eagle3_reference,
                                          eagle3_checkpoint, eagle3_model_config, eagle3_settings, eagle3_tp,
                                          record_property, pytestconfig):
@@ -149,7 +151,14 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_set, eagle3_
                 tol=tol, every_rank=attn_tp == eagle3_tp):
             checks.append((report, where(req, recorded[i], path=name, mode=mode, check="ranks",
                                          **({"rank": rank} if rank >= 0 else {}))))
-    conclude_each(checks, pytestconfig)
+    try:
+        conclude_each(checks, pytestconfig)
+    except pytest.fail.Exception as exc:
+        # A partial sum on a reduce-scatter route: the route that completes it, from the workers' lines.
+        note = route_note(eagle3_capture.log_text(req)[0], *route, eagle3_tp) if route is not None else ""
+        if note and "[partial-sum]" in str(exc.msg):
+            raise pytest.fail.Exception(f"{exc.msg}\n{note}", pytrace=False) from None
+        raise
     if req.batch:
         # The pair that must agree: each request of the batch against the same
         # prompt sent alone to the same engine (same ids, decode steps), after the

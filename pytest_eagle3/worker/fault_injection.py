@@ -287,7 +287,10 @@ def _around_layer(original: Callable, layer: Any, *args: Any, **kwargs: Any) -> 
       gate ``flashinfer_ar_fusion_applies`` says the next norm completes that
       all-reduce in its fused kernel (elsewhere it changes nothing);
     * ``no-residual``: value = the pending MLP output completed on a copy (the
-      all-reduce runs on every rank), without the residual.
+      all-reduce runs on every rank), without the residual;
+    * ``partial-before-dp-reduce-scatter``: under attention DP, where the pending
+      MoE output is owed to ``dp_reduce_scatter`` (decode, max-len padding), value =
+      the ``residual`` + this rank's rows of the gathered, unreduced MoE output.
 
     After the layer wrote its capture into slot ``index`` of the packer:
 
@@ -319,6 +322,14 @@ def _around_layer(original: Callable, layer: Any, *args: Any, **kwargs: Any) -> 
             else:
                 _log_once(f"{kind}-off", "%s: SGLang does not fuse the all-reduce before layer %d here "
                           "(flashinfer_ar_fusion_applies is false): the fault changes nothing", kind, layer_id)
+    if kind == "partial-before-dp-reduce-scatter" and layer_id > 0:
+        residual, pending = _stream_state(forward_batch)
+        if (pending is not None and residual is not None and pending.value is not None
+                and _dp_reduce_scatter_owed(pending.owed)):
+            # Read before dp_reduce_scatter completes layer i-1's MoE output: this rank's share, its own rows.
+            value = residual + _own_rows(pending.value, residual.shape[0])
+            _log_once(kind, "%s at layer %d: the stream read before layer %d's dp_reduce_scatter (%d gathered "
+                      "rows, %d own)", kind, layer_id, layer_id - 1, pending.value.shape[0], residual.shape[0])
     if kind in ("partial-sum", "no-residual") and layer_id > 0:
         # Read the stream before this layer's boundary consumes it.
         residual, pending = _stream_state(forward_batch)
@@ -389,7 +400,23 @@ def _local_embedding(like: Any) -> Any:
 
 
 _LAYER_FAULTS = ("normalized-input", "no-residual", "partial-sum", "unreduced-embedding", "dp-gather-scaled",
-                 "before-fused-allreduce")
+                 "before-fused-allreduce", "partial-before-dp-reduce-scatter")
+
+
+def _dp_reduce_scatter_owed(owed: Any) -> bool:
+    """Whether a pending contribution is completed by attention DP's ``dp_reduce_scatter``:
+    ``UnreducedOutput.reduce_to_dp_local`` is ``partial(to_dp_local, dp_reduce_scatter, batch)``
+    (0.5.23 ``srt/layers/layer_boundary/exit.py`` ``ExitPolicy._decide``)."""
+    move = getattr(owed, "reduce_to_dp_local", None)
+    args = getattr(move, "args", ())
+    return bool(args) and getattr(args[0], "__name__", "") == "dp_reduce_scatter"
+
+
+def _own_rows(partial: Any, rows: int) -> Any:
+    """This rank's rows of a max-len-padded DP gather: chunk ``rank`` of ``tp`` equal
+    chunks (``dp_reduce_scatter_tensor`` with ``tp_size == attn_dp_size``), its first ``rows``."""
+    rank, size = _tp()
+    return partial.tensor_split(size)[rank][:rows]
 
 
 def install(fault: dict[str, Any] | None = None) -> dict[str, Any] | None:

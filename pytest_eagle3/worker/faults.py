@@ -84,6 +84,13 @@ CATALOG: dict[str, tuple[str, str]] = {
         "all-reduce: the post-attention residual plus this rank's unreduced MLP share",
         "SGLang PR #28343 (Kimi-K2.5 captures taken before the fused all-reduce)",
     ),
+    "partial-before-dp-reduce-scatter": (
+        "under attention DP, in a forward whose MoE output returns through dp_reduce_scatter (decode: max-len "
+        "padding), a capturing layer reads the stream before that reduce-scatter completes: the post-attention "
+        "residual plus this rank's unreduced MoE share on its own rows",
+        "the bug class of SGLang PR #28343 (a capture read before its reduction completes) on attention DP's "
+        "reduce-scatter route (layer_boundary/exit.py _select_dp_reduce_scatter)",
+    ),
     "wrong-request-rows": (
         "in a decode forward of >= 2 requests, request j's rows hold request j+1's (cyclic)",
         "SGLang issue #26163 (a batch's hidden states attributed to the wrong request)",
@@ -161,7 +168,10 @@ RUN_LEVEL: dict[str, str] = {
 #: Per-test tags of kinds that are not a diagnosis kind of their own
 #: (``None``: no single test can name it; only the run-level diagnosis does).
 TEST_TAGS: dict[str, str | None] = {"half-precision-copy": "precision", "draft-fc-reversed": None,
-                                   "pp-earlier-stage-zeroed": "pp-earlier-stage"}
+                                   "pp-earlier-stage-zeroed": "pp-earlier-stage",
+                                   # named [partial-sum], with the route that completes it
+                                   # (engine/route_proof.py ROUTE_NOTE)
+                                   "partial-before-dp-reduce-scatter": "partial-sum"}
 
 
 def named_as(kind: str) -> str | None:
@@ -175,7 +185,9 @@ def named_as(kind: str) -> str | None:
 
 #: Kinds that need TP > 1 to change anything.
 NEEDS_TP = ("unreduced-embedding", "partial-sum", "dp-gather-scaled", "before-fused-allreduce",
-            "partial-sum-on-rank-decode")
+            "partial-sum-on-rank-decode", "partial-before-dp-reduce-scatter")
+#: Kinds on a reduce-scatter route: the ``dp-attention`` variant (TP >= 2, ``--eagle3-slow`` on cpu).
+NEEDS_DP_ROUTE = ("partial-before-dp-reduce-scatter",)
 #: Kinds that need pipeline parallelism and the upstream fix that relays each stage's captures.
 NEEDS_PP = ("pp-earlier-stage-zeroed",)
 #: Kinds that need two-batch overlap (the ``two-batch-overlap`` variant, TP >= 2) and the

@@ -20,7 +20,7 @@ from pytest_eagle3.planning.selftest import self_test_plan
 PUBLIC_KINDS = (
     "offset-twice", "offset-missing", "ids-ignored", "reversed-order", "normalized-input", "no-residual",
     "unreduced-embedding", "partial-sum", "dp-gather-scaled", "aliased-capture", "before-fused-allreduce",
-    "wrong-request-rows", "no-residual-on-cache-hit", "no-residual-on-later-chunk", "partial-sum-on-rank-decode",
+    "partial-before-dp-reduce-scatter", "wrong-request-rows", "no-residual-on-cache-hit", "no-residual-on-later-chunk", "partial-sum-on-rank-decode",
     "stale-no-residual", "half-precision-copy", "draft-fc-reversed", "pp-earlier-stage-zeroed",
     "tbo-microbatch-dropped", "tbo-microbatches-swapped",
 )
@@ -38,6 +38,7 @@ def test_catalog_lists_every_public_bug_class_with_its_source() -> None:
     assert "#26163" in CATALOG["wrong-request-rows"][1]
     assert "#39286" in CATALOG["aliased-capture"][1]
     assert "#28343" in CATALOG["before-fused-allreduce"][1]
+    assert "#28343" in CATALOG["partial-before-dp-reduce-scatter"][1]
     assert "#39634" in CATALOG["pp-earlier-stage-zeroed"][1]
     assert all("#32680" in CATALOG[k][1] for k in ("tbo-microbatch-dropped", "tbo-microbatches-swapped"))
 

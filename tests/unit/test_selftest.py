@@ -83,6 +83,8 @@ def test_every_kind_then_the_control_with_the_users_arguments(tmp_path) -> None:
     assert paths["pp-earlier-stage-zeroed"] == ("--eagle3-pp", "2")
     assert runner.envs["pp-earlier-stage-zeroed"][FIX_ENV] == "pp-capture-relay" and runner.envs["partial-sum"] is None
     assert paths["tbo-microbatch-dropped"] == ("--eagle3-slow",)
+    assert paths["partial-before-dp-reduce-scatter"] == ("--eagle3-slow",)
+    assert runner.envs["partial-before-dp-reduce-scatter"] is None
     assert runner.envs["tbo-microbatches-swapped"][FIX_ENV] == "tbo-capture-per-microbatch"
     # A mixed run's control stays at PP 1, with the TBO fix its two-batch-overlap test passes only with;
     # a PP-only run's control runs at PP 2 with the relay.
