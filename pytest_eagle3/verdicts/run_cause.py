@@ -14,15 +14,27 @@ one headline and the evidence lines behind it.  The rules, in order:
 * ``[precision]``: every wrong slot holds the snapshot it should, off by more
   than the tolerance and less than :data:`PRECISION_CEILING`: a lower-precision
   copy (the size names half precision or bfloat16).
+* ``[rank]``: every failure is on a strict subset of TP ranks, and no
+  comparison on those ranks passed.
 * ``[rank-mode]``: every failure is on a strict subset of TP ranks and of
-  forward modes, while other ranks and modes passed.
+  forward modes, while other ranks and modes passed, and no comparison on
+  those ranks in those modes passed.
 * ``[stale-state]``: on each engine with failures, the first requests passed
-  and every failure comes after them.
+  and every comparison from the first failure on failed.
 * ``[path-only]``: every failure is in forward modes (later prefill chunk,
   radix-cache hit, decode, verify) or paths (batch, a variant) where nothing
   passed, while the same ids passed elsewhere in the run: never the id rule.
+* ``[confined]``: the smallest conjunction of TP size, TP rank, forward mode,
+  path and send order that holds every wrong comparison and no right one
+  (:func:`separation`; several: the others in the lacking line).
 * ``[global]``: failures on every mode and path the run took: the tests' own
   diagnosis is the run's.
+
+A named cause never contains a right comparison: each rule names a set of
+comparisons (ranks, modes, paths, sends on an engine) that holds every wrong
+one and no right one.  Where none does, ``[mixed]`` prints the separating
+table (each attribute's values with their wrong / right counts) and names
+nothing.
 
 What the selection lacked is said (``plain prefill not run in this selection:
 cannot tell a path fault from the id rule``).  Pure Python.
@@ -49,9 +61,6 @@ CAPTURE, SERVED, OFFLINE = "capture", "served-draft", "offline-draft"
 VALUE_CHECKS = ("captures", "ranks")
 #: The per-test diagnosis tags that name the id rule (a global cause).
 ID_RULE_KINDS = ("offset-twice", "offset-missing", "ids-ignored")
-#: Share of the comparisons in the failing modes (or paths) that must fail for
-#: the failure to belong to them.
-PURITY = 0.5
 
 TITLE = "eagle3 diagnosis"
 POINTER = "see the '{title}' section at the end: it weighs this failure against every other test of the run"
@@ -64,6 +73,8 @@ OFFLINE_OK = " and offline (accept length {value:.2f} on SGLang's own captures)"
 OFFLINE_LACKING = "offline acceptance not run in this selection: cannot tell the draft from its captures' consumer"
 PRECISION = ("[precision] every slot holds the right snapshot, off by up to {err:.1e} (tolerance {tol:.0e}) "
              "in {n} comparisons: a lower-precision copy ({fmt})")
+RANK_ONLY = ("[rank] {ranks} only: every comparison of {ranks} is wrong ({n}) and every other rank's right "
+             "({m}): a communication or state only {ranks} uses")
 RANK_MODE = ("[rank-mode] {ranks} only, {modes} only: a {modes}-only path of {ranks} "
              "(a communication or state that only those forwards use)")
 STALE = ("[stale-state] right for the first {k} send(s) of the suite's prompts on each engine, wrong from "
@@ -73,6 +84,8 @@ PATH_ONLY = ("[path-only] wrong only on {where}; right on {right} for ids {ids}:
 GLOBAL = "[global] every mode and path the run took fails the same way: {cause}"
 MIXED = ("[mixed] failures on {bad} and passes on {good} do not separate by mode, path, rank or "
          "request order: read the first failure ({first})")
+SEPARATING = "  {attribute}: {values}"
+SEPARATING_HEAD = "  separating table (value: wrong / right comparisons):"
 
 NO_VERDICT = ("[no-verdict] none of the run's {n} comparisons is wrong, but {k} test(s) failed without one: "
               "{first}: {line}")
@@ -178,7 +191,8 @@ class RunDiagnosis:
 
     Attributes:
         tag: ``clean``, ``no-verdict``, ``draft-side``, ``draft``, ``precision``,
-            ``rank-mode``, ``stale-state``, ``path-only``, ``global`` or ``mixed``.
+            ``rank``, ``rank-mode``, ``stale-state``, ``path-only``, ``confined``, ``global``
+            or ``mixed``.
         headline: one line, starting with ``[tag]``.
         evidence: the lines that support it.
         lacking: what this selection did not run that the diagnosis would need.
@@ -188,13 +202,17 @@ class RunDiagnosis:
     headline: str
     evidence: tuple[str, ...] = ()
     lacking: tuple[str, ...] = ()
+    #: The cause as attribute constraints (:data:`TABLE_ATTRIBUTES` names -> values):
+    #: the comparisons it names are :func:`named_set`'s; ``()``: a cause named by its
+    #: effect (precision, draft side) or none.
+    named: tuple[tuple[str, frozenset[str]], ...] = ()
 
     def lines(self) -> list[str]:
         return [self.headline, *self.evidence, *(f"lacking: {x}" for x in self.lacking)]
 
     def to_json(self) -> dict[str, Any]:
         return {"tag": self.tag, "headline": self.headline, "evidence": list(self.evidence),
-                "lacking": list(self.lacking)}
+                "lacking": list(self.lacking), "named": {name: sorted(values) for name, values in self.named}}
 
 
 def diagnose_run(observations: Iterable[Observation],
@@ -233,10 +251,13 @@ def _diagnose(obs: list[Observation]) -> RunDiagnosis:
                                                   ranks=_rank_text(obs)), (), ())
     if not bad:
         return _draft_side(obs, captures, served_bad)
-    for rule in (_precision, _rank_mode, _stale, _path_only):
+    for rule in (_precision, _rank_only, _rank_mode, _stale, _path_only, _confined):
         found = rule(captures, bad)
         if found is not None:
-            return RunDiagnosis(found[0], found[1], tuple(found[2]), tuple(lacking))
+            tag, headline, evidence, *more = found
+            extra = list(more[0]) if more else []
+            named = tuple(more[1]) if len(more) > 1 else ()
+            return RunDiagnosis(tag, headline, tuple(evidence), tuple(lacking + extra), named)
     return _global(captures, bad, lacking)
 
 
@@ -297,10 +318,34 @@ def _rank_mode(captures: Sequence[Observation], bad: Sequence[Observation]):
     # Right on the same ranks in the other modes, and on the other ranks in these modes.
     if not any(o.ok and o.rank in bad_ranks and o.mode not in bad_modes for o in captures):
         return None
+    if any(o.ok and o.rank in bad_ranks and o.mode in bad_modes for o in captures):
+        return None  # a right comparison inside the named ranks and modes: they do not separate
     ranks = " and ".join(f"rank {r}" for r in sorted(bad_ranks))  # type: ignore[type-var]
     modes = " and ".join(m for m in MODES if m in bad_modes)
     return ("rank-mode", RANK_MODE.format(ranks=ranks, modes=modes),
-            _fail_lines(bad) + _pass_lines([o for o in captures if o.ok and o.rank is not None]))
+            _fail_lines(bad) + _pass_lines([o for o in captures if o.ok and o.rank is not None]), [],
+            [("TP rank", frozenset(f"rank {r}" for r in bad_ranks)), ("forward mode", frozenset(bad_modes))])
+
+
+def _rank_only(captures: Sequence[Observation], bad: Sequence[Observation]):
+    """Every failure on a strict subset of the TP ranks the run recorded, every
+    comparison on those ranks wrong, and the other ranks right in the same modes."""
+    if any(o.rank is None for o in bad):
+        return None
+    ranked = [o for o in captures if o.rank is not None]
+    bad_ranks = {o.rank for o in bad}
+    if not bad_ranks < {o.rank for o in ranked}:
+        return None
+    inside = [o for o in ranked if o.rank in bad_ranks]
+    if any(o.ok for o in inside):
+        return None
+    bad_modes = {o.mode for o in bad}
+    others = [o for o in ranked if o.rank not in bad_ranks and o.mode in bad_modes]
+    if not others or not all(o.ok for o in others):
+        return None
+    ranks = " and ".join(f"TP rank {r}" for r in sorted(bad_ranks))  # type: ignore[type-var]
+    return ("rank", RANK_ONLY.format(ranks=ranks, n=len(inside), m=len(others)),
+            _fail_lines(bad) + _pass_lines(others), [], [("TP rank", frozenset(f"rank {r}" for r in bad_ranks))])
 
 
 def _stale(captures: Sequence[Observation], bad: Sequence[Observation]):
@@ -320,30 +365,31 @@ def _stale(captures: Sequence[Observation], bad: Sequence[Observation]):
         after = [o for o in on_engine if o.order >= k]
         if k == 0 or not before or not all(o.ok for o in before):
             return None
-        if sum(not o.ok for o in after) < PURITY * len(after):
-            return None
+        if any(o.ok for o in after):
+            return None  # a right comparison after the first wrong one: not a state gone stale
     k = min(first_bad.values())
     right = [o for o in captures if o.ok and o.engine in first_bad and o.order < first_bad[o.engine]]
-    return ("stale-state", STALE.format(k=k), _fail_lines(bad) + _pass_lines(right))
+    later = {_send(o) for o in captures if o.engine in first_bad and o.order >= first_bad[o.engine]}
+    return ("stale-state", STALE.format(k=k), _fail_lines(bad) + _pass_lines(right), [],
+            [("send on its engine", frozenset(later))])
 
 
 def _path_only(captures: Sequence[Observation], bad: Sequence[Observation]):
-    """The mode or path whose comparisons fail (most purely), while the same ids
-    passed outside it: a short prompt has no later chunk, so not every comparison
-    in the failing mode needs to fail, but none outside it may."""
+    """The modes or paths whose comparisons all fail, while the same ids passed
+    outside them (mode first, then path)."""
     best = None
     for key in ("mode", "path"):
         bad_values = {getattr(o, key) for o in bad}
         seen = {getattr(o, key) for o in captures}
         if not bad_values < seen:
             continue
-        inside = [o for o in captures if getattr(o, key) in bad_values]
-        purity = len(bad) / len(inside)
-        if purity >= PURITY and (best is None or purity > best[0]):
-            best = (purity, key, bad_values)
+        if any(o.ok for o in captures if getattr(o, key) in bad_values):
+            continue  # a right comparison inside: the mode (path) does not separate
+        best = (key, bad_values)
+        break
     if best is None:
         return None
-    _, key, bad_values = best
+    key, bad_values = best
     good = [o for o in captures if o.ok and getattr(o, key) not in bad_values]
     bad_ids = {o.ids for o in bad}
     same_ids = [o for o in good if o.ids in bad_ids]
@@ -358,7 +404,8 @@ def _path_only(captures: Sequence[Observation], bad: Sequence[Observation]):
     rule_kinds = sorted({k for o in bad for k in o.kinds if k in ID_RULE_KINDS})
     if rule_kinds:
         lines.append(CONTRADICTED.format(kinds=" ".join(f"[{k}]" for k in rule_kinds), ids=ids, right=right))
-    return ("path-only", headline, lines)
+    name = "forward mode" if key == "mode" else "path"
+    return ("path-only", headline, lines, [], [(name, frozenset(str(v) for v in bad_values))])
 
 
 def _global(captures: Sequence[Observation], bad: Sequence[Observation], lacking: list[str]) -> RunDiagnosis:
@@ -367,10 +414,106 @@ def _global(captures: Sequence[Observation], bad: Sequence[Observation], lacking
     bad_ids = {o.ids for o in bad}
     if good and any(o.ids in bad_ids for o in good):
         headline = MIXED.format(bad=_where(bad), good=_where(good), first=first.test)
-        return RunDiagnosis("mixed", headline, tuple(_fail_lines(bad) + _pass_lines(good)), tuple(lacking))
+        return RunDiagnosis("mixed", headline, tuple(separating_table(captures) + _fail_lines(bad)
+                                                     + _pass_lines(good)), tuple(lacking))
     cause = first.line or ", ".join(f"[{k}]" for k in first.kinds) or "see the first failure"
     return RunDiagnosis("global", GLOBAL.format(cause=f"{cause} ({first.test})"),
                         tuple(_fail_lines(bad)), tuple(lacking))
+
+
+#: The request-order attribute of :data:`TABLE_ATTRIBUTES` (a threshold per engine).
+SEND = "send on its engine"
+#: Largest number of attributes in a :func:`separation`.
+MAX_CONJUNCTION = 3
+CONFINED = ("[confined] wrong exactly where {where}: all {n} comparisons there are wrong, the {m} elsewhere "
+            "right")
+ALSO_SEPARATES = "this selection cannot tell apart: {others} separate the same comparisons"
+
+
+def _conjunction_text(rule: Sequence[tuple[str, frozenset[str]]]) -> str:
+    return " and ".join(f"{name} {' or '.join(sorted(values))}" for name, values in rule)
+
+
+def separation(captures: Sequence[Observation]) -> list[list[tuple[str, frozenset[str]]]]:
+    """The smallest conjunctions of attributes (:data:`TABLE_ATTRIBUTES`, at most
+    :data:`MAX_CONJUNCTION`) that hold every wrong comparison and no right one,
+    each attribute restricted to the values the wrong comparisons take (never all
+    the values the run took), the send order to every send on an engine from its
+    first wrong one on.  Empty: none separates, or nothing is right."""
+    bad = [o for o in captures if not o.ok]
+    good = [o for o in captures if o.ok]
+    if not bad or not good:
+        return []
+    options = []
+    for name, read in TABLE_ATTRIBUTES:
+        values = frozenset(read(o) for o in bad)
+        if name == SEND:
+            # Request order is a threshold: every send on an engine from its first wrong one on.
+            first: dict[str, int] = {}
+            for o in bad:
+                first[o.engine] = min(first.get(o.engine, o.order), o.order)
+            values = frozenset(read(o) for o in captures if o.engine in first and o.order >= first[o.engine] >= 0)
+        if values and values < frozenset(read(o) for o in captures):
+            options.append((name, read, values))
+    from itertools import combinations
+
+    for size in range(1, MAX_CONJUNCTION + 1):
+        found = [[(name, values) for name, _, values in rule] for rule in combinations(options, size)
+                 if not any(all(read(o) in values for _, read, values in rule) for o in good)]
+        if found:
+            return found
+    return []
+
+
+def _confined(captures: Sequence[Observation], bad: Sequence[Observation]):
+    """The smallest exact conjunction (:func:`separation`); several of one size: the
+    first named, the others said in the lacking line."""
+    rules = separation(captures)
+    if not rules:
+        return None
+    rule = rules[0]
+    inside = [o for o in captures if all(read(o) in dict(rule).get(name, frozenset([read(o)]))
+                                         for name, read in TABLE_ATTRIBUTES)]
+    outside = [o for o in captures if o not in inside]
+    extra = [ALSO_SEPARATES.format(others="; ".join(_conjunction_text(r) for r in rules[1:]))] if len(rules) > 1 else []
+    return ("confined", CONFINED.format(where=_conjunction_text(rule), n=len(inside), m=len(outside)),
+            _fail_lines(bad) + _pass_lines(outside), extra, rule)
+
+
+#: The attributes of :func:`separating_table`, with how each observation reads.
+TABLE_ATTRIBUTES = (("TP size", lambda o: f"tp {o.tp}"),
+                    ("TP rank", lambda o: "API (rank 0's output)" if o.rank is None else f"rank {o.rank}"),
+                    ("forward mode", lambda o: o.mode),
+                    ("path", lambda o: o.path),
+                    ("send on its engine", lambda o: _send(o)))
+
+
+def _send(o: Observation) -> str:
+    """The send on its engine, as :data:`TABLE_ATTRIBUTES` reads it (engines apart)."""
+    return "?" if o.order < 0 else f"{o.order + 1}" + (f" on {o.engine}" if o.engine else "")
+
+
+def named_set(diagnosis: "RunDiagnosis", captures: Sequence[Observation]) -> list[Observation]:
+    """The comparisons ``diagnosis`` names as the cause's (:attr:`RunDiagnosis.named`):
+    those whose every named attribute takes one of the named values."""
+    reads = dict(TABLE_ATTRIBUTES)
+    return [o for o in captures if all(reads[name](o) in values for name, values in diagnosis.named)]
+
+
+def separating_table(captures: Sequence[Observation]) -> list[str]:
+    """Per attribute (:data:`TABLE_ATTRIBUTES`) that takes more than one value, each
+    value with its wrong / right comparison counts: what a reader needs where no
+    rule separates the wrong comparisons from the right ones."""
+    lines = []
+    for name, read in TABLE_ATTRIBUTES:
+        counts: dict[str, list[int]] = {}
+        for o in captures:
+            counts.setdefault(read(o), [0, 0])[0 if not o.ok else 1] += 1
+        if len(counts) < 2:
+            continue
+        values = ", ".join(f"{v}: {w} / {r}" for v, (w, r) in counts.items())
+        lines.append(SEPARATING.format(attribute=name, values=values))
+    return [SEPARATING_HEAD, *lines] if lines else []
 
 
 # --- wording -------------------------------------------------------------------

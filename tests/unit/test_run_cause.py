@@ -198,6 +198,106 @@ def test_ranks_that_agree_are_no_evidence_and_one_that_disagrees_is() -> None:
     got = [Observation.from_json({"test": "agree", **o}) for o in observations_of(
         report, {"check": "agree", "ids": [0, 3, 5], "modes": ["prefill", "decode"]})]
     assert [(o.rank, o.mode, o.ok) for o in got] == [(1, "prefill", True), (1, "decode", False)]
-    run = plain_run() + got
+    # The value check of rank 1's decode rows agrees (consistent evidence): rank 1, decode only.
+    run = failing(plain_run(), lambda o: o.rank == 1 and o.mode == "decode") + got
     assert diagnose_run(run).tag == "rank-mode"
     assert diagnose_run(plain_run() + got[:1]).tag == "clean"
+
+
+# --- exact separations (a named cause never holds a right comparison) ---------------
+
+
+def test_a_rank_fault_seen_only_on_a_later_send_is_the_rank_not_stale_state() -> None:
+    """Rank 1 wrong in prefill and decode (recorded on the second send), the API's rows
+    (rank 0, first send) and rank 0's recorded rows right: the rank, not the send order."""
+    run = [obs("paths[v]", tp=2, path="v", mode=m, order=0, engine="e") for m in ("prefill", "decode")]
+    run += [obs("paths[v]", tp=2, path="v", mode=m, order=1, engine="e", rank=r, check="ranks", ok=r == 0)
+            for r in (0, 1) for m in ("prefill", "decode")]
+    diag = diagnose_run(run)
+    assert diag.tag == "rank" and diag.headline.startswith("[rank] TP rank 1 only: every comparison of TP rank 1 "
+                                                           "is wrong (2) and every other rank's right (2)"), diag.lines()
+
+
+def test_a_mode_with_a_right_comparison_is_not_named_the_cause() -> None:
+    """A batch-only decode fault in ``-k "tp1-batch or tp1-decode"``: decode is right on the
+    decode path, so "wrong only on decode" would hold a right comparison; the exact cause is
+    the batch path's decode rows."""
+    run = [obs("paths[batch]", path="batch", mode="prefill", order=0, engine="e"),
+           obs("paths[batch]", path="batch", mode="decode", order=0, engine="e", ok=False),
+           obs("paths[decode]", path="decode", mode="prefill", order=1, engine="e"),
+           obs("paths[decode]", path="decode", mode="decode", order=1, engine="e")]
+    diag = diagnose_run(run)
+    assert diag.tag == "confined", diag.lines()
+    assert diag.headline.startswith("[confined] wrong exactly where forward mode decode and path batch: all 1 "
+                                    "comparisons there are wrong, the 3 elsewhere right"), diag.headline
+
+
+def test_stale_state_needs_every_later_comparison_wrong() -> None:
+    run = [obs("a", mode="prefill", order=0, engine="e"), obs("b", mode="prefill", order=1, engine="e", ok=False),
+           obs("c", path="decode", mode="decode", order=2, engine="e", ok=False),
+           obs("d", path="batch", mode="prefill", order=3, engine="e")]  # right after the first wrong one
+    assert diagnose_run(run).tag != "stale-state"
+
+
+def test_no_separation_prints_the_table_and_names_nothing() -> None:
+    run = [obs("a", mode="prefill", order=0, engine="e", ok=False), obs("a", mode="decode", order=0, engine="e"),
+           obs("b", mode="prefill", order=1, engine="e"), obs("b", mode="decode", order=1, engine="e", ok=False)]
+    diag = diagnose_run(run)
+    assert diag.tag == "mixed", diag.lines()
+    assert "  separating table (value: wrong / right comparisons):" in diag.evidence
+    assert "  forward mode: prefill: 1 / 1, decode: 1 / 1" in diag.evidence
+    assert "  send on its engine: 1 on e: 1 / 1, 2 on e: 1 / 1" in diag.evidence
+
+
+def test_separation_is_exact_on_random_runs() -> None:
+    """Every named separation holds every wrong comparison and no right one (hypothesis:
+    random runs, random faults confined to a random conjunction)."""
+    import hypothesis
+    st = hypothesis.strategies
+    from pytest_eagle3.verdicts.run_cause import TABLE_ATTRIBUTES, separation
+
+    @hypothesis.given(st.lists(st.tuples(st.sampled_from([1, 2]), st.sampled_from([None, 0, 1]),
+                                         st.sampled_from(["prefill", "decode", "later-chunk"]),
+                                         st.sampled_from(["plain", "batch"]), st.integers(0, 3), st.booleans()),
+                               min_size=1, max_size=30))
+    @hypothesis.settings(max_examples=200, deadline=None)
+    def check(rows):
+        run = [obs("t", tp=tp, rank=rank, mode=mode, path=path, order=order, engine="e", ok=ok)
+               for tp, rank, mode, path, order, ok in rows]
+        reads = dict(TABLE_ATTRIBUTES)
+        for rule in separation(run):
+            chosen = [o for o in run if all(reads[name](o) in values for name, values in rule)]
+            assert all(not o.ok for o in chosen) and all(o.ok for o in run if o not in chosen)
+
+    check()
+
+
+def test_sampled_faults_are_named_exactly_or_by_an_equivalent_cause_never_wrongly() -> None:
+    """The fault grammar's simulator (verdicts/grammar.py): faults confined to 1, 2 and 3
+    attributes on a default run's observations; a named cause never holds a right
+    comparison or misses a wrong one."""
+    from pytest_eagle3.verdicts.grammar import simulate
+
+    for size in (1, 2, 3):
+        counts = simulate(300, size, seed=7)
+        assert counts["wrong"] == 0, (size, counts)
+        assert counts["exact"] + counts["coarser"] == 300, (size, counts)
+
+
+def test_grammar_property_on_random_seeds() -> None:
+    import hypothesis
+    from hypothesis import strategies as st
+
+    from pytest_eagle3.verdicts.grammar import EFFECTS, classify, default_run, sample_confinement
+
+    run = default_run()
+
+    @hypothesis.given(st.integers(0, 10**6), st.integers(1, 4), st.sampled_from(EFFECTS))
+    @hypothesis.settings(max_examples=300, deadline=None)
+    def check(seed, size, effect):
+        import random
+
+        conj = sample_confinement(random.Random(seed), run, size)
+        assert classify(run, conj, effect)[0] != "wrong"
+
+    check()

@@ -1,0 +1,147 @@
+"""A fault grammar and a simulator of a run's observations, to test the run-level diagnosis.
+
+A fault is a *confinement* (a conjunction of attribute values: TP size, TP rank,
+forward mode, path, send on its engine, the attributes of
+:data:`pytest_eagle3.verdicts.run_cause.TABLE_ATTRIBUTES`) times an *effect*;
+the comparisons inside the confinement are wrong, all others right.  The
+simulator lays out the observations a run of the packaged suite leaves
+(:func:`default_run`: the capture order and contract tests at TP 1 and 2, the
+path variants, the per-rank tests' rows of both TP ranks), samples confinements
+(:func:`sample_confinement`, seeded) and classifies what
+:func:`~pytest_eagle3.verdicts.run_cause.diagnose_run` names (:func:`classify`):
+
+* ``exact``: the named cause is the sampled conjunction;
+* ``coarser``: another conjunction that holds the same comparisons (the run's
+  selection cannot tell the two apart);
+* ``unnamed``: nothing named (``[mixed]`` with its separating table, or
+  ``[global]``), with the reason: the confinement covers every comparison, or
+  takes more than :data:`~pytest_eagle3.verdicts.run_cause.MAX_CONJUNCTION`
+  attributes to state;
+* ``wrong``: the named cause holds a right comparison or misses a wrong one.
+
+Effects change what a test's own diagnosis says of each slot, not which
+comparisons fail, so the simulator marks comparisons wrong with the effect's
+per-test tag only.  Pure Python; ``benchmarks/diagnosis_grammar.py`` prints the
+shares per conjunction size.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from typing import Sequence
+
+from pytest_eagle3.verdicts.run_cause import (
+    MAX_CONJUNCTION, SEND, TABLE_ATTRIBUTES, Observation, diagnose_run, named_set,
+)
+
+#: Effects a fault can have (the per-test tag its wrong comparisons carry).
+EFFECTS = ("no-residual", "partial-sum", "normalized-input", "offset-twice", "reversed-order")
+#: Classes of :func:`classify`.
+CLASSES = ("exact", "coarser", "unnamed", "wrong")
+
+Conjunction = tuple[tuple[str, frozenset[str]], ...]
+
+
+def default_run(ids: tuple[int, ...] = (0, 3, 5)) -> list[Observation]:
+    """The right observations of a default-selection run at ``--tp 2``, in send order
+    per engine: capture order and contracts (prefill and later chunks), the path
+    variants (decode, batch, radix-cache hit) at TP 1 and 2, and the per-rank
+    tests' prefill and decode rows on TP ranks 0 and 1."""
+    out: list[Observation] = []
+    for tp in (1, 2):
+        engine = f"capture-tp{tp}"
+        order = 0
+        for test in ("order", "contract"):
+            for mode in ("prefill", "later-chunk"):
+                out.append(Observation(f"{test}[tp{tp}]", "captures", True, tp=tp, mode=mode, ids=ids,
+                                       order=order, engine=engine))
+            order += 1
+        for path, modes in (("decode", ("prefill", "decode")), ("batch", ("prefill", "decode")),
+                            ("radix-cache-hit", ("cache-hit",))):
+            for mode in modes:
+                out.append(Observation(f"paths[tp{tp}-{path}]", "captures", True, tp=tp, path=path, mode=mode,
+                                       ids=ids, order=order, engine=engine))
+            order += 1
+        if tp == 2:
+            for rank in (0, 1):
+                for mode in ("prefill", "later-chunk", "decode"):
+                    out.append(Observation("per_rank[tp2]", "ranks", True, tp=2, rank=rank, mode=mode, ids=ids,
+                                           order=order, engine=engine))
+    return out
+
+
+def _values(run: Sequence[Observation]) -> dict[str, list[str]]:
+    return {name: sorted({read(o) for o in run}) for name, read in TABLE_ATTRIBUTES}
+
+
+def sample_confinement(rng: random.Random, run: Sequence[Observation], size: int) -> Conjunction:
+    """``size`` attributes, each restricted to a random non-empty strict subset of the
+    values the run takes (the send order: every send on one engine from a random
+    one on), that hold at least one comparison of ``run`` and not all of them."""
+    values = {k: v for k, v in _values(run).items() if len(v) > 1}
+    while True:
+        names = rng.sample(sorted(values), size)
+        conj = tuple((n, _sends_from(rng, run) if n == SEND else
+                      frozenset(rng.sample(values[n], rng.randint(1, len(values[n]) - 1)))) for n in names)
+        if inside(run, conj) and len(inside(run, conj)) < len(run):
+            return conj
+
+
+def _sends_from(rng: random.Random, run: Sequence[Observation]) -> frozenset[str]:
+    """A request-order confinement: every send on one engine from a random send on."""
+    engine = rng.choice(sorted({o.engine for o in run}))
+    orders = sorted({o.order for o in run if o.engine == engine})
+    k = rng.choice(orders[1:])
+    return frozenset(f"{o.order + 1} on {engine}" for o in run if o.engine == engine and o.order >= k)
+
+
+def inside(run: Sequence[Observation], conj: Conjunction) -> list[Observation]:
+    reads = dict(TABLE_ATTRIBUTES)
+    return [o for o in run if all(reads[n](o) in vals for n, vals in conj)]
+
+
+def apply(run: Sequence[Observation], conj: Conjunction, effect: str) -> list[Observation]:
+    """``run`` with the comparisons inside ``conj`` wrong, tagged ``effect``."""
+    wrong = {id(o) for o in inside(run, conj)}
+    return [replace(o, ok=False, kinds=(effect,), line=f"[{effect}]") if id(o) in wrong else o for o in run]
+
+
+def _minimal(run: Sequence[Observation], conj: Conjunction) -> Conjunction:
+    """``conj`` without the attributes that add nothing on ``run``."""
+    chosen = inside(run, conj)
+    kept = list(conj)
+    for item in list(conj):
+        trial = [x for x in kept if x != item]
+        if trial and inside(run, tuple(trial)) == chosen:
+            kept = trial
+    return tuple(kept)
+
+
+def classify(run: Sequence[Observation], conj: Conjunction, effect: str = "no-residual") -> tuple[str, str]:
+    """``(class, the diagnosis headline)`` of the fault ``conj`` x ``effect`` on ``run``."""
+    faulted = apply(run, conj, effect)
+    diag = diagnose_run(faulted)
+    assert diag is not None
+    wrong = [o for o in faulted if not o.ok]
+    if not diag.named:
+        return "unnamed", diag.headline
+    named = named_set(diag, faulted)
+    if sorted(map(id, named)) != sorted(map(id, wrong)):
+        return "wrong", diag.headline
+    if {(n, v) for n, v in diag.named} == set(_minimal(faulted, conj)):
+        return "exact", diag.headline
+    return "coarser", diag.headline
+
+
+def simulate(samples: int, size: int, seed: int = 0) -> dict[str, int]:
+    """Counts of :data:`CLASSES` over ``samples`` faults with ``size``-attribute
+    confinements on :func:`default_run`, seeded."""
+    rng = random.Random(seed * 1000 + size)
+    run = default_run()
+    counts = dict.fromkeys(CLASSES, 0)
+    for _ in range(samples):
+        conj = sample_confinement(rng, run, min(size, MAX_CONJUNCTION + 1))
+        cls, _ = classify(run, conj, rng.choice(EFFECTS))
+        counts[cls] += 1
+    return counts
