@@ -37,6 +37,8 @@ class Captures:
             engine's sends, from 0 (``-1``: not known); the run-level diagnosis
             tells state that changes over an engine's life by it.
         engine: the name of the engine that served it (``""``: not known).
+        index: its position among the requests of that send, from 0 (``-1``:
+            not known): with ``order``, the request's order on its engine.
     """
 
     prompt: list[int]
@@ -46,6 +48,7 @@ class Captures:
     rid: str | None = None
     order: int = -1
     engine: str = ""
+    index: int = -1
 
     @property
     def width(self) -> int:

@@ -253,8 +253,8 @@ class CaptureRunner:
         key = ("sends", config)
         order = self.pool.results.get(key, 0)
         self.pool.results[key] = order + 1
-        for cap in out:
-            cap.order, cap.engine = order, config.name if config is not None else ""
+        for i, cap in enumerate(out):
+            cap.order, cap.engine, cap.index = order, config.name if config is not None else "", i
         return out
 
     def _flush(self, server: Any) -> None:

@@ -87,6 +87,8 @@ def observations_of(report: Any, where: Mapping[str, Any], ok: bool | None = Non
         out = []
         for rank, index, sub_ok, sub in outcomes:
             entry = {**base, **observations_of(sub, {}, sub_ok)[0], "rank": int(rank)}
+            if sub is not None:  # a comparison of request ``index`` (an agreement outcome indexes forwards)
+                entry["request"] = int(index)
             if index < len(modes):
                 entry["mode"] = modes[index]
             out.append(entry)

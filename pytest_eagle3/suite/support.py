@@ -125,7 +125,8 @@ def where(req, cap=None, *, path: str, mode: str | None = None, **more: Any) -> 
     forward mode (``mode`` overrides :func:`request_mode`)."""
     out: dict[str, Any] = {"path": path, "ids": list(req.ids) if req.ids is not None else None}
     if cap is not None:
-        out.update(order=cap.order, engine=cap.engine, mode=mode or request_mode(cap))
+        out.update(order=cap.order, engine=cap.engine, mode=mode or request_mode(cap),
+                   request=getattr(cap, "index", -1))
     elif mode is not None:
         out["mode"] = mode
     out.update(more)

@@ -79,6 +79,8 @@ RANK_MODE = ("[rank-mode] {ranks} only, {modes} only: a {modes}-only path of {ra
              "(a communication or state that only those forwards use)")
 STALE = ("[stale-state] right for the first {k} send(s) of the suite's prompts on each engine, wrong from "
          "then on: state that changes over an engine's life")
+STALE_REQUEST = ("[stale-state] right for the first {k} send(s) and the first {r} request(s) of send {n} on "
+                 "each engine, wrong from then on: state that changes over an engine's life")
 PATH_ONLY = ("[path-only] wrong only on {where}; right on {right} for ids {ids}: the {where} path "
              "captures other values, not the id rule")
 GLOBAL = "[global] every mode and path the run took fails the same way: {cause}"
@@ -127,6 +129,7 @@ class Observation:
         level: :data:`CAPTURE`, :data:`SERVED` or :data:`OFFLINE`.
         order: position of the send (the test's prompts, sent once) among the
             engine's sends, from 0 (``-1``: unknown).
+        request: position of the request among that send's, from 0 (``-1``: unknown).
         engine: the engine's name.
         kinds: the per-test diagnosis tags.
         right_snapshots: every wrong slot's best match is its expected snapshot.
@@ -146,6 +149,7 @@ class Observation:
     rank: int | None = None
     level: str = CAPTURE
     order: int = -1
+    request: int = -1
     engine: str = ""
     kinds: tuple[str, ...] = ()
     right_snapshots: bool = False
@@ -350,27 +354,29 @@ def _rank_only(captures: Sequence[Observation], bad: Sequence[Observation]):
 
 def _stale(captures: Sequence[Observation], bad: Sequence[Observation]):
     """On each engine with failures, every request before the first failing one
-    passed (there was one), and from it on most comparisons fail, across more
-    than one mode or path (one mode or path alone is a path fault that ran late)."""
+    passed (there was one), and from it on every comparison fails, across more
+    than one mode or path (one mode or path alone is a path fault that ran late).
+    Requests are ordered by send, then by their place in the send."""
     if any(o.order < 0 or not o.engine for o in bad):
         return None
     if len({(o.mode, o.path) for o in bad}) < 2:
         return None
-    first_bad: dict[str, int] = {}
+    first_bad: dict[str, tuple[int, int]] = {}
     for o in bad:
-        first_bad[o.engine] = min(first_bad.get(o.engine, o.order), o.order)
+        first_bad[o.engine] = min(first_bad.get(o.engine, _key(o)), _key(o))
     for engine, k in first_bad.items():
         on_engine = [o for o in captures if o.engine == engine and o.order >= 0]
-        before = [o for o in on_engine if o.order < k]
-        after = [o for o in on_engine if o.order >= k]
-        if k == 0 or not before or not all(o.ok for o in before):
+        before = [o for o in on_engine if _key(o) < k]
+        after = [o for o in on_engine if _key(o) >= k]
+        if k[0] == 0 and k[1] <= 0 or not before or not all(o.ok for o in before):
             return None
         if any(o.ok for o in after):
             return None  # a right comparison after the first wrong one: not a state gone stale
     k = min(first_bad.values())
-    right = [o for o in captures if o.ok and o.engine in first_bad and o.order < first_bad[o.engine]]
-    later = {_send(o) for o in captures if o.engine in first_bad and o.order >= first_bad[o.engine]}
-    return ("stale-state", STALE.format(k=k), _fail_lines(bad) + _pass_lines(right), [],
+    right = [o for o in captures if o.ok and o.engine in first_bad and _key(o) < first_bad[o.engine]]
+    later = {_send(o) for o in captures if o.engine in first_bad and _key(o) >= first_bad[o.engine]}
+    headline = STALE.format(k=k[0]) if k[1] <= 0 else STALE_REQUEST.format(k=k[0], r=k[1], n=k[0] + 1)
+    return ("stale-state", headline, _fail_lines(bad) + _pass_lines(right), [],
             [("send on its engine", frozenset(later))])
 
 
@@ -449,10 +455,11 @@ def separation(captures: Sequence[Observation]) -> list[list[tuple[str, frozense
         values = frozenset(read(o) for o in bad)
         if name == SEND:
             # Request order is a threshold: every send on an engine from its first wrong one on.
-            first: dict[str, int] = {}
+            first: dict[str, tuple[int, int]] = {}
             for o in bad:
-                first[o.engine] = min(first.get(o.engine, o.order), o.order)
-            values = frozenset(read(o) for o in captures if o.engine in first and o.order >= first[o.engine] >= 0)
+                first[o.engine] = min(first.get(o.engine, _key(o)), _key(o))
+            values = frozenset(read(o) for o in captures
+                               if o.engine in first and _key(o) >= first[o.engine] and o.order >= 0)
         if values and values < frozenset(read(o) for o in captures):
             options.append((name, read, values))
     from itertools import combinations
@@ -488,9 +495,17 @@ TABLE_ATTRIBUTES = (("TP size", lambda o: f"tp {o.tp}"),
                     ("send on its engine", lambda o: _send(o)))
 
 
+def _key(o: Observation) -> tuple[int, int]:
+    """The request's order on its engine: (send, request within the send)."""
+    return (o.order, o.request)
+
+
 def _send(o: Observation) -> str:
-    """The send on its engine, as :data:`TABLE_ATTRIBUTES` reads it (engines apart)."""
-    return "?" if o.order < 0 else f"{o.order + 1}" + (f" on {o.engine}" if o.engine else "")
+    """The send (and request) on its engine, as :data:`TABLE_ATTRIBUTES` reads it (engines apart)."""
+    if o.order < 0:
+        return "?"
+    return (f"{o.order + 1}" + (f".{o.request + 1}" if o.request >= 0 else "")
+            + (f" on {o.engine}" if o.engine else ""))
 
 
 def named_set(diagnosis: "RunDiagnosis", captures: Sequence[Observation]) -> list[Observation]:
