@@ -37,6 +37,8 @@ import re
 import sys
 from typing import Any
 
+from pytest_eagle3.worker.post_import import when_imported
+
 logger = logging.getLogger("pytest_eagle3.reduce_scatter_proof")
 
 PROOF_LINE = ("pytest-eagle3 reduce-scatter: TP rank {rank} forward {seq} {mode} of {tokens} token(s), "
@@ -213,8 +215,6 @@ def install(target: str) -> bool:
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType
     except ImportError:
         return False
-    from pytest_eagle3.worker.post_import import when_imported
-
     when_imported("sglang.srt.distributed.parallel_state", wrap_coordinator)
     HookRegistry.register(target, before_forward, HookType.BEFORE)
     HookRegistry.register(target, after_forward, HookType.AFTER)
