@@ -22,18 +22,10 @@ Request fields (``Variant.request``), read by the variant tests:
 
 * ``decode_steps`` (int): decode rows wanted per prompt.
 * ``repeat`` (int): send each prompt this many times in a row; with the radix
-  cache on, later sends hit the cache.  What SGLang 0.5.23 returns then
-  (measured on CPU): only the rows it computed, i.e. the uncached suffix.  The
-  matched prefix is capped at ``T - 1`` tokens (``Req._compute_max_prefix_len``)
-  and rounded down to ``page_size``, so a repeat of a ``T``-token prompt at
-  page size 1 returns one row, position ``T - 1``; a prompt sharing its first
-  ``k`` tokens with an earlier one returns rows ``k .. T-1``.  Compare the
-  ``n`` returned rows with reference rows ``T - n .. T - 1``; decode rows
-  follow as usual.
+  cache on, later sends hit the cache and return only the uncached rows
+  (measured on CPU, 0.5.23; :func:`pytest_eagle3.engine.variant_proof.prefill_rows`):
+  compare the ``n`` returned rows with reference rows ``T - n .. T - 1``.
 * ``batch`` (bool): all prompts in one batched ``/generate`` request.
-
-Chunked prefill returns only the last chunk's rows
-(:mod:`pytest_eagle3.engine.variant_proof`).
 
 Nothing here imports torch or sglang.
 """
@@ -121,10 +113,8 @@ class Variant:
         pair: the variant whose captures must equal this one's, row for row (the
             on/off contrast); the test's engine set holds its engine as
             :data:`PAIR_MEMBER` and the captures are compared with each other.
-        reduce_scatter: ``(forward mode, SGLang function)``: the reduce-scatter
-            route the variant proves, which every TP rank must have run in the
-            forwards of that mode that returned captures
-            (:mod:`pytest_eagle3.engine.route_proof`); ``None``: no route.
+        reduce_scatter: ``(forward mode, SGLang function)`` of the reduce-scatter route
+            the variant proves (:mod:`pytest_eagle3.engine.route_proof`); ``None``: none.
     """
 
     name: str
@@ -293,11 +283,9 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         name="dp-attention",
-        description="attention data-parallel across the TP group (one scheduler per DP rank), "
-        "dense FFN fully data-parallel (moe_dense_tp_size=1), vocab-parallel LM head per "
-        "attention group; MoE inputs are gathered, and in decode (max-len DP padding) the MoE "
-        "output comes back through a reduce-scatter (dp_reduce_scatter); captured rows must "
-        "come back gathered",
+        description="attention data-parallel across the TP group (a scheduler per DP rank), dense FFN "
+        "fully data-parallel, vocab-parallel LM head per attention group; MoE inputs gathered, in decode "
+        "(max-len DP padding) the MoE output returns through dp_reduce_scatter; rows must come back gathered",
         server_args=_DP_ATTENTION,
         alternatives=(_DP_ATTENTION_LEGACY,),
         request=MappingProxyType({"batch": True, "decode_steps": 2}),
@@ -315,21 +303,15 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         name="attn-tp-input-scattered",
-        description="attention input scattered across TP ranks in prefill: each rank keeps its slice "
-        "of the rows, the FFN's sum completes in a reduce-scatter onto the slice (tp_reduce_scatter) "
-        "and the rows are gathered back; captured rows must be the full, summed rows. SGLang turns "
-        "it on only for a model with q_lora_rank and without an EAGLE-3 speculative algorithm "
-        "(the capture-only engine qualifies, a draft engine does not); on cpu SGLang's own "
-        "context with the device condition stood in",
+        description="prefill attention input scattered over the TP ranks; the FFN sum completes in a "
+        "reduce-scatter onto each rank's rows (tp_reduce_scatter), gathered back; SGLang keeps it off "
+        "under an EAGLE-3 draft, not on the capture-only engine; on cpu its device condition stood in",
         server_args=MappingProxyType({"enable_attn_tp_input_scattered": True}),
         request=MappingProxyType({"batch": True, "decode_steps": 2}),
-        needs=Needs(
-            summary="input-scattered attention needs TP>1 without DP attention", min_tp=2,
-            cpu_fix="input_scattered_platform",
-            cpu_fix_why="AttnTpContext.init_context keeps it off outside CUDA and NPU",
-        ),
-        source="srt/layers/layer_boundary/adapters/attention.py AttnTpContext.init_context; "
-        "layer_boundary/layout.py input_scattered_configured; layer_boundary/ops.py residual_slice_output",
+        needs=Needs(summary="input-scattered attention needs TP>1 without DP attention", min_tp=2,
+                    cpu_fix="input_scattered_platform",
+                    cpu_fix_why="AttnTpContext.init_context keeps it off outside CUDA and NPU"),
+        source="srt/layers/layer_boundary/adapters/attention.py AttnTpContext.init_context; ops.py residual_slice_output",
         reduce_scatter=("EXTEND", "tp_reduce_scatter"),
     ),
     Variant(

@@ -31,9 +31,8 @@ import random
 from dataclasses import replace
 from typing import Sequence
 
-from pytest_eagle3.verdicts.run_cause import (
-    MAX_CONJUNCTION, SEND, TABLE_ATTRIBUTES, Observation, diagnose_run, named_set,
-)
+from pytest_eagle3.verdicts.run_cause import Observation, diagnose_run
+from pytest_eagle3.verdicts.separation import MAX_CONJUNCTION, SEND, TABLE_ATTRIBUTES, named_set
 
 #: Effects a fault can have (the per-test tag its wrong comparisons carry).
 EFFECTS = ("no-residual", "partial-sum", "normalized-input", "offset-twice", "reversed-order")

@@ -30,11 +30,8 @@ one headline and the evidence lines behind it.  The rules, in order:
 * ``[global]``: failures on every mode and path the run took: the tests' own
   diagnosis is the run's.
 
-A named cause never contains a right comparison: each rule names a set of
-comparisons (ranks, modes, paths, sends on an engine) that holds every wrong
-one and no right one.  Where none does, ``[mixed]`` prints the separating
-table (each attribute's values with their wrong / right counts) and names
-nothing.
+A named cause never holds a right comparison (:mod:`pytest_eagle3.verdicts.separation`);
+where none separates, ``[mixed]`` prints the separating table and names nothing.
 
 What the selection lacked is said (``plain prefill not run in this selection:
 cannot tell a path fault from the id rule``).  Pure Python.
@@ -43,14 +40,15 @@ cannot tell a path fault from the id rule``).  Pure Python.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from pytest_eagle3.verdicts.distance import PRECISION_CEILING, roundoff_name
+from pytest_eagle3.verdicts.run_wording import MODES, fail_lines, ordered, pass_lines, present, rank_text, where
+from pytest_eagle3.verdicts.separation import (
+    TABLE_ATTRIBUTES, conjunction_text, request_key, send_text, separating_table, separation,
+)
 
-#: Forward modes an observation can carry, in the order they are reported.
-MODES = ("prefill", "later-chunk", "cache-hit", "decode", "verify")
 #: Modes of the target's decode-time forwards (one token per request, or a draft's tokens).
 DECODE_MODES = ("decode", "verify")
 #: Levels: the captures SGLang returned or recorded, the served draft's accept
@@ -86,14 +84,10 @@ PATH_ONLY = ("[path-only] wrong only on {where}; right on {right} for ids {ids}:
 GLOBAL = "[global] every mode and path the run took fails the same way: {cause}"
 MIXED = ("[mixed] failures on {bad} and passes on {good} do not separate by mode, path, rank or "
          "request order: read the first failure ({first})")
-SEPARATING = "  {attribute}: {values}"
-SEPARATING_HEAD = "  separating table (value: wrong / right comparisons):"
 
 NO_VERDICT = ("[no-verdict] none of the run's {n} comparisons is wrong, but {k} test(s) failed without one: "
               "{first}: {line}")
 UNOBSERVED_LINE = "  also failed, without a comparison: {test}: {line}"
-EVIDENCE_FAIL = "  wrong: {test} ({ctx}){what}"
-EVIDENCE_PASS = "  right: {count} comparisons on {ctx}"
 CONTRADICTED = ("  the per-test diagnosis {kinds} names the id rule; ids {ids} were captured right on "
                 "{right} in this run, so the id rule is not the cause")
 LACK_PREFILL = "plain prefill not run in this selection: cannot tell a path fault from the id rule"
@@ -206,8 +200,8 @@ class RunDiagnosis:
     headline: str
     evidence: tuple[str, ...] = ()
     lacking: tuple[str, ...] = ()
-    #: The cause as attribute constraints (:data:`TABLE_ATTRIBUTES` names -> values):
-    #: the comparisons it names are :func:`named_set`'s; ``()``: a cause named by its
+    #: The cause as attribute constraints (``TABLE_ATTRIBUTES`` names -> values): the
+    #: comparisons it names are ``separation.named_set``'s; ``()``: a cause named by its
     #: effect (precision, draft side) or none.
     named: tuple[tuple[str, frozenset[str]], ...] = ()
 
@@ -251,8 +245,8 @@ def _diagnose(obs: list[Observation]) -> RunDiagnosis:
         return RunDiagnosis("clean", CLEAN.format(n=len(obs), n_s="s" * (len(obs) != 1),
                                                   tests=tests, tests_s="s" * (tests != 1),
                                                   verb_s="s" * (len(obs) == 1),
-                                                  modes=", ".join(_present(o.mode for o in obs)),
-                                                  ranks=_rank_text(obs)), (), ())
+                                                  modes=", ".join(present(o.mode for o in obs)),
+                                                  ranks=rank_text(obs)), (), ())
     if not bad:
         return _draft_side(obs, captures, served_bad)
     for rule in (_precision, _rank_only, _rank_mode, _stale, _path_only, _confined):
@@ -295,8 +289,8 @@ def _draft_side(obs: Sequence[Observation], captures: Sequence[Observation],
         # The draft fails on SGLang's own captures too: the draft, not its consumer.
         headline = ("[draft] served and offline acceptance both fail while every capture comparison "
                     f"({len(captures)}) passed: the draft itself (its weights or its training contract)")
-        return RunDiagnosis("draft", headline, tuple(_fail_lines(served_bad)), tuple(lacking))
-    return RunDiagnosis("draft-side", headline, tuple(_fail_lines(served_bad)), tuple(lacking))
+        return RunDiagnosis("draft", headline, tuple(fail_lines(served_bad)), tuple(lacking))
+    return RunDiagnosis("draft-side", headline, tuple(fail_lines(served_bad)), tuple(lacking))
 
 
 def _precision(captures: Sequence[Observation], bad: Sequence[Observation]):
@@ -307,7 +301,7 @@ def _precision(captures: Sequence[Observation], bad: Sequence[Observation]):
     if err >= PRECISION_CEILING:
         return None
     tol = min((o.tol for o in bad if not math.isnan(o.tol)), default=math.nan)
-    return ("precision", PRECISION.format(err=err, tol=tol, n=len(bad), fmt=roundoff_name(err)), _fail_lines(bad))
+    return ("precision", PRECISION.format(err=err, tol=tol, n=len(bad), fmt=roundoff_name(err)), fail_lines(bad))
 
 
 def _rank_mode(captures: Sequence[Observation], bad: Sequence[Observation]):
@@ -327,7 +321,7 @@ def _rank_mode(captures: Sequence[Observation], bad: Sequence[Observation]):
     ranks = " and ".join(f"rank {r}" for r in sorted(bad_ranks))  # type: ignore[type-var]
     modes = " and ".join(m for m in MODES if m in bad_modes)
     return ("rank-mode", RANK_MODE.format(ranks=ranks, modes=modes),
-            _fail_lines(bad) + _pass_lines([o for o in captures if o.ok and o.rank is not None]), [],
+            fail_lines(bad) + pass_lines([o for o in captures if o.ok and o.rank is not None]), [],
             [("TP rank", frozenset(f"rank {r}" for r in bad_ranks)), ("forward mode", frozenset(bad_modes))])
 
 
@@ -349,7 +343,7 @@ def _rank_only(captures: Sequence[Observation], bad: Sequence[Observation]):
         return None
     ranks = " and ".join(f"TP rank {r}" for r in sorted(bad_ranks))  # type: ignore[type-var]
     return ("rank", RANK_ONLY.format(ranks=ranks, n=len(inside), m=len(others)),
-            _fail_lines(bad) + _pass_lines(others), [], [("TP rank", frozenset(f"rank {r}" for r in bad_ranks))])
+            fail_lines(bad) + pass_lines(others), [], [("TP rank", frozenset(f"rank {r}" for r in bad_ranks))])
 
 
 def _stale(captures: Sequence[Observation], bad: Sequence[Observation]):
@@ -363,20 +357,20 @@ def _stale(captures: Sequence[Observation], bad: Sequence[Observation]):
         return None
     first_bad: dict[str, tuple[int, int]] = {}
     for o in bad:
-        first_bad[o.engine] = min(first_bad.get(o.engine, _key(o)), _key(o))
+        first_bad[o.engine] = min(first_bad.get(o.engine, request_key(o)), request_key(o))
     for engine, k in first_bad.items():
         on_engine = [o for o in captures if o.engine == engine and o.order >= 0]
-        before = [o for o in on_engine if _key(o) < k]
-        after = [o for o in on_engine if _key(o) >= k]
+        before = [o for o in on_engine if request_key(o) < k]
+        after = [o for o in on_engine if request_key(o) >= k]
         if k[0] == 0 and k[1] <= 0 or not before or not all(o.ok for o in before):
             return None
         if any(o.ok for o in after):
             return None  # a right comparison after the first wrong one: not a state gone stale
     k = min(first_bad.values())
-    right = [o for o in captures if o.ok and o.engine in first_bad and _key(o) < first_bad[o.engine]]
-    later = {_send(o) for o in captures if o.engine in first_bad and _key(o) >= first_bad[o.engine]}
+    right = [o for o in captures if o.ok and o.engine in first_bad and request_key(o) < first_bad[o.engine]]
+    later = {send_text(o) for o in captures if o.engine in first_bad and request_key(o) >= first_bad[o.engine]}
     headline = STALE.format(k=k[0]) if k[1] <= 0 else STALE_REQUEST.format(k=k[0], r=k[1], n=k[0] + 1)
-    return ("stale-state", headline, _fail_lines(bad) + _pass_lines(right), [],
+    return ("stale-state", headline, fail_lines(bad) + pass_lines(right), [],
             [("send on its engine", frozenset(later))])
 
 
@@ -401,12 +395,12 @@ def _path_only(captures: Sequence[Observation], bad: Sequence[Observation]):
     same_ids = [o for o in good if o.ids in bad_ids]
     if not same_ids:
         return None
-    where = " and ".join(_ordered(bad_values, key))
-    right = ", ".join(_ordered({getattr(o, key) for o in same_ids}, key))
+    where = " and ".join(ordered(bad_values, key))
+    right = ", ".join(ordered({getattr(o, key) for o in same_ids}, key))
     ids = " / ".join(str(list(i)) if i is not None else "(default)" for i in sorted(
         bad_ids, key=lambda x: (x is None, x or ())))
     headline = PATH_ONLY.format(where=where, right=right, ids=ids)
-    lines = _fail_lines(bad) + _pass_lines(same_ids)
+    lines = fail_lines(bad) + pass_lines(same_ids)
     rule_kinds = sorted({k for o in bad for k in o.kinds if k in ID_RULE_KINDS})
     if rule_kinds:
         lines.append(CONTRADICTED.format(kinds=" ".join(f"[{k}]" for k in rule_kinds), ids=ids, right=right))
@@ -419,57 +413,18 @@ def _global(captures: Sequence[Observation], bad: Sequence[Observation], lacking
     first = bad[0]
     bad_ids = {o.ids for o in bad}
     if good and any(o.ids in bad_ids for o in good):
-        headline = MIXED.format(bad=_where(bad), good=_where(good), first=first.test)
-        return RunDiagnosis("mixed", headline, tuple(separating_table(captures) + _fail_lines(bad)
-                                                     + _pass_lines(good)), tuple(lacking))
+        headline = MIXED.format(bad=where(bad), good=where(good), first=first.test)
+        return RunDiagnosis("mixed", headline, tuple(separating_table(captures) + fail_lines(bad)
+                                                     + pass_lines(good)), tuple(lacking))
     cause = first.line or ", ".join(f"[{k}]" for k in first.kinds) or "see the first failure"
     return RunDiagnosis("global", GLOBAL.format(cause=f"{cause} ({first.test})"),
-                        tuple(_fail_lines(bad)), tuple(lacking))
+                        tuple(fail_lines(bad)), tuple(lacking))
 
 
-#: The request-order attribute of :data:`TABLE_ATTRIBUTES` (a threshold per engine).
-SEND = "send on its engine"
-#: Largest number of attributes in a :func:`separation`.
-MAX_CONJUNCTION = 3
 CONFINED = ("[confined] wrong exactly where {where}: all {n} comparisons there are wrong, the {m} elsewhere "
             "right")
 ALSO_SEPARATES = "this selection cannot tell apart: {others} separate the same comparisons"
 
-
-def _conjunction_text(rule: Sequence[tuple[str, frozenset[str]]]) -> str:
-    return " and ".join(f"{name} {' or '.join(sorted(values))}" for name, values in rule)
-
-
-def separation(captures: Sequence[Observation]) -> list[list[tuple[str, frozenset[str]]]]:
-    """The smallest conjunctions of attributes (:data:`TABLE_ATTRIBUTES`, at most
-    :data:`MAX_CONJUNCTION`) that hold every wrong comparison and no right one,
-    each attribute restricted to the values the wrong comparisons take (never all
-    the values the run took), the send order to every send on an engine from its
-    first wrong one on.  Empty: none separates, or nothing is right."""
-    bad = [o for o in captures if not o.ok]
-    good = [o for o in captures if o.ok]
-    if not bad or not good:
-        return []
-    options = []
-    for name, read in TABLE_ATTRIBUTES:
-        values = frozenset(read(o) for o in bad)
-        if name == SEND:
-            # Request order is a threshold: every send on an engine from its first wrong one on.
-            first: dict[str, tuple[int, int]] = {}
-            for o in bad:
-                first[o.engine] = min(first.get(o.engine, _key(o)), _key(o))
-            values = frozenset(read(o) for o in captures
-                               if o.engine in first and _key(o) >= first[o.engine] and o.order >= 0)
-        if values and values < frozenset(read(o) for o in captures):
-            options.append((name, read, values))
-    from itertools import combinations
-
-    for size in range(1, MAX_CONJUNCTION + 1):
-        found = [[(name, values) for name, _, values in rule] for rule in combinations(options, size)
-                 if not any(all(read(o) in values for _, read, values in rule) for o in good)]
-        if found:
-            return found
-    return []
 
 
 def _confined(captures: Sequence[Observation], bad: Sequence[Observation]):
@@ -482,105 +437,9 @@ def _confined(captures: Sequence[Observation], bad: Sequence[Observation]):
     inside = [o for o in captures if all(read(o) in dict(rule).get(name, frozenset([read(o)]))
                                          for name, read in TABLE_ATTRIBUTES)]
     outside = [o for o in captures if o not in inside]
-    extra = [ALSO_SEPARATES.format(others="; ".join(_conjunction_text(r) for r in rules[1:]))] if len(rules) > 1 else []
-    return ("confined", CONFINED.format(where=_conjunction_text(rule), n=len(inside), m=len(outside)),
-            _fail_lines(bad) + _pass_lines(outside), extra, rule)
+    extra = [ALSO_SEPARATES.format(others="; ".join(conjunction_text(r) for r in rules[1:]))] if len(rules) > 1 else []
+    return ("confined", CONFINED.format(where=conjunction_text(rule), n=len(inside), m=len(outside)),
+            fail_lines(bad) + pass_lines(outside), extra, rule)
 
 
-#: The attributes of :func:`separating_table`, with how each observation reads.
-TABLE_ATTRIBUTES = (("TP size", lambda o: f"tp {o.tp}"),
-                    ("TP rank", lambda o: "API (rank 0's output)" if o.rank is None else f"rank {o.rank}"),
-                    ("forward mode", lambda o: o.mode),
-                    ("path", lambda o: o.path),
-                    ("send on its engine", lambda o: _send(o)))
 
-
-def _key(o: Observation) -> tuple[int, int]:
-    """The request's order on its engine: (send, request within the send)."""
-    return (o.order, o.request)
-
-
-def _send(o: Observation) -> str:
-    """The send (and request) on its engine, as :data:`TABLE_ATTRIBUTES` reads it (engines apart)."""
-    if o.order < 0:
-        return "?"
-    return (f"{o.order + 1}" + (f".{o.request + 1}" if o.request >= 0 else "")
-            + (f" on {o.engine}" if o.engine else ""))
-
-
-def named_set(diagnosis: "RunDiagnosis", captures: Sequence[Observation]) -> list[Observation]:
-    """The comparisons ``diagnosis`` names as the cause's (:attr:`RunDiagnosis.named`):
-    those whose every named attribute takes one of the named values."""
-    reads = dict(TABLE_ATTRIBUTES)
-    return [o for o in captures if all(reads[name](o) in values for name, values in diagnosis.named)]
-
-
-def separating_table(captures: Sequence[Observation]) -> list[str]:
-    """Per attribute (:data:`TABLE_ATTRIBUTES`) that takes more than one value, each
-    value with its wrong / right comparison counts: what a reader needs where no
-    rule separates the wrong comparisons from the right ones."""
-    lines = []
-    for name, read in TABLE_ATTRIBUTES:
-        counts: dict[str, list[int]] = {}
-        for o in captures:
-            counts.setdefault(read(o), [0, 0])[0 if not o.ok else 1] += 1
-        if len(counts) < 2:
-            continue
-        values = ", ".join(f"{v}: {w} / {r}" for v, (w, r) in counts.items())
-        lines.append(SEPARATING.format(attribute=name, values=values))
-    return [SEPARATING_HEAD, *lines] if lines else []
-
-
-# --- wording -------------------------------------------------------------------
-
-
-def _ordered(values: Iterable[Any], key: str) -> list[str]:
-    vals = [str(v) for v in values]
-    if key == "mode":
-        return [m for m in MODES if m in vals] + sorted(v for v in vals if v not in MODES)
-    return sorted(vals)
-
-
-def _present(values: Iterable[str]) -> list[str]:
-    return _ordered(set(values), "mode")
-
-
-def _rank_text(obs: Sequence[Observation]) -> str:
-    ranks = sorted({o.rank for o in obs if o.rank is not None})
-    return f"; TP ranks {', '.join(map(str, ranks))}" if ranks else ""
-
-
-def _where(obs: Sequence[Observation]) -> str:
-    modes = ", ".join(_present(o.mode for o in obs))
-    paths = ", ".join(sorted({o.path for o in obs}))
-    return f"modes {modes} / paths {paths}"
-
-
-def _fail_lines(bad: Sequence[Observation], limit: int = 6) -> list[str]:
-    seen: dict[tuple[str, str], Observation] = {}
-    for o in bad:
-        seen.setdefault((o.test, o.context()), o)
-    lines = []
-    for (test, ctx), o in list(seen.items())[:limit]:
-        what = f": {o.line}" if o.line else ""
-        lines.append(EVIDENCE_FAIL.format(test=test, ctx=ctx, what=what))
-    if len(seen) > limit:
-        lines.append(f"  ... and {len(seen) - limit} more wrong")
-    return lines
-
-
-def _pass_lines(good: Sequence[Observation], limit: int = 4) -> list[str]:
-    groups: dict[str, int] = defaultdict(int)
-    for o in good:
-        groups[_group(o)] += 1
-    items = sorted(groups.items(), key=lambda kv: -kv[1])
-    return [EVIDENCE_PASS.format(count=n, ctx=ctx) for ctx, n in items[:limit]]
-
-
-def _group(o: Observation) -> str:
-    parts = [f"tp {o.tp}", o.mode]
-    if o.rank is not None:
-        parts.append(f"rank {o.rank}")
-    if o.ids is not None:
-        parts.append(f"ids {list(o.ids)}")
-    return ", ".join(parts)

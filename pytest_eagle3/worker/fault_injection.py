@@ -17,11 +17,8 @@ the recorder's after-hook on ``DeepseekV2Model.forward`` wraps them and sees the
 faulted tensor.  :data:`pytest_eagle3.worker.faults.CATALOG` lists every kind with the public report it
 reproduces; the functions below say which SGLang function each one changes.
 
-Options besides ``kind``: ``rank`` (only this TP rank writes the faulted
-capture; ``"last"``: the last one), ``slots`` (the packed slots
-``dp-gather-scaled`` touches) and ``when`` (the forwards a layer fault runs in:
-``cache-hit``, ``later-chunk``, ``decode-verify``), as
-:mod:`pytest_eagle3.worker.faults` describes them; the confined kinds
+Options besides ``kind`` (``rank``, ``slots``, ``when``) are those of
+:mod:`pytest_eagle3.worker.faults`; the confined kinds
 (:data:`pytest_eagle3.worker.faults.CONFINED`) are a layer fault with ``when``.
 
 SGLang 0.5.23 layout facts used here (``srt/models/deepseek_v2.py``):
@@ -44,7 +41,7 @@ from typing import Any, Callable
 
 from pytest_eagle3.worker.fault_when import forward_matches
 from pytest_eagle3.worker.faults import CONFINED, FaultError, describe, read_fault
-from pytest_eagle3.worker import pp_relay, tbo_capture
+from pytest_eagle3.worker import dp_route, pp_relay, tbo_capture
 
 
 logger = logging.getLogger("pytest_eagle3.faults")
@@ -288,9 +285,8 @@ def _around_layer(original: Callable, layer: Any, *args: Any, **kwargs: Any) -> 
       all-reduce in its fused kernel (elsewhere it changes nothing);
     * ``no-residual``: value = the pending MLP output completed on a copy (the
       all-reduce runs on every rank), without the residual;
-    * ``partial-before-dp-reduce-scatter``: under attention DP, where the pending
-      MoE output is owed to ``dp_reduce_scatter`` (decode, max-len padding), value =
-      the ``residual`` + this rank's rows of the gathered, unreduced MoE output.
+    * ``partial-before-dp-reduce-scatter``: where the pending MoE output is owed to attention
+      DP's ``dp_reduce_scatter``, value = ``residual`` + this rank's rows of it (:mod:`~pytest_eagle3.worker.dp_route`).
 
     After the layer wrote its capture into slot ``index`` of the packer:
 
@@ -324,12 +320,10 @@ def _around_layer(original: Callable, layer: Any, *args: Any, **kwargs: Any) -> 
                           "(flashinfer_ar_fusion_applies is false): the fault changes nothing", kind, layer_id)
     if kind == "partial-before-dp-reduce-scatter" and layer_id > 0:
         residual, pending = _stream_state(forward_batch)
-        if (pending is not None and residual is not None and pending.value is not None
-                and _dp_reduce_scatter_owed(pending.owed)):
+        if pending is not None and residual is not None and dp_route.owed_to_dp_reduce_scatter(pending.owed):
             # Read before dp_reduce_scatter completes layer i-1's MoE output: this rank's share, its own rows.
-            value = residual + _own_rows(pending.value, residual.shape[0])
-            _log_once(kind, "%s at layer %d: the stream read before layer %d's dp_reduce_scatter (%d gathered "
-                      "rows, %d own)", kind, layer_id, layer_id - 1, pending.value.shape[0], residual.shape[0])
+            value = residual + dp_route.own_rows(pending.value, residual.shape[0], *_tp())
+            _log_once(kind, "%s at layer %d: read before layer %d's dp_reduce_scatter", kind, layer_id, layer_id - 1)
     if kind in ("partial-sum", "no-residual") and layer_id > 0:
         # Read the stream before this layer's boundary consumes it.
         residual, pending = _stream_state(forward_batch)
@@ -401,22 +395,6 @@ def _local_embedding(like: Any) -> Any:
 
 _LAYER_FAULTS = ("normalized-input", "no-residual", "partial-sum", "unreduced-embedding", "dp-gather-scaled",
                  "before-fused-allreduce", "partial-before-dp-reduce-scatter")
-
-
-def _dp_reduce_scatter_owed(owed: Any) -> bool:
-    """Whether a pending contribution is completed by attention DP's ``dp_reduce_scatter``:
-    ``UnreducedOutput.reduce_to_dp_local`` is ``partial(to_dp_local, dp_reduce_scatter, batch)``
-    (0.5.23 ``srt/layers/layer_boundary/exit.py`` ``ExitPolicy._decide``)."""
-    move = getattr(owed, "reduce_to_dp_local", None)
-    args = getattr(move, "args", ())
-    return bool(args) and getattr(args[0], "__name__", "") == "dp_reduce_scatter"
-
-
-def _own_rows(partial: Any, rows: int) -> Any:
-    """This rank's rows of a max-len-padded DP gather: chunk ``rank`` of ``tp`` equal
-    chunks (``dp_reduce_scatter_tensor`` with ``tp_size == attn_dp_size``), its first ``rows``."""
-    rank, size = _tp()
-    return partial.tensor_split(size)[rank][:rows]
 
 
 def install(fault: dict[str, Any] | None = None) -> dict[str, Any] | None:

@@ -205,3 +205,23 @@ def test_rank_rows_by_position_judges_each_rank_at_its_rows_positions() -> None:
     missing = rank_rows_by_position(fwd, ["a", "b"], [ref, ref], every_rank=True, **kw)
     assert any(m == "prefill" and r == -1 and not rep.ok and "no TP rank recorded rows of request 0" in rep.text
                for rep, r, i, m in missing)
+
+
+def test_dp_route_reads_the_pending_reduce_scatter_and_the_rank_rows() -> None:
+    torch = pytest.importorskip("torch")
+    from functools import partial
+
+    from pytest_eagle3.worker import dp_route
+
+    def dp_reduce_scatter(out, x, batch):  # SGLang's step, by name
+        pass
+
+    def to_dp_local(step, batch, x):
+        pass
+
+    assert dp_route.owed_to_dp_reduce_scatter(SimpleNamespace(reduce_to_dp_local=partial(to_dp_local,
+                                                                                           dp_reduce_scatter, None)))
+    assert not dp_route.owed_to_dp_reduce_scatter(SimpleNamespace(reduce_to_dp_local=None))
+    assert not dp_route.owed_to_dp_reduce_scatter(None)
+    gathered = torch.arange(8.0).reshape(8, 1)  # 2 DP ranks, max_len 4
+    assert dp_route.own_rows(gathered, 3, 1, 2).flatten().tolist() == [4.0, 5.0, 6.0]

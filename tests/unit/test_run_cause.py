@@ -254,7 +254,7 @@ def test_separation_is_exact_on_random_runs() -> None:
     random runs, random faults confined to a random conjunction)."""
     import hypothesis
     st = hypothesis.strategies
-    from pytest_eagle3.verdicts.run_cause import TABLE_ATTRIBUTES, separation
+    from pytest_eagle3.verdicts.separation import TABLE_ATTRIBUTES, separation
 
     @hypothesis.given(st.lists(st.tuples(st.sampled_from([1, 2]), st.sampled_from([None, 0, 1]),
                                          st.sampled_from(["prefill", "decode", "later-chunk"]),

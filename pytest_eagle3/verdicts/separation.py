@@ -1,0 +1,105 @@
+"""Exact separations of a run's comparisons: which attribute values hold every wrong
+comparison and no right one.
+
+The attributes (:data:`TABLE_ATTRIBUTES`): TP size, TP rank (the API's rows are
+rank 0's output), forward mode, path, and the request's order on its engine
+(send, then its place in the send; a threshold: every request from the first
+wrong one on).  :func:`separation` finds the smallest conjunctions;
+:func:`separating_table` prints each attribute's wrong / right counts where
+none separates; :func:`named_set` reads a diagnosis's named cause back as the
+comparisons it holds.  Used by :mod:`pytest_eagle3.verdicts.run_cause`.  Pure Python.
+"""
+
+from __future__ import annotations
+
+from itertools import combinations
+from typing import Any, Sequence
+
+#: A run-level observation (:class:`pytest_eagle3.verdicts.run_cause.Observation`, read by attribute).
+Observation = Any
+
+SEPARATING = "  {attribute}: {values}"
+SEPARATING_HEAD = "  separating table (value: wrong / right comparisons):"
+
+#: The request-order attribute of :data:`TABLE_ATTRIBUTES` (a threshold per engine).
+SEND = "send on its engine"
+#: Largest number of attributes in a :func:`separation`.
+MAX_CONJUNCTION = 3
+def conjunction_text(rule: Sequence[tuple[str, frozenset[str]]]) -> str:
+    return " and ".join(f"{name} {' or '.join(sorted(values))}" for name, values in rule)
+
+
+def separation(captures: Sequence[Observation]) -> list[list[tuple[str, frozenset[str]]]]:
+    """The smallest conjunctions of attributes (:data:`TABLE_ATTRIBUTES`, at most
+    :data:`MAX_CONJUNCTION`) that hold every wrong comparison and no right one,
+    each attribute restricted to the values the wrong comparisons take (never all
+    the values the run took), the send order to every send on an engine from its
+    first wrong one on.  Empty: none separates, or nothing is right."""
+    bad = [o for o in captures if not o.ok]
+    good = [o for o in captures if o.ok]
+    if not bad or not good:
+        return []
+    options = []
+    for name, read in TABLE_ATTRIBUTES:
+        values = frozenset(read(o) for o in bad)
+        if name == SEND:
+            # Request order is a threshold: every send on an engine from its first wrong one on.
+            first: dict[str, tuple[int, int]] = {}
+            for o in bad:
+                first[o.engine] = min(first.get(o.engine, request_key(o)), request_key(o))
+            values = frozenset(read(o) for o in captures
+                               if o.engine in first and request_key(o) >= first[o.engine] and o.order >= 0)
+        if values and values < frozenset(read(o) for o in captures):
+            options.append((name, read, values))
+    for size in range(1, MAX_CONJUNCTION + 1):
+        found = [[(name, values) for name, _, values in rule] for rule in combinations(options, size)
+                 if not any(all(read(o) in values for _, read, values in rule) for o in good)]
+        if found:
+            return found
+    return []
+
+
+#: The attributes of :func:`separating_table`, with how each observation reads.
+TABLE_ATTRIBUTES = (("TP size", lambda o: f"tp {o.tp}"),
+                    ("TP rank", lambda o: "API (rank 0's output)" if o.rank is None else f"rank {o.rank}"),
+                    ("forward mode", lambda o: o.mode),
+                    ("path", lambda o: o.path),
+                    ("send on its engine", lambda o: send_text(o)))
+
+
+def request_key(o: Observation) -> tuple[int, int]:
+    """The request's order on its engine: (send, request within the send)."""
+    return (o.order, o.request)
+
+
+def send_text(o: Observation) -> str:
+    """The send (and request) on its engine, as :data:`TABLE_ATTRIBUTES` reads it (engines apart)."""
+    if o.order < 0:
+        return "?"
+    return (f"{o.order + 1}" + (f".{o.request + 1}" if o.request >= 0 else "")
+            + (f" on {o.engine}" if o.engine else ""))
+
+
+def named_set(diagnosis: Any, captures: Sequence[Observation]) -> list[Observation]:
+    """The comparisons ``diagnosis`` names as the cause's (:attr:`RunDiagnosis.named`):
+    those whose every named attribute takes one of the named values."""
+    reads = dict(TABLE_ATTRIBUTES)
+    return [o for o in captures if all(reads[name](o) in values for name, values in diagnosis.named)]
+
+
+def separating_table(captures: Sequence[Observation]) -> list[str]:
+    """Per attribute (:data:`TABLE_ATTRIBUTES`) that takes more than one value, each
+    value with its wrong / right comparison counts: what a reader needs where no
+    rule separates the wrong comparisons from the right ones."""
+    lines = []
+    for name, read in TABLE_ATTRIBUTES:
+        counts: dict[str, list[int]] = {}
+        for o in captures:
+            counts.setdefault(read(o), [0, 0])[0 if not o.ok else 1] += 1
+        if len(counts) < 2:
+            continue
+        values = ", ".join(f"{v}: {w} / {r}" for v, (w, r) in counts.items())
+        lines.append(SEPARATING.format(attribute=name, values=values))
+    return [SEPARATING_HEAD, *lines] if lines else []
+
+
