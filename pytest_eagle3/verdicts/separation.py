@@ -25,7 +25,16 @@ SEPARATING_HEAD = "  separating table (value: wrong / right comparisons):"
 SEND = "send on its engine"
 #: Largest number of attributes in a :func:`separation`.
 MAX_CONJUNCTION = 3
+#: The attributes of :func:`separation` and :func:`separating_table`, with how each observation reads.
+TABLE_ATTRIBUTES = (("TP size", lambda o: f"tp {o.tp}"),
+                    ("TP rank", lambda o: "API (rank 0's output)" if o.rank is None else f"rank {o.rank}"),
+                    ("forward mode", lambda o: o.mode),
+                    ("path", lambda o: o.path),
+                    (SEND, lambda o: send_text(o)))
+
+
 def conjunction_text(rule: Sequence[tuple[str, frozenset[str]]]) -> str:
+    """``forward mode decode and path batch``: a conjunction as the diagnosis words it."""
     return " and ".join(f"{name} {' or '.join(sorted(values))}" for name, values in rule)
 
 
@@ -57,14 +66,6 @@ def separation(captures: Sequence[Observation]) -> list[list[tuple[str, frozense
         if found:
             return found
     return []
-
-
-#: The attributes of :func:`separating_table`, with how each observation reads.
-TABLE_ATTRIBUTES = (("TP size", lambda o: f"tp {o.tp}"),
-                    ("TP rank", lambda o: "API (rank 0's output)" if o.rank is None else f"rank {o.rank}"),
-                    ("forward mode", lambda o: o.mode),
-                    ("path", lambda o: o.path),
-                    ("send on its engine", lambda o: send_text(o)))
 
 
 def request_key(o: Observation) -> tuple[int, int]:
