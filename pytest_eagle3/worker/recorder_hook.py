@@ -124,8 +124,15 @@ def _after_forward(result: Any, model: Any, input_ids: Any = None, positions: An
         return None
     if input_ids is None:
         input_ids = kwargs.get("input_ids")
+    if input_ids is None:
+        # A multimodal wrapper calls its language model with input embeddings and no ids
+        # (0.5.23 srt/managers/mm_utils.py general_mm_embed_routine): the batch holds them.
+        input_ids = getattr(forward_batch, "input_ids", None)
     if positions is None:
         positions = kwargs.get("positions")
+    if input_ids is None:
+        logger.warning("pytest-eagle3 recorder: a %s forward without input ids; not recorded", mode)
+        return None
     rank, tp = _tp_rank_and_size()
     shard = _shard(model)
     import torch

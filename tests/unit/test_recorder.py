@@ -152,3 +152,19 @@ def test_recorder_packs_a_per_layer_list(record_dir: Path) -> None:
     from safetensors.torch import load_file
 
     assert torch.equal(load_file(str(path))["aux"], packed)
+
+
+def test_a_wrappers_language_model_forward_without_ids_is_recorded_from_the_batch(record_dir: Path) -> None:
+    """A multimodal wrapper calls its language model with embeddings and ``input_ids=None``
+    (``general_mm_embed_routine``); the ids come from the forward batch.  Measured before:
+    ``AttributeError: 'NoneType' object has no attribute 'detach'`` killed tiny-gemma4-mm's TP 2 engine."""
+    result, model, ids, pos, batch = _forward([1, 2, 3])
+    batch.input_ids = ids
+    with Recorder(record_dir).recording():
+        recorder_hook._after_forward(result, model, None, pos, batch)
+        bare = SimpleNamespace(forward_mode=SimpleNamespace(name="EXTEND"))
+        assert recorder_hook._after_forward(result, model, None, pos, bare) is None  # nothing to attribute
+    (path,) = (record_dir / "rank1").glob("*.safetensors")
+    from safetensors.torch import load_file
+
+    assert load_file(str(path))["input_ids"].tolist() == [1, 2, 3]
