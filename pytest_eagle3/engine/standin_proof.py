@@ -71,10 +71,15 @@ def configured(env: Mapping[str, str], cpu_args: Mapping[str, Any] | None = None
 
     All-reduce fusion is not among them under an EP all-to-all backend
     (``moe_a2a_backend`` other than ``none``): its combine sums the MoE output and DP
-    attention leaves no attention all-reduce, so there is no all-reduce to fuse."""
+    attention leaves no attention all-reduce, so there is no all-reduce to fuse; nor
+    under DP attention at all: SGLang's gate ``flashinfer_ar_fusion_applies`` is false
+    there (0.5.23 ``srt/layers/layer_boundary/residual/add_norm.py``, ``not
+    is_dp_attention_enabled()``; measured: a DP-attention engine of a run with
+    ``--eagle3-cpu-allreduce-fusion`` calls no fused op)."""
     args = cpu_args or {}
     paths = [p for p in PATHS if (args if p.by_arg else env).get(p.env[0]) == p.env[1]]
-    if str(args.get("moe_a2a_backend") or "none").lower() != "none":
+    dp = args.get("attn_dp_size") or (args.get("dp_size") if args.get("enable_dp_attention") else None)
+    if str(args.get("moe_a2a_backend") or "none").lower() != "none" or int(dp or 1) > 1:
         paths = [p for p in paths if p.env[0] != FUSION_ENV]
     return paths
 

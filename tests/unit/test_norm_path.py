@@ -124,6 +124,10 @@ def test_configured_paths_come_from_the_engine_env():
     # DeepEP's combine sums the MoE output: nothing left for the fusion stand-in to fuse.
     assert configured({FUSION_PROOF.env[0]: "1"}, {"enable_two_batch_overlap": True, "moe_a2a_backend": "deepep"}) == [
         TBO_PROOF]
+    # SGLang's fusion gate is false under DP attention (a self-test control mixes both).
+    assert configured({FUSION_PROOF.env[0]: "1"}, {"attn_dp_size": 2}) == []
+    assert configured({FUSION_PROOF.env[0]: "1"}, {"enable_dp_attention": True, "dp_size": 2}) == []
+    assert configured({FUSION_PROOF.env[0]: "1"}, {"attn_dp_size": 1}) == [FUSION_PROOF]
     called = "pytest-eagle3 SBO stand-in: alt_stream.wait_stream called (pid {pid})\n"
     assert not_taken(called.format(pid=1), SBO_PROOF, tp=2).startswith("only 1 of 2 TP ranks")
     assert not_taken(called.format(pid=1) + called.format(pid=2), SBO_PROOF, tp=2) is None
