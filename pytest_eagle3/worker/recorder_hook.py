@@ -151,6 +151,10 @@ def _after_forward(result: Any, model: Any, input_ids: Any = None, positions: An
     _seq += 1
     tensors = {"aux": copy, "input_ids": ids}
     if positions is not None:
+        if positions.dim() > 1:
+            # M-RoPE (Qwen2.5-VL, Qwen3-VL, Qwen3.5): [sections, tokens]; a text token's
+            # sections are equal, the first is its position.
+            positions = positions[0]
         tensors["positions"] = positions.detach().to("cpu").to(torch.int64).contiguous()
     rids = list(getattr(forward_batch, "rids", None) or [])
     lens = getattr(forward_batch, "extend_seq_lens_cpu", None) if mode.startswith("EXTEND") else None

@@ -168,3 +168,15 @@ def test_a_wrappers_language_model_forward_without_ids_is_recorded_from_the_batc
     from safetensors.torch import load_file
 
     assert load_file(str(path))["input_ids"].tolist() == [1, 2, 3]
+
+
+def test_mrope_positions_are_recorded_as_the_text_position(record_dir: Path) -> None:
+    """Qwen3.5's language model gets M-RoPE positions ``[3, tokens]``; measured before:
+    joining a chunked prompt's records failed (``Sizes of tensors must match``)."""
+    result, model, ids, pos, batch = _forward([1, 2, 3])
+    with Recorder(record_dir).recording():
+        recorder_hook._after_forward(result, model, ids, torch.stack([pos, pos, pos]), batch)
+    (path,) = (record_dir / "rank1").glob("*.safetensors")
+    from safetensors.torch import load_file
+
+    assert load_file(str(path))["positions"].tolist() == [0, 1, 2]
