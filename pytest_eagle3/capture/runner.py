@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 from pytest_eagle3.capture.api import capture, engine_config
+from pytest_eagle3.engine.config import attention_dp_size
 from pytest_eagle3.worker.env import FUSION_ENV, ID_SWITCH_ENV
 from pytest_eagle3.worker.id_switch import APPLIED_FILE, IDS_FILE
 from pytest_eagle3.settings import Settings
@@ -169,12 +170,12 @@ class CaptureRunner:
         """
         server = self._server(request.ids, request.extra_args, request.draft)
         assert self.last_config is not None
-        args = dict(self.last_config.server_args)
+        dp = attention_dp_size(dict(self.last_config.server_args))
         recorder = Recorder(self.pool.record_dir(self.last_config))
         self._flush(server)
         with recorder.recording():
             captures = capture(server, self.prompts, decode_steps=request.decode_steps, batch=request.batch)
-            records = recorder.read(self.tp, even=not (args.get("attn_dp_size") or args.get("enable_dp_attention")))
+            records = recorder.read(self.tp, even=dp == 1)
         rids = [c.rid for c in self._count_send(captures)]
         return captures, request_forwards(records, rids)
 

@@ -124,6 +124,16 @@ def base_server_args(model_path: str, tp: int) -> dict[str, Any]:
 REDUCE_SCATTER_ARGS = ("attn_dp_size", "enable_dp_attention", "enable_attn_tp_input_scattered")
 
 
+def attention_dp_size(args: Mapping[str, Any]) -> int:
+    """The attention DP size server ``args`` ask for (``--attn-dp-size``, or the older
+    ``--enable-dp-attention`` with ``--dp-size``); 1 without attention DP."""
+    dp = args.get("attn_dp_size") or (args.get("dp_size") if args.get("enable_dp_attention") else None)
+    try:
+        return max(1, int(dp or 1))
+    except (TypeError, ValueError):
+        return 1
+
+
 def has_draft(args: Mapping[str, Any]) -> bool:
     """Whether server ``args`` load a speculative draft checkpoint (EAGLE/EAGLE-3).
 

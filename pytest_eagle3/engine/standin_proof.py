@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from pytest_eagle3.engine.config import attention_dp_size
 from pytest_eagle3.worker.env import FUSION_ENV, NORM_PATH_ENV
 
 NOT_TAKEN = ("{engine}: {path} was configured ({env}) but {what}: the path did not run, so this test "
@@ -78,8 +79,7 @@ def configured(env: Mapping[str, str], cpu_args: Mapping[str, Any] | None = None
     ``--eagle3-cpu-allreduce-fusion`` calls no fused op)."""
     args = cpu_args or {}
     paths = [p for p in PATHS if (args if p.by_arg else env).get(p.env[0]) == p.env[1]]
-    dp = args.get("attn_dp_size") or (args.get("dp_size") if args.get("enable_dp_attention") else None)
-    if str(args.get("moe_a2a_backend") or "none").lower() != "none" or int(dp or 1) > 1:
+    if str(args.get("moe_a2a_backend") or "none").lower() != "none" or attention_dp_size(args) > 1:
         paths = [p for p in paths if p.env[0] != FUSION_ENV]
     return paths
 
