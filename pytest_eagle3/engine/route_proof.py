@@ -9,15 +9,22 @@ variant with a route (:attr:`pytest_eagle3.engine.variants.Variant.reduce_scatte
 
 * every TP rank ran the function in at least one forward of that mode that
   returned captures (else the route never ran there: :data:`NOT_RUN`);
-* with ``every_forward`` (the CPU tier, where SGLang's choice of route is fixed
-  by the batch shape, measured on 0.5.23), no forward of that mode returned
-  captures without it (:data:`MISSED`).
+* with ``every_forward`` (the CPU tier), no forward of that mode that SGLang's
+  own rule sends down the route returned captures without it (:data:`MISSED`).
+  For ``dp_reduce_scatter`` the rule is the batch's DP padding mode, which the
+  worker logs: only a MAX_LEN-padded batch takes it (``exit.py``
+  ``_select_dp_reduce_scatter``); a decode batch is SUM_LEN-padded when another
+  DP rank extends in the same step (``is_extend_in_batch`` is global over the DP
+  ranks), so which decode forwards take the route depends on how the scheduler
+  interleaved the requests, not on the batch alone.
 
 :func:`proof_lines` gives one line per rank for the report.  Measured on
 sglang 0.5.23, CPU, TP 2, tiny-dsv3: attention DP takes ``dp_reduce_scatter``
 (``srt/layers/layer_boundary/ops.py:318``) in the MoE layers 2-7 of every
-decode forward and none in extend forwards (``DpPaddingMode`` picks SUM_LEN for
-an extend over two DP ranks, MAX_LEN for decode: ``srt/layers/dp_attention.py:165-205``);
+MAX_LEN-padded decode forward and none in extend forwards (``DpPaddingMode`` picks
+SUM_LEN for a step where a DP rank extends, MAX_LEN for a decode-only step:
+``srt/layers/dp_attention.py:165-205``); a CI run logged a decode forward on TP
+rank 1 padded SUM_LEN (rank 0 extending a later request) without it;
 input-scattered attention takes ``tp_reduce_scatter`` (``ops.py:69``) in all
 eight layers of every extend forward, none in decode.
 
@@ -34,8 +41,15 @@ from pytest_eagle3.worker.reduce_scatter_proof import PROOF, ROUTE
 NOT_RUN = ("{variant}: the reduce-scatter route did not run: no {mode} forward on TP rank {rank} that returned "
            "captures called {function} ({seen}); the captures did not pass it, so this test proves nothing "
            "about it (log: {log})")
-MISSED = ("{variant}: TP rank {rank} forward {seq} ({mode}, {tokens} token(s)) returned captures without "
+MISSED = ("{variant}: TP rank {rank} forward {seq} ({mode}, {tokens} token(s), DP padding {padding}) returned "
+          "captures without "
           "{function} (it ran: {routes}); the route this variant proves was not taken there (log: {log})")
+
+
+#: The padding mode a reduce-scatter route needs: ``_select_dp_reduce_scatter``
+#: (``srt/layers/layer_boundary/exit.py``, 0.5.23) takes ``dp_reduce_scatter`` only when
+#: ``forward_batch.dp_padding_mode.is_max_len()``, else ``dp_scatter``.
+PADDING_RULE = {"dp_reduce_scatter": "MAX_LEN"}
 
 
 @dataclass(frozen=True)
@@ -48,6 +62,8 @@ class Forward:
         mode: SGLang's forward mode name (``EXTEND``, ``DECODE``, ``IDLE``, ...).
         tokens: rows in the forward's batch on this rank.
         rows: rows of the aux hidden states it returned (0: none).
+        padding: the batch's attention-DP padding mode (``MAX_LEN``, ``SUM_LEN``; ``-`` without DP).
+        global_tokens: the DP ranks' token counts the padding mode was chosen from (empty without DP).
         routes: function name -> (its ``srt/...:line``, the layers it ran in; ``None`` unknown).
     """
 
@@ -56,12 +72,20 @@ class Forward:
     mode: str
     tokens: int
     rows: int
+    padding: str = "-"
+    global_tokens: tuple[int, ...] = ()
     routes: dict[str, tuple[str, tuple[int | None, ...]]] = field(default_factory=dict)
 
     @property
     def captured(self) -> bool:
         """Whether the forward returned aux hidden states."""
         return self.rows > 0
+
+    def due(self, function: str) -> bool:
+        """Whether SGLang's own rule sends this forward down ``function``: a
+        ``dp_reduce_scatter`` only in a MAX_LEN-padded batch (:data:`PADDING_RULE`)."""
+        need = PADDING_RULE.get(function)
+        return need is None or self.padding in (need, "-")
 
 
 def forwards(log_text: str) -> list[Forward]:
@@ -73,8 +97,11 @@ def forwards(log_text: str) -> list[Forward]:
             for r in ROUTE.finditer(m.group("routes")):
                 layers = tuple(None if x == "?" else int(x) for x in r.group("layers").split(","))
                 routes[r.group("name")] = (r.group("where"), layers)
+        counts = m.group("global")
         out.append(Forward(rank=int(m.group("rank")), seq=int(m.group("seq")), mode=m.group("mode"),
-                           tokens=int(m.group("tokens")), rows=int(m.group("rows")), routes=routes))
+                           tokens=int(m.group("tokens")), rows=int(m.group("rows")), padding=m.group("padding"),
+                           global_tokens=tuple(int(x) for x in counts.split(",")) if counts != "-" else (),
+                           routes=routes))
     return out
 
 
@@ -97,8 +124,14 @@ def proof_lines(log_text: str, mode: str, function: str, tp: int) -> list[str]:
         took = [f for f in mine if function in f.routes]
         where = took[0].routes[function][0] if took else "?"
         layers = _layers([x for f in took for x in f.routes[function][1]])
-        lines.append(f"TP rank {rank}: {function} ({where}) in layers {layers} of {len(took)} of {len(mine)} "
-                     f"{mode} forwards that returned captures")
+        line = (f"TP rank {rank}: {function} ({where}) in layers {layers} of {len(took)} of {len(mine)} "
+                f"{mode} forwards that returned captures")
+        other = [f for f in mine if not f.due(function)]
+        if other:
+            line += (f"; {len(other)} of them {other[0].padding}-padded (DP ranks' tokens "
+                     f"{', '.join('[' + ','.join(map(str, f.global_tokens)) + ']' for f in other[:3])}"
+                     f"{', ...' if len(other) > 3 else ''}), where SGLang takes no {function}")
+        lines.append(line)
     return lines
 
 
@@ -109,15 +142,18 @@ def route_not_proven(log_text: str, *, variant: str, mode: str, function: str, t
     seen = forwards(log_text)
     for rank in range(tp):
         mine = [f for f in seen if f.rank == rank and f.mode == mode and f.captured]
-        if not any(function in f.routes for f in mine):
+        due = [f for f in mine if f.due(function)]
+        if not any(function in f.routes for f in due):
             other = sorted({name for f in seen if f.rank == rank for name in f.routes})
             return NOT_RUN.format(variant=variant, mode=mode, rank=rank, function=function, log=log,
-                                  seen=f"{len(mine)} such forward(s); reduce-scatters it ran: "
+                                  seen=f"{len(mine)} such forward(s), {len(due)} padded for it; "
+                                  "reduce-scatters it ran: "
                                   + (", ".join(other) or "none"))
         if every_forward:
-            for f in mine:
+            for f in due:
                 if function not in f.routes:
                     return MISSED.format(variant=variant, rank=rank, seq=f.seq, mode=mode, tokens=f.tokens,
+                                         padding=f.padding,
                                          function=function, routes=", ".join(f.routes) or "no reduce-scatter",
                                          log=log)
     return None

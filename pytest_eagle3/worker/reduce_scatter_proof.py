@@ -22,8 +22,9 @@ innermost frame in ``srt/layers/layer_boundary/``, else in
 pre-hook on each of the capturing model's ``layers``).  After each forward of
 the capturing model (the recorder's target) it logs :data:`PROOF_LINE`: the
 forward's order in this process, its mode and token count, the rows of the
-aux hidden states it returned, and every reduce-scatter with its layers, ``none`` when there was
-none.  :mod:`pytest_eagle3.engine.route_proof` reads the lines.
+aux hidden states it returned, the batch's attention-DP padding mode and the DP
+ranks' token counts it was chosen from, and every reduce-scatter with its layers,
+``none`` when there was none.  :mod:`pytest_eagle3.engine.route_proof` reads the lines.
 
 Active only where the engine host set :data:`pytest_eagle3.worker.env.ROUTE_PROOF_ENV`
 (engines of a variant with a reduce-scatter route); it only reads.
@@ -42,11 +43,12 @@ from pytest_eagle3.worker.post_import import when_imported
 logger = logging.getLogger("pytest_eagle3.reduce_scatter_proof")
 
 PROOF_LINE = ("pytest-eagle3 reduce-scatter: TP rank {rank} forward {seq} {mode} of {tokens} token(s), "
-              "captured rows {rows}: {routes} (pid {pid})")
+              "DP padding {padding} over {global_tokens}, captured rows {rows}: {routes} (pid {pid})")
 #: One route inside :data:`PROOF_LINE`: ``name (file:line) in layers 1,2,3``.
 ROUTE_TEXT = "{name} ({where}) in layers {layers}"
 PROOF = re.compile(r"pytest-eagle3 reduce-scatter: TP rank (?P<rank>-?\d+) forward (?P<seq>\d+) (?P<mode>\w+) of "
-                   r"(?P<tokens>\d+) token\(s\), captured rows (?P<rows>\d+): (?P<routes>.*) \(pid (?P<pid>\d+)\)$",
+                   r"(?P<tokens>\d+) token\(s\), DP padding (?P<padding>[\w-]+) over (?P<global>[\d,]+|-), "
+                   r"captured rows (?P<rows>\d+): (?P<routes>.*) \(pid (?P<pid>\d+)\)$",
                    re.MULTILINE)
 ROUTE = re.compile(r"(?P<name>\w+) \((?P<where>[^)]*)\) in layers (?P<layers>[\d,?]+)")
 
@@ -169,6 +171,17 @@ def format_routes(calls: dict) -> str:
     return "; ".join(parts)
 
 
+def _padding(batch: Any) -> tuple[str, str]:
+    """(``MAX_LEN`` / ``SUM_LEN`` / ``-``, the DP ranks' token counts ``3,0`` / ``-``) of
+    ``batch``: ``ForwardBatch.dp_padding_mode`` and ``global_num_tokens_cpu``
+    (``srt/model_executor/forward_batch_info.py`` ``prepare_mlp_sync_batch``, 0.5.23)."""
+    mode = getattr(batch, "dp_padding_mode", None)
+    name = getattr(mode, "name", None) or "-"
+    counts = getattr(batch, "global_num_tokens_cpu", None)
+    text = ",".join(str(int(x)) for x in counts) if counts else "-"
+    return name, text
+
+
 def after_forward(result: Any, model: Any, *args: Any, **kwargs: Any) -> None:
     """Log :data:`PROOF_LINE` for the forward that just ran.  Never raises."""
     calls, _state["calls"] = _state["calls"], None
@@ -177,9 +190,10 @@ def after_forward(result: Any, model: Any, *args: Any, **kwargs: Any) -> None:
     try:
         batch = kwargs.get("forward_batch", args[2] if len(args) > 2 else None)
         mode = getattr(getattr(batch, "forward_mode", None), "name", "UNKNOWN")
+        padding, global_tokens = _padding(batch)
         _state["seq"] += 1
         logger.warning(PROOF_LINE.format(rank=_rank(), seq=_state["seq"], mode=mode, tokens=_tokens(args, kwargs),
-                                         rows=_captured_rows(result),
+                                         padding=padding, global_tokens=global_tokens, rows=_captured_rows(result),
                                          routes=format_routes(calls), pid=os.getpid()))
     except Exception:  # noqa: BLE001
         pass

@@ -87,15 +87,17 @@ def test_own_engine_variants_run_at_tp1_only_on_cpu(run: InnerRun, outcomes) -> 
 
 
 def test_dp_attention_proves_its_reduce_scatter_on_every_rank(run: InnerRun, outcomes) -> None:
-    """Every decode forward that returned captures ran dp_reduce_scatter on both ranks
-    (the test itself fails otherwise: engine/route_proof.py); the workers' lines are in the log."""
+    """Every MAX_LEN-padded decode forward that returned captures ran dp_reduce_scatter on
+    both ranks, and each rank had one (the test itself fails otherwise: engine/route_proof.py);
+    the workers' lines are in the log."""
     from pytest_eagle3.engine.route_proof import forwards
 
     assert outcomes[_name(2, "dp-attention")][0] == "passed"
     seen = forwards(_engine_logs(run, "--attn-dp-size", without="--enable-two-batch-overlap"))
     for rank in (0, 1):
-        decode = [f for f in seen if f.rank == rank and f.mode == "DECODE" and f.captured]
+        decode = [f for f in seen if f.rank == rank and f.mode == "DECODE" and f.captured and f.padding == "MAX_LEN"]
         assert decode and all("dp_reduce_scatter" in f.routes for f in decode), seen
+        assert not any("dp_reduce_scatter" in f.routes for f in seen if f.rank == rank and f.padding == "SUM_LEN")
         assert not any(f.routes for f in seen if f.rank == rank and f.mode == "EXTEND")
 
 

@@ -19,10 +19,11 @@ from pytest_eagle3.worker import reduce_scatter_proof as proof
 DP = ("DECODE", "dp_reduce_scatter")
 
 
-def line(rank: int, seq: int, mode: str, captured: bool = True, routes: str = "none", tokens: int = 4) -> str:
+def line(rank: int, seq: int, mode: str, captured: bool = True, routes: str = "none", tokens: int = 4,
+         padding: str = "MAX_LEN", global_tokens: str = "4,4") -> str:
     return "[2026-12-06 TP%d] " % rank + proof.PROOF_LINE.format(
-        rank=rank, seq=seq, mode=mode, tokens=tokens, rows=tokens if captured else 0, routes=routes,
-        pid=100 + rank)
+        rank=rank, seq=seq, mode=mode, tokens=tokens, padding=padding, global_tokens=global_tokens,
+        rows=tokens if captured else 0, routes=routes, pid=100 + rank)
 
 
 RS = "dp_reduce_scatter (srt/layers/layer_boundary/ops.py:318) in layers 2,3,4,5,6,7"
@@ -36,6 +37,9 @@ def test_lines_parse_back() -> None:
         (0, 1, "EXTEND", True), (0, 2, "DECODE", True), (1, 2, "IDLE", False)]
     assert got[1].routes == {"dp_reduce_scatter": ("srt/layers/layer_boundary/ops.py:318", (2, 3, 4, 5, 6, 7))}
     assert got[0].routes == {}
+    assert (got[0].padding, got[0].global_tokens) == ("MAX_LEN", (4, 4))
+    plain = forwards(line(0, 1, "EXTEND", padding="-", global_tokens="-"))[0]
+    assert (plain.padding, plain.global_tokens) == ("-", ())
 
 
 def test_proven_when_every_rank_ran_it_in_every_captured_forward_of_its_mode() -> None:
@@ -55,7 +59,7 @@ def test_a_rank_that_never_ran_it_fails_naming_the_rank() -> None:
                            log="/l.log")
     assert why is not None and why.startswith(
         "dp-attention: the reduce-scatter route did not run: no DECODE forward on TP rank 1 that returned "
-        "captures called dp_reduce_scatter (1 such forward(s); reduce-scatters it ran: none)")
+        "captures called dp_reduce_scatter (1 such forward(s), 1 padded for it; reduce-scatters it ran: none)")
     assert route_not_proven("", variant="v", mode=DP[0], function=DP[1], tp=1, every_forward=True) is not None
 
 
@@ -63,12 +67,33 @@ def test_a_captured_forward_without_it_fails_on_cpu() -> None:
     text = "\n".join([line(r, 2, "DECODE", routes=RS) for r in (0, 1)] + [line(0, 3, "DECODE", tokens=2)])
     kw = dict(variant="dp-attention", mode=DP[0], function=DP[1], tp=2, log="/l.log")
     assert route_not_proven(text, every_forward=True, **kw) == (
-        "dp-attention: TP rank 0 forward 3 (DECODE, 2 token(s)) returned captures without dp_reduce_scatter "
-        "(it ran: no reduce-scatter); the route this variant proves was not taken there (log: /l.log)")
+        "dp-attention: TP rank 0 forward 3 (DECODE, 2 token(s), DP padding MAX_LEN) returned captures without "
+        "dp_reduce_scatter (it ran: no reduce-scatter); the route this variant proves was not taken there "
+        "(log: /l.log)")
     assert route_not_proven(text, every_forward=False, **kw) is None
     # A forward that returned no captures is not judged.
     quiet = "\n".join([line(r, 2, "DECODE", routes=RS) for r in (0, 1)] + [line(0, 3, "DECODE", captured=False)])
     assert route_not_proven(quiet, every_forward=True, **kw) is None
+
+
+def test_a_sum_len_padded_decode_owes_no_dp_reduce_scatter() -> None:
+    """SGLang takes dp_reduce_scatter only in a MAX_LEN-padded batch (exit.py
+    _select_dp_reduce_scatter); a decode step where the other DP rank extends is
+    SUM_LEN-padded and scatters instead: not a miss, and said in the proof line.
+    A rank whose every decode was SUM_LEN-padded did not prove the route."""
+    kw = dict(variant="dp-attention", mode=DP[0], function=DP[1], tp=2, log="/l.log")
+    text = "\n".join([line(r, 2, "DECODE", routes=RS) for r in (0, 1)]
+                     + [line(1, 3, "DECODE", tokens=3, padding="SUM_LEN", global_tokens="5,3")])
+    assert route_not_proven(text, every_forward=True, **kw) is None
+    assert proof_lines(text, *DP, 2)[1] == (
+        "TP rank 1: dp_reduce_scatter (srt/layers/layer_boundary/ops.py:318) in layers 2-7 of 1 of 2 DECODE "
+        "forwards that returned captures; 1 of them SUM_LEN-padded (DP ranks' tokens [5,3]), where SGLang "
+        "takes no dp_reduce_scatter")
+    only_sum = "\n".join([line(0, 2, "DECODE", routes=RS), line(1, 3, "DECODE", padding="SUM_LEN")])
+    why = route_not_proven(only_sum, every_forward=True, **kw)
+    assert why is not None and "no DECODE forward on TP rank 1" in why and "1 such forward(s), 0 padded for it" in why
+    # The input-scattered route has no padding rule: every captured extend owes it.
+    assert forwards(line(0, 1, "EXTEND", padding="-"))[0].due("tp_reduce_scatter")
 
 
 def test_the_observer_names_the_asking_function_and_the_layers(caplog: pytest.LogCaptureFixture) -> None:
@@ -101,7 +126,8 @@ def test_the_observer_names_the_asking_function_and_the_layers(caplog: pytest.Lo
 
     model = torch.nn.Module()
     model.layers = torch.nn.ModuleList([Layer(0, False), Layer(1, True), Layer(2, True)])
-    batch = SimpleNamespace(forward_mode=SimpleNamespace(name="DECODE"))
+    batch = SimpleNamespace(forward_mode=SimpleNamespace(name="DECODE"),
+                            dp_padding_mode=SimpleNamespace(name="MAX_LEN"), global_num_tokens_cpu=[4, 4])
     ids = torch.zeros(4, dtype=torch.long)
     with caplog.at_level(logging.WARNING, logger="pytest_eagle3.reduce_scatter_proof"):
         proof.before_forward(model, ids, None, batch)
@@ -113,7 +139,8 @@ def test_the_observer_names_the_asking_function_and_the_layers(caplog: pytest.Lo
         proof.after_forward(x, model, ids, None, SimpleNamespace(forward_mode=SimpleNamespace(name="EXTEND")))
     assert calls == [4, 4]
     got = forwards("\n".join(r.getMessage() for r in caplog.records))
-    assert [(f.mode, f.captured, f.tokens) for f in got] == [("DECODE", True, 4), ("EXTEND", False, 4)]
+    assert [(f.mode, f.captured, f.tokens, f.padding, f.global_tokens) for f in got] == [
+        ("DECODE", True, 4, "MAX_LEN", (4, 4)), ("EXTEND", False, 4, "-", ())]
     where, layers = got[0].routes["dp_reduce_scatter"]
     assert layers == (1, 2) and where.endswith(f"test_route_proof.py:{dp_reduce_scatter.__code__.co_firstlineno}")
     assert got[1].routes == {}
