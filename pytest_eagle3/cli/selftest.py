@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 from pytest_eagle3.planning.selftest import contrast_plan, self_test_args, self_test_env, self_test_plan
+from pytest_eagle3.worker.env import FIX_ENV
 from pytest_eagle3.worker.faults import NEEDS_PP, NEEDS_TBO
 from pytest_eagle3.worker.faults import RUN_LEVEL, named_as
 
@@ -84,6 +85,8 @@ class KindResult:
     detail: str
     seconds: float
     log: Path | None = None
+    #: The upstream fix (``PYTEST_EAGLE3_UPSTREAM_FIX``) the child's engines ran with, if any.
+    fix: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -248,17 +251,19 @@ def self_test(work: Path, *, no_tp: int = 1, kinds: Sequence[str] | None = None,
         progress(f"[{n}/{total}] fault {kind} at TP {tp}: {', '.join(tests)}")
         confine = contrasts.get(kind, ())
         env = self_test_env(kind)
+        fix = {**os.environ, **env}.get(FIX_ENV) or None
+        if fix:
+            progress(f"      with upstream fix {fix} ({FIX_ENV})")
         run = runner(work / kind, (*tests, *confine), tp, kind, [*extra, *self_test_args(kind)],
                      **({"env": {**os.environ, **env}} if env else {}))
         if run.returncode == USAGE_ERROR:
             result.usage_error = _usage_line(run.output)
             return result
         verdict, detail = judge(kind, tests, run, confine)
-        result.kinds.append(KindResult(kind, tp, tests, verdict, detail, run.seconds, work / kind / "output.txt"))
+        result.kinds.append(KindResult(kind, tp, tests, verdict, detail, run.seconds, work / kind / "output.txt", fix))
         progress(f"      {verdict} in {run.seconds:.0f} s: {detail}")
     tests = tuple(sorted({t for k in chosen for t in (*plan[k][1], *contrasts.get(k, ()))}))
     tp = max(plan[k][0] for k in chosen)
-    progress(f"[{total}/{total}] control, no fault, at TP {tp}: {len(tests)} tests")
     # The control runs every path the faults did (in-place norms, fused all-reduce).
     # The control at PP only when every chosen kind runs at PP (its tests pass at PP with
     # the relay: tests/e2e/test_pp.py); a mixed run keeps its control at PP 1, with the
@@ -268,9 +273,12 @@ def self_test(work: Path, *, no_tp: int = 1, kinds: Sequence[str] | None = None,
     env = {key: value for k in chosen if at_pp for key, value in self_test_env(k).items()}
     if not at_pp:  # the TBO tests pass only with the fix that captures per micro-batch (not a PP kind's)
         env = next((self_test_env(k) for k in chosen if k in NEEDS_TBO), env)
+    fix = {**os.environ, **env}.get(FIX_ENV) or None
+    progress(f"[{total}/{total}] control, no fault, at TP {tp}: {len(tests)} tests, "
+             + (f"with upstream fix {fix} ({FIX_ENV})" if fix else "no upstream fix"))
     run = runner(work / "control", tests, tp, None, [*extra, *paths], **({"env": {**os.environ, **env}} if env else {}))
     verdict, detail = judge(None, tests, run)
-    result.control = KindResult(None, tp, tests, verdict, detail, run.seconds, work / "control" / "output.txt")
+    result.control = KindResult(None, tp, tests, verdict, detail, run.seconds, work / "control" / "output.txt", fix)
     progress(f"      {verdict} in {run.seconds:.0f} s: {detail}")
     return result
 
@@ -280,10 +288,10 @@ def render(result: SelfTestResult) -> list[str]:
     lines = ["pytest-eagle3 self-test: fault -> test that catches it -> message"]
     width = max([len("(no fault)"), *(len(k.kind or "") for k in result.kinds)])
     for k in result.kinds:
-        lines.append(f"  {k.kind:<{width}} TP {k.tp}  {k.verdict:<8} {k.detail}")
+        lines.append(f"  {k.kind:<{width}} TP {k.tp}  {k.verdict:<8} {k.detail}{_with_fix(k)}")
     if result.control is not None:
         c = result.control
-        lines.append(f"  {'(no fault)':<{width}} TP {c.tp}  {c.verdict:<8} {c.detail}")
+        lines.append(f"  {'(no fault)':<{width}} TP {c.tp}  {c.verdict:<8} {c.detail}{_with_fix(c)}")
     bad = [k for k in result.kinds if not k.ok] + ([result.control] if result.control and not result.control.ok else [])
     for k in bad:
         lines.append(f"  log of {k.kind or 'the control'}: {k.log}")
@@ -291,6 +299,10 @@ def render(result: SelfTestResult) -> list[str]:
     control = "passed" if result.control is not None and result.control.ok else "FAILED"
     lines.append(f"{caught} of {len(result.kinds)} faults caught and named; control {control}")
     return lines
+
+
+def _with_fix(k: KindResult) -> str:
+    return f" [with upstream fix {k.fix}]" if k.fix else ""
 
 
 def add_self_test_parser(sub: "argparse._SubParsersAction") -> None:

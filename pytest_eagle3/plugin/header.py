@@ -19,6 +19,8 @@ from pytest_eagle3.sglang_source.fusion_code import fusion_code_at
 from pytest_eagle3.sglang_source.install import SGLangInstall, sglang_location_and_version
 from pytest_eagle3.sglang_source.norm_code import norm_code_at, resolve_norm_path
 from pytest_eagle3.worker.faults import describe, read_fault
+from pytest_eagle3.worker.upstream_fixes import CATALOG as FIXES
+from pytest_eagle3.worker.upstream_fixes import UpstreamFixError, read_fix
 
 HEADER_SGLANG = "eagle3: sglang {version} at {location}"
 HEADER_NO_SGLANG = "eagle3: sglang not importable (install pytest-eagle3[cpu] or your SGLang fork)"
@@ -33,6 +35,8 @@ HEADER_RUN = "eagle3: device {device}, tp {tp}, target {target}"
 HEADER_CACHE = "eagle3: cache {cache}{rebuild}, startup timeout {timeout:g} s"
 HEADER_SGLANG_ARGS = "eagle3: sglang args {args}"
 HEADER_FAULT = "eagle3: FAULT INJECTION ON (self-test; the suite must fail): {fault}"
+HEADER_FIX = ("eagle3: UPSTREAM FIX ON (PYTEST_EAGLE3_UPSTREAM_FIX={fix}; every engine runs it, "
+              "verdicts are about SGLang with the fix): {what} [{source}]")
 HEADER_GPU_BLOCKS = "eagle3: gpu blocks of {tp}: {blocks} (one leased per pytest process; locks in {lock_dir})"
 
 
@@ -74,6 +78,9 @@ def header_lines(config: pytest.Config) -> list[str]:
         fault = read_fault({"PYTEST_EAGLE3_FAULT": settings.fault})
         if fault is not None:
             lines.append(HEADER_FAULT.format(fault=describe(fault)) + _src(settings, "fault"))
+    fix = _fix_line()
+    if fix is not None:
+        lines.append(fix)
     if settings.prompts is not None:
         lines.append(f"eagle3: prompts {settings.prompts} (--eagle3-prompts)")
     if settings.prefetch:
@@ -139,3 +146,15 @@ def collection_lines(config: pytest.Config) -> list[str]:
     return [HEADER_RULE.format(arch=facts.architecture, rule=rule.describe()),
             HEADER_LAYER0.format(state=state[rule.embedding.capturable], why=rule.embedding.why,
                                  source=rule.embedding.source)]
+
+
+def _fix_line() -> str | None:
+    """:data:`HEADER_FIX` where the environment names an upstream fix the engines inherit."""
+    try:
+        fix = read_fix()
+    except UpstreamFixError as exc:
+        return f"eagle3: {exc}"
+    if fix is None:
+        return None
+    what, source = FIXES[fix]
+    return HEADER_FIX.format(fix=fix, what=what, source=source)

@@ -14,7 +14,8 @@ Schema (version :data:`SCHEMA`; fields are only added, never renamed)::
      "sglang": {"version": "0.5.23", "location": "/.../sglang", "commit": "abc123..." | null},
      "run": {"device": "cpu", "tp": 2, "target": "tiny-dsv3", "exit_status": 0,
              "bisect": {"verdict": "good"|"bad"|"untestable", "exit": 0|1|125, "first": "..."} | null,
-             "fault": "partial-sum" | null, "prompts": "/path/to/prompts.json" | null},
+             "fault": "partial-sum" | null, "upstream_fix": "gemma3-capture-residual" | null,
+             "prompts": "/path/to/prompts.json" | null},
      "engines": [{"name": "tp1-cpu-...", "args": "...", "ready_seconds": 24.1}],
      "tests": [{"nodeid": "...", "outcome": "passed"|"failed"|"skipped"|"xfailed"|"xpassed"|"error",
                 "duration_s": 1.2, "message": "first line of the failure or skip" | null,
@@ -46,6 +47,7 @@ from pytest_eagle3.sglang_source.install import sglang_location_and_version
 from pytest_eagle3.plugin.current_item import TracksCurrentItem
 from pytest_eagle3.plugin.diagnosis import OBSERVATION_PROPERTY
 from pytest_eagle3.plugin.run import get_run, get_settings
+from pytest_eagle3.worker.env import FIX_ENV
 
 SCHEMA = 1
 VERDICT_PROPERTY = "eagle3_verdict"
@@ -105,6 +107,7 @@ class ReportWriter(TracksCurrentItem):
             "sglang": sglang_identity(),
             "run": {"device": settings.device, "tp": settings.tp, "target": settings.target,
                     "exit_status": int(session.exitstatus), "bisect": bisect, "fault": settings.fault,
+                    "upstream_fix": _upstream_fix(),
                     "prompts": None if settings.prompts is None else str(settings.prompts)},
             "engines": [{"name": e.description.split(" ", 1)[0], "args": e.description,
                          "ready_seconds": round(e.start_seconds, 1)} for e in run.engines],
@@ -115,6 +118,11 @@ class ReportWriter(TracksCurrentItem):
         tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
         tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
         os.replace(tmp, self.path)
+
+
+def _upstream_fix() -> str | None:
+    """The upstream fix the engines of this run inherit (``PYTEST_EAGLE3_UPSTREAM_FIX``), as named."""
+    return os.environ.get(FIX_ENV, "").strip() or None
 
 
 def _diagnosis(run: Any) -> dict[str, Any] | None:

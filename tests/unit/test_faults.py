@@ -43,6 +43,19 @@ def test_catalog_lists_every_public_bug_class_with_its_source() -> None:
     assert all("#32680" in CATALOG[k][1] for k in ("tbo-microbatch-dropped", "tbo-microbatches-swapped"))
 
 
+def test_one_record_per_kind_and_the_tables_are_its_views() -> None:
+    """Each kind is one FaultKind; the tables the plan and the injection read are derived from it."""
+    names = [k.name for k in faults.KINDS]
+    assert len(names) == len(set(names)) and list(CATALOG) == names
+    for k in faults.KINDS:
+        assert set(k.needs) <= set(faults.NEEDS), k
+        assert (k.name in faults.NEEDS_TP) == ("tp" in k.needs)
+        assert faults.named_as(k.name) == k.tag
+        assert k.confined is None or k.confined[0] in CATALOG
+    assert faults.named_as("no-residual-on-cache-hit") == "no-residual"
+    assert faults.named_as("draft-fc-reversed") is None and faults.named_as("partial-sum") == "partial-sum"
+
+
 def test_diagnosis_tags_cover_the_catalog() -> None:
     from pytest_eagle3.verdicts.diagnose import KINDS
 

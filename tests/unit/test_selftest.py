@@ -96,6 +96,10 @@ def test_every_kind_then_the_control_with_the_users_arguments(tmp_path) -> None:
     assert {(k, tp) for k, tp, f, _ in runner.calls if f} == {(k, plan[k][0]) for k in plan}
     table = selftest.render(result)
     assert table[-1] == f"{len(plan)} of {len(plan)} faults caught and named; control passed"
+    # The table names the upstream fix each child's engines ran with, the control's too.
+    assert result.control.fix == "tbo-capture-per-microbatch"
+    assert table[-2].endswith("[with upstream fix tbo-capture-per-microbatch]")
+    assert "with upstream fix" not in next(line for line in table if line.lstrip().startswith("partial-sum "))
 
 
 @pytest.mark.parametrize(("missed", "control_fails"), [("reversed-order", False), (None, True)])

@@ -19,6 +19,21 @@ def test_off_unless_named() -> None:
     assert all("PR #" in source or "PRs" in source or "issue #" in source for _, source in CATALOG.values())
 
 
+def test_header_and_report_name_the_fix_the_engines_inherit(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_eagle3.plugin import header, report
+
+    monkeypatch.delenv(FIX_ENV, raising=False)
+    assert header._fix_line() is None and report._upstream_fix() is None
+    monkeypatch.setenv(FIX_ENV, "gemma3-capture-residual")
+    line = header._fix_line()
+    assert line is not None and line.startswith(
+        "eagle3: UPSTREAM FIX ON (PYTEST_EAGLE3_UPSTREAM_FIX=gemma3-capture-residual; every engine runs it")
+    assert line.endswith("[SGLang PR #39286 (Gemma 3 captures omit the residual)]")
+    assert report._upstream_fix() == "gemma3-capture-residual"
+    monkeypatch.setenv(FIX_ENV, "nope")
+    assert header._fix_line() == "eagle3: PYTEST_EAGLE3_UPSTREAM_FIX='nope': unknown fix; known: " + ", ".join(CATALOG)
+
+
 def test_gemma3_fix_captures_the_stream_and_keeps_the_forward() -> None:
     """A layer returning (branch, residual) returns (branch + residual, 0); the
     next norm's ``x + residual`` is unchanged, and the input it got is a copy."""
