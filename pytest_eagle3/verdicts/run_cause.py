@@ -44,7 +44,11 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from pytest_eagle3.verdicts.distance import PRECISION_CEILING, roundoff_name
-from pytest_eagle3.verdicts.run_wording import MODES, fail_lines, ordered, pass_lines, present, rank_text, where
+from pytest_eagle3.verdicts.run_wording import (  # noqa: F401 - the headlines are part of this module's API
+    CLEAN, CONTRADICTED, DRAFT_SIDE, GLOBAL, LACK_PREFILL, LACK_RANKS, MIXED, MODES, NO_VERDICT, OFFLINE_LACKING,
+    OFFLINE_OK, PAIR_RANK_LINE, PATH_ONLY, PRECISION, RANK_MODE, RANK_ONLY, STALE, STALE_REQUEST, UNOBSERVED_LINE,
+    fail_lines, ordered, pass_lines, present, rank_text, where,
+)
 from pytest_eagle3.verdicts.separation import (
     TABLE_ATTRIBUTES, conjunction_text, request_key, send_text, separating_table, separation,
 )
@@ -57,41 +61,17 @@ CAPTURE, SERVED, OFFLINE = "capture", "served-draft", "offline-draft"
 #: Checks that compare captured values with the reference: only their passes are
 #: evidence that a mode, path, rank or request is right.
 VALUE_CHECKS = ("captures", "ranks")
+#: The check that compares the TP ranks with each other (``test_ranks_hold_identical_captures``):
+#: a disagreement says some rank is wrong, not which (rank 0 is the side every other is
+#: compared with), so where the ranks' comparisons with the reference also failed, those
+#: name the rank and the disagreements point to them.
+PAIR_RANK_CHECK = "agree"
 #: The per-test diagnosis tags that name the id rule (a global cause).
 ID_RULE_KINDS = ("offset-twice", "offset-missing", "ids-ignored")
 
 TITLE = "eagle3 diagnosis"
 POINTER = "see the '{title}' section at the end: it weighs this failure against every other test of the run"
 
-CLEAN = "[clean] nothing is wrong: {n} comparison{n_s} in {tests} test{tests_s} agree{verb_s} ({modes}{ranks})"
-DRAFT_SIDE = ("[draft-side] captures right in every capture comparison ({n}){offline}; served acceptance "
-              "{served}: the draft side consumes right captures wrong (its fc input order, its norm, "
-              "or the ids its config.json declares)")
-OFFLINE_OK = " and offline (accept length {value:.2f} on SGLang's own captures)"
-OFFLINE_LACKING = "offline acceptance not run in this selection: cannot tell the draft from its captures' consumer"
-PRECISION = ("[precision] every slot holds the right snapshot, off by up to {err:.1e} (tolerance {tol:.0e}) "
-             "in {n} comparisons: a lower-precision copy ({fmt})")
-RANK_ONLY = ("[rank] {ranks} only: every comparison of {ranks} is wrong ({n}) and every other rank's right "
-             "({m}): a communication or state only {ranks} uses")
-RANK_MODE = ("[rank-mode] {ranks} only, {modes} only: a {modes}-only path of {ranks} "
-             "(a communication or state that only those forwards use)")
-STALE = ("[stale-state] right for the first {k} send(s) of the suite's prompts on each engine, wrong from "
-         "then on: state that changes over an engine's life")
-STALE_REQUEST = ("[stale-state] right for the first {k} send(s) and the first {r} request(s) of send {n} on "
-                 "each engine, wrong from then on: state that changes over an engine's life")
-PATH_ONLY = ("[path-only] wrong only on {where}; right on {right} for ids {ids}: the {where} path "
-             "captures other values, not the id rule")
-GLOBAL = "[global] every mode and path the run took fails the same way: {cause}"
-MIXED = ("[mixed] failures on {bad} and passes on {good} do not separate by mode, path, rank or "
-         "request order: read the first failure ({first})")
-
-NO_VERDICT = ("[no-verdict] none of the run's {n} comparisons is wrong, but {k} test(s) failed without one: "
-              "{first}: {line}")
-UNOBSERVED_LINE = "  also failed, without a comparison: {test}: {line}"
-CONTRADICTED = ("  the per-test diagnosis {kinds} names the id rule; ids {ids} were captured right on "
-                "{right} in this run, so the id rule is not the cause")
-LACK_PREFILL = "plain prefill not run in this selection: cannot tell a path fault from the id rule"
-LACK_RANKS = "no per-rank test in this selection: a fault on one TP rank shows only through rank 0's output"
 
 
 def forward_mode(sglang_mode: str, first_position: int | None) -> str:
@@ -238,6 +218,20 @@ def _diagnose(obs: list[Observation]) -> RunDiagnosis:
     # (two equally wrong captures agree); a failing one is evidence of a fault.
     captures = [o for o in obs if o.level == CAPTURE and (not o.ok or o.check in VALUE_CHECKS)]
     bad = [o for o in captures if not o.ok]
+    pair = [o for o in bad if o.check == PAIR_RANK_CHECK]
+    pointing: tuple[str, ...] = ()
+    if pair and any(o.check != PAIR_RANK_CHECK and o.rank is not None for o in bad):
+        captures = [o for o in captures if not (o.check == PAIR_RANK_CHECK and not o.ok)]
+        bad = [o for o in bad if o.check != PAIR_RANK_CHECK]
+        tests = ", ".join(dict.fromkeys(o.test.rsplit("::", 1)[-1] for o in pair))
+        pointing = (PAIR_RANK_LINE.format(n=len(pair), tests=tests),)
+    diag = _diagnose_captures(obs, captures, bad)
+    if pointing:
+        return RunDiagnosis(diag.tag, diag.headline, diag.evidence + pointing, diag.lacking, diag.named)
+    return diag
+
+
+def _diagnose_captures(obs: list[Observation], captures: list[Observation], bad: list[Observation]) -> RunDiagnosis:
     served_bad = [o for o in obs if o.level == SERVED and not o.ok]
     lacking = _lacking(captures, bad)
     if not bad and not served_bad:

@@ -204,6 +204,22 @@ def test_ranks_that_agree_are_no_evidence_and_one_that_disagrees_is() -> None:
     assert diagnose_run(plain_run() + got[:1]).tag == "clean"
 
 
+def test_a_rank_0_fault_is_named_rank_0_though_the_agreement_check_lists_rank_1() -> None:
+    """The agreement check compares rank 1 with rank 0, so a rank-0 decode fault fails
+    there as "rank 1, decode"; the ranks' comparisons with the reference say rank 0.
+    The pair check points to them, and the run names rank 0."""
+    agree = [obs("agree[tp2]", tp=2, rank=1, mode=m, check="agree", ok=m != "decode") for m in ("prefill", "decode")]
+    run = failing(plain_run(), lambda o: o.rank == 0 and o.mode == "decode") + agree
+    diag = diagnose_run(run)
+    assert diag.tag == "rank-mode" and diag.headline.startswith("[rank-mode] rank 0 only, decode only"), diag.lines()
+    assert diag.evidence[-1] == ("  also: 1 comparison(s) of the TP ranks with each other disagree (agree[tp2]): a "
+                                 "pair check cannot say which rank is wrong; the ranks' comparisons with the "
+                                 "reference above do")
+    # Alone (no comparison with the reference failed), the disagreement is the evidence.
+    alone = diagnose_run(plain_run() + agree)
+    assert alone.tag != "clean" and not any("a pair check cannot say" in line for line in alone.evidence)
+
+
 # --- exact separations (a named cause never holds a right comparison) ---------------
 
 
