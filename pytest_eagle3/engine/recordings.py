@@ -46,6 +46,8 @@ class Record:
         rids: the request ids of the forward's batch (``()``: not recorded, an
             SGLang without ``ForwardBatch.rids``).
         lens: rows of ``aux`` per request, in ``rids`` order.
+        chunks: for one request's prefill rows joined over several forwards (a
+            chunked prefill), the rows of each forward in order (``()``: one forward).
     """
 
     rank: int
@@ -57,6 +59,7 @@ class Record:
     shard: tuple[int, int] | None
     rids: tuple[str, ...] = ()
     lens: tuple[int, ...] = ()
+    chunks: tuple[int, ...] = ()
 
     def for_request(self, rid: str) -> "Record | None":
         """This forward's rows of request ``rid`` as a record of their own (None:
@@ -96,13 +99,14 @@ def prefill_records(records: Mapping[int, Sequence[Record]], rids: Sequence[str 
             if not parts:
                 seen = sorted({x for r in recs for x in r.rids})
                 raise Eagle3Error(NO_PREFILL.format(rank=rank, rid=rid, n=len(recs), seen=seen[:6]))
-            mine.append(_joined(parts, rank, str(rid)))  # chunked prefill: rows over several forwards
+            mine.append(_joined(parts, rank, str(rid), chunks=True))  # chunked prefill: rows over several forwards
         out[rank] = mine
     return out
 
 
-def _joined(parts: "list[Record]", rank: int, rid: str) -> "Record":
-    """One record of ``rid``'s rows over several forwards, in forward order."""
+def _joined(parts: "list[Record]", rank: int, rid: str, *, chunks: bool = False) -> "Record":
+    """One record of ``rid``'s rows over several forwards, in forward order
+    (``chunks``: the rows of each forward kept in :attr:`Record.chunks`)."""
     if len(parts) == 1:
         return parts[0]
     import torch
@@ -111,7 +115,8 @@ def _joined(parts: "list[Record]", rank: int, rid: str) -> "Record":
     return Record(rank, parts[0].seq, parts[0].mode, torch.cat([p.aux for p in parts]),
                   torch.cat([p.input_ids for p in parts]),
                   torch.cat(pos) if all(x is not None for x in pos) else None, parts[0].shard,
-                  (rid,), (sum(p.lens[0] for p in parts),))
+                  (rid,), (sum(p.lens[0] for p in parts),),
+                  tuple(p.lens[0] for p in parts) if chunks else ())
 
 
 def decode_records(records: Mapping[int, Sequence[Record]], rids: Sequence[str | None]

@@ -196,18 +196,27 @@ def explain_death(server_args: dict, cause: str | None, log_text: str, tp: int) 
         layers=_layers(layers), rows=f.rows, tp=tp, cause=cause)
 
 
-ROUTE_NOTE = ("[partial-sum] on the {function} route: in the {mode} forwards of TP ranks {ranks} that returned "
-              "captures, {function} ({where}) completes the sum of layers {layers}; a slot that holds the "
-              "residual plus one rank's unreduced share was read before that reduce-scatter ran")
+ROUTE_NOTES = {
+    "[partial-sum]": (
+        "[partial-sum] on the {function} route: in the {mode} forwards of TP ranks {ranks} that returned "
+        "captures, {function} ({where}) completes the sum of layers {layers}; a slot that holds the residual "
+        "plus one rank's unreduced share was read before that reduce-scatter ran"),
+    "[wrong-request-rows]": (
+        "[wrong-request-rows] on the {function} route: in the {mode} forwards of TP ranks {ranks} that returned "
+        "captures, {function} ({where}) hands each rank its own chunk of the gathered rows in layers {layers}; "
+        "rows of another request there are the slice another rank got"),
+}
 
 
-def route_note(log_text: str, mode: str, function: str, tp: int) -> str:
-    """:data:`ROUTE_NOTE` for a failure that names a partial sum on an engine whose
-    captures passed ``function`` (``""`` when no rank logged it)."""
+def route_note(log_text: str, mode: str, function: str, tp: int, failure: str = "[partial-sum]") -> str:
+    """The note of :data:`ROUTE_NOTES` whose tag ``failure`` names (a partial sum, or
+    another request's rows) on an engine whose captures passed ``function``; ``""``
+    when the failure names neither or no rank logged the route."""
+    tag = next((t for t in ROUTE_NOTES if t in failure), None)
     took = [f for f in forwards(log_text) if f.mode == mode and f.captured and function in f.routes]
-    if not took:
+    if tag is None or not took:
         return ""
     ranks = ", ".join(str(r) for r in sorted({f.rank for f in took if 0 <= f.rank < tp}))
     layers = _layers([x for f in took for x in f.routes[function][1]])
-    return ROUTE_NOTE.format(function=function, mode=mode, ranks=ranks, where=took[0].routes[function][0],
-                             layers=layers)
+    return ROUTE_NOTES[tag].format(function=function, mode=mode, ranks=ranks, where=took[0].routes[function][0],
+                                   layers=layers)

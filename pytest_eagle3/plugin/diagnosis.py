@@ -51,7 +51,8 @@ def _first_line(report: Any) -> str:
 def observations_of(report: Any, where: Mapping[str, Any], ok: bool | None = None) -> list[dict[str, Any]]:
     """The observation(s) a verdict ``report`` (or ``None``) leaves with its context
     ``where``: one per (TP rank, request) for a per-rank report
-    (``RankReport.outcomes``; ``where["modes"]``: each request's forward mode),
+    (``RankReport.outcomes``; ``where["modes"]``: each request's forward mode; an
+    outcome of one chunk of a chunked prefill carries its own as a fifth item),
     else one."""
     base = {k: v for k, v in where.items() if k in Observation.__dataclass_fields__}
     if "ids" in base and base["ids"] is not None:
@@ -85,11 +86,13 @@ def observations_of(report: Any, where: Mapping[str, Any], ok: bool | None = Non
         # request's mode (``where["modes"]``, per request index).
         modes = list(where.get("modes") or [])
         out = []
-        for rank, index, sub_ok, sub in outcomes:
+        for rank, index, sub_ok, sub, *chunk_mode in outcomes:
             entry = {**base, **observations_of(sub, {}, sub_ok)[0], "rank": int(rank)}
             if sub is not None:  # a comparison of request ``index`` (an agreement outcome indexes forwards)
                 entry["request"] = int(index)
-            if index < len(modes):
+            if chunk_mode:  # one chunk of a chunked prefill: its own mode
+                entry["mode"] = chunk_mode[0]
+            elif index < len(modes):
                 entry["mode"] = modes[index]
             out.append(entry)
         return out

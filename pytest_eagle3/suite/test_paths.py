@@ -65,7 +65,8 @@ from pytest_eagle3.target.reference import ensure_reference
 # Rows of the two micro-batches of two-batch overlap, merged by the tbo-capture-per-microbatch fix.
 @pytest.mark.eagle3_catches("tbo-microbatch-dropped", "tbo-microbatches-swapped", need="two-batch-overlap", tp=2)
 # A capture read before attention DP's decode reduce-scatter completes.
-@pytest.mark.eagle3_catches("partial-before-dp-reduce-scatter", need="dp-attention", tp=2)
+@pytest.mark.eagle3_catches("partial-before-dp-reduce-scatter", "other-rank-slice-after-dp-reduce-scatter",
+                            need="dp-attention", tp=2)
 def test_captures_identical_through_path(eagle3_need, eagle3_engine_set, eagle3_capture, eagle3_reference,
                                          eagle3_checkpoint, eagle3_model_config, eagle3_settings, eagle3_tp,
                                          record_property, pytestconfig):
@@ -154,9 +155,9 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_set, eagle3_
     try:
         conclude_each(checks, pytestconfig)
     except pytest.fail.Exception as exc:
-        # A partial sum on a reduce-scatter route: the route that completes it, from the workers' lines.
-        note = route_note(eagle3_capture.log_text(req)[0], *route, eagle3_tp) if route is not None else ""
-        if note and "[partial-sum]" in str(exc.msg):
+        # A partial sum or another rank's rows on a reduce-scatter route: the route, from the workers' lines.
+        note = route_note(eagle3_capture.log_text(req)[0], *route, eagle3_tp, str(exc.msg)) if route else ""
+        if note:
             raise pytest.fail.Exception(f"{exc.msg}\n{note}", pytrace=False) from None
         raise
     if req.batch:

@@ -64,8 +64,9 @@ class RankReport:
     details: list[str] = field(default_factory=list)
     slot_reports: list[Any] = field(default_factory=list)
     #: ``(rank, request or forward index, ok, its report or None)`` of every
-    #: comparison made (the run-level diagnosis reads which ranks and requests passed).
-    outcomes: list[tuple[int, int, bool, Any]] = field(default_factory=list)
+    #: comparison made (the run-level diagnosis reads which ranks and requests passed);
+    #: one chunk of a chunked prefill adds its forward mode as a fifth item.
+    outcomes: list[tuple] = field(default_factory=list)
 
     def message(self, verbose: bool = False) -> str:
         return "\n".join(self.lines + (self.details if verbose else []))
@@ -174,14 +175,15 @@ def check_rank_slots(records: Mapping[int, Sequence["Record"]], references: Sequ
     lines: list[str] = _count_lines(records, references)
     plain = not lines
     failed: list[Any] = []
-    outcomes: list[tuple[int, int, bool, Any]] = []
+    outcomes: list[tuple] = []
     for rank in sorted(records):
         reported = False
         for i, (rec, ref) in enumerate(zip(records[rank], references)):
             report = compare_slots(rec.aux, ref, expected=list(expected), num_layers=num_layers,
                                    hidden_size=hidden_size, tol=tol, side_names=(f"rank {rank}", "reference"),
                                    evidence=evidence[i] if evidence is not None and i < len(evidence) else None)
-            outcomes.append((rank, i, report.ok, report))
+            outcomes.extend(_chunk_outcomes(rank, i, rec, ref, report, expected=expected, num_layers=num_layers,
+                                            hidden_size=hidden_size, tol=tol))
             if report.ok or reported:
                 continue  # every request is judged; the first wrong one per rank is worded
             reported = True
@@ -200,6 +202,25 @@ def check_rank_slots(records: Mapping[int, Sequence["Record"]], references: Sequ
         return RankReport(False, lines, slot_reports=failed if plain else [], outcomes=outcomes)
     return RankReport(True, [ALL_RANKS_OK.format(tp=tp, message="every slot holds its expected snapshot")],
                       outcomes=outcomes)
+
+
+def _chunk_outcomes(rank: int, i: int, rec: "Record", ref: "torch.Tensor", report: Any, **compare: Any) -> list:
+    """The outcome(s) of request ``i`` on ``rank``: one, or for prefill rows joined over
+    several forwards (:attr:`Record.chunks`) one per chunk with its forward mode
+    (``prefill`` for the first, ``later-chunk`` after), so the run-level diagnosis
+    sees which chunks were wrong.  A wrong chunk carries the whole request's worded
+    report, a right one its own."""
+    chunks = tuple(getattr(rec, "chunks", ()) or ())
+    if len(chunks) < 2 or sum(chunks) != rec.aux.shape[0]:
+        return [(rank, i, report.ok, report)]
+    out, start = [], 0
+    for n, rows in enumerate(chunks):
+        part = compare_slots(rec.aux[start:start + rows], ref[:, start:start + rows], diagnose=False,
+                             side_names=(f"rank {rank}, chunk {n + 1} (rows {start}..{start + rows - 1})",
+                                         "reference"), **compare)
+        out.append((rank, i, part.ok, part if part.ok else report, "prefill" if n == 0 else "later-chunk"))
+        start += rows
+    return out
 
 
 REQUESTS_UNMATCHED = ("per-rank recorder: {seen} request ids in the recorded forwards for {sent} requests sent one "

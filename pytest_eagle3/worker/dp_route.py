@@ -7,7 +7,7 @@ through a reduce-scatter leaves it pending as an ``UnreducedOutput`` whose
 gathered buffer is max-len padded, one equal chunk per DP rank, and with
 ``tp_size == attn_dp_size`` the TP group's ``reduce_scatter_tensor`` hands
 chunk ``r`` to rank ``r`` (``srt/layers/dp_attention.py`` ``dp_reduce_scatter_tensor``).
-Stdlib only.
+Imports SGLang and torch only inside SGLang's processes (:func:`other_rank_rows`).
 """
 
 from __future__ import annotations
@@ -26,3 +26,26 @@ def own_rows(partial: Any, rows: int, rank: int, size: int) -> Any:
     """Rank ``rank``'s rows of a max-len-padded DP gather ``partial`` (``[size * max_len, H]``):
     chunk ``rank`` of ``size`` equal chunks, its first ``rows``."""
     return partial.tensor_split(size)[rank][:rows]
+
+
+def other_rank_rows(slot: Any, mode_name: str, counts: Any) -> Any:
+    """The next TP rank's rows of a completed capture ``slot`` (``[rows, H]``), the
+    slice ``dp_reduce_scatter`` handed that rank, or ``None``.
+
+    Every rank of the TP group must call it in the same layers (a MAX_LEN-padded
+    forward on the route: each rank runs ``dp_reduce_scatter`` there, an idle one
+    too); it all-gathers the slot with a column saying whether this rank's rows are
+    a real decode batch, and answers only where every rank's are and the DP ranks'
+    token counts (``counts``, ``forward_batch.global_num_tokens_cpu``) are equal, so
+    row ``t`` of one rank's batch has a row ``t`` on the next.
+    """
+    import torch
+    from sglang.srt.distributed.parallel_state import get_tp_group
+
+    group = get_tp_group()
+    real = float(mode_name == "DECODE" and bool(counts) and len(set(int(c) for c in counts)) == 1)
+    flagged = torch.cat([slot, slot.new_full((slot.shape[0], 1), real)], dim=1)
+    chunks = group.all_gather(flagged.contiguous(), dim=0).tensor_split(group.world_size)
+    if not all(c.shape[0] == slot.shape[0] and bool((c[:, -1] == 1).all()) for c in chunks):
+        return None
+    return chunks[(group.rank_in_group + 1) % group.world_size][:, :-1]

@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 from pytest_eagle3.worker.fault_when import forward_matches
 from pytest_eagle3.worker.faults import CONFINED, FaultError, describe, read_fault
-from pytest_eagle3.worker import dp_route, pp_relay, tbo_capture
+from pytest_eagle3.worker import dp_route, fault_reads, pp_relay, tbo_capture
 
 
 logger = logging.getLogger("pytest_eagle3.faults")
@@ -286,7 +286,8 @@ def _around_layer(original: Callable, layer: Any, *args: Any, **kwargs: Any) -> 
     * ``no-residual``: value = the pending MLP output completed on a copy (the
       all-reduce runs on every rank), without the residual;
     * ``partial-before-dp-reduce-scatter``: where the pending MoE output is owed to attention
-      DP's ``dp_reduce_scatter``, value = ``residual`` + this rank's rows of it (:mod:`~pytest_eagle3.worker.dp_route`).
+      DP's ``dp_reduce_scatter``, value = ``residual`` + this rank's rows of it (:mod:`~pytest_eagle3.worker.dp_route`);
+      ``other-rank-slice-after-dp-reduce-scatter``: after the layer, the next rank's slice there.
 
     After the layer wrote its capture into slot ``index`` of the packer:
 
@@ -311,19 +312,19 @@ def _around_layer(original: Callable, layer: Any, *args: Any, **kwargs: Any) -> 
     if kind == "before-fused-allreduce" and layer_id > 0:
         residual, pending = _stream_state(forward_batch)
         if pending is not None and residual is not None and pending.value is not None:
-            if pending.owed is not None and _fusion_applies(pending.value.shape[0]):
+            if pending.owed is not None and fault_reads.fusion_applies(pending.value.shape[0]):
                 value = residual + pending.value  # read before the fused all-reduce completes it
                 _log_once(kind, "%s at layer %d: the MLP all-reduce of layer %d is fused into this layer's "
                           "norm; slot read before it", kind, layer_id, layer_id - 1)
             else:
                 _log_once(f"{kind}-off", "%s: SGLang does not fuse the all-reduce before layer %d here "
                           "(flashinfer_ar_fusion_applies is false): the fault changes nothing", kind, layer_id)
-    if kind == "partial-before-dp-reduce-scatter" and layer_id > 0:
-        residual, pending = _stream_state(forward_batch)
-        if pending is not None and residual is not None and dp_route.owed_to_dp_reduce_scatter(pending.owed):
-            # Read before dp_reduce_scatter completes layer i-1's MoE output: this rank's share, its own rows.
-            value = residual + dp_route.own_rows(pending.value, residual.shape[0], *_tp())
-            _log_once(kind, "%s at layer %d: read before layer %d's dp_reduce_scatter", kind, layer_id, layer_id - 1)
+    residual, pending = _stream_state(forward_batch) if kind in DP_ROUTE and layer_id > 0 else (None, None)
+    dp_owed = residual is not None and pending is not None and dp_route.owed_to_dp_reduce_scatter(pending.owed)
+    if kind == "partial-before-dp-reduce-scatter" and dp_owed:
+        # Read before dp_reduce_scatter completes layer i-1's MoE output: this rank's share, its own rows.
+        value = residual + dp_route.own_rows(pending.value, residual.shape[0], *_tp())
+        _log_once(kind, "%s at layer %d: read before layer %d's dp_reduce_scatter", kind, layer_id, layer_id - 1)
     if kind in ("partial-sum", "no-residual") and layer_id > 0:
         # Read the stream before this layer's boundary consumes it.
         residual, pending = _stream_state(forward_batch)
@@ -344,7 +345,11 @@ def _around_layer(original: Callable, layer: Any, *args: Any, **kwargs: Any) -> 
         norm = layer.input_layernorm
         value = norm.forward_native(slot.clone())
     elif kind == "unreduced-embedding" and layer_id == 0:
-        value = _local_embedding(slot)
+        value = fault_reads.local_embedding(_CTX, slot)
+    elif kind == "other-rank-slice-after-dp-reduce-scatter" and dp_owed:
+        # After dp_reduce_scatter completed layer i-1: the slice the next rank got (every rank gathers).
+        value = dp_route.other_rank_rows(slot.clone(), getattr(getattr(forward_batch, "forward_mode", None), "name", ""),
+                                         getattr(forward_batch, "global_num_tokens_cpu", None))
     elif kind == "dp-gather-scaled":
         wanted = fault.get("slots")
         if wanted is None or index in [int(s) for s in wanted]:
@@ -358,18 +363,6 @@ def _around_layer(original: Callable, layer: Any, *args: Any, **kwargs: Any) -> 
     return result
 
 
-def _fusion_applies(tokens: int) -> bool:
-    """SGLang's own decision that the fused all-reduce + add + RMSNorm takes a
-    batch of ``tokens`` (``flashinfer_ar_fusion_applies``,
-    ``srt/layers/layer_boundary/residual/add_norm.py`` in 0.5.23); ``False``
-    where this SGLang has no such gate."""
-    try:
-        from sglang.srt.layers.layer_boundary.residual.add_norm import flashinfer_ar_fusion_applies
-    except ImportError:
-        return False
-    return bool(flashinfer_ar_fusion_applies(int(tokens)))
-
-
 def _slot_view(packer: Any, index: int) -> Any:
     """The packed columns of capture ``index`` (after the layer wrote it)."""
     if len(packer) <= index:
@@ -380,21 +373,9 @@ def _slot_view(packer: Any, index: int) -> Any:
     return packer._buffer[..., index * width:(index + 1) * width]
 
 
-def _local_embedding(like: Any) -> Any:
-    """This rank's ``VocabParallelEmbedding`` output before the all-reduce
-    (``_embed_local_shard``: rows of tokens outside the shard are zero)."""
-    model, input_ids = getattr(_CTX, "model", None), getattr(_CTX, "input_ids", None)
-    embed = getattr(model, "embed_tokens", None)
-    if embed is None or input_ids is None or not hasattr(embed, "_embed_local_shard"):
-        raise FaultError("unreduced-embedding: no VocabParallelEmbedding._embed_local_shard on this SGLang")
-    local = embed._embed_local_shard(input_ids)
-    if local.shape != like.shape:
-        raise FaultError(f"unreduced-embedding: shard output {tuple(local.shape)} vs slot {tuple(like.shape)}")
-    return local
-
-
+DP_ROUTE = ("partial-before-dp-reduce-scatter", "other-rank-slice-after-dp-reduce-scatter")
 _LAYER_FAULTS = ("normalized-input", "no-residual", "partial-sum", "unreduced-embedding", "dp-gather-scaled",
-                 "before-fused-allreduce", "partial-before-dp-reduce-scatter")
+                 "before-fused-allreduce", *DP_ROUTE)
 
 
 def install(fault: dict[str, Any] | None = None) -> dict[str, Any] | None:

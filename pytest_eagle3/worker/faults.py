@@ -167,6 +167,16 @@ KINDS: tuple[FaultKind, ...] = (
         named="partial-sum",
     ),
     FaultKind(
+        "other-rank-slice-after-dp-reduce-scatter",
+        "under attention DP, in a decode forward whose MoE output returns through dp_reduce_scatter with "
+        "equal token counts on every DP rank, each capturing layer after the reduce-scatter holds the "
+        "slice the next rank got: the complete states of another DP rank's requests",
+        "the class of SGLang issue #26163 (a batch's hidden states attributed to the wrong request) on "
+        "attention DP's reduce-scatter route (dp_attention.py dp_reduce_scatter_tensor: chunk r to rank r)",
+        needs={"tp", "dp-route"},
+        named="wrong-request-rows",
+    ),
+    FaultKind(
         "wrong-request-rows",
         "in a decode forward of >= 2 requests, request j's rows hold request j+1's (cyclic)",
         "SGLang issue #26163 (a batch's hidden states attributed to the wrong request)",

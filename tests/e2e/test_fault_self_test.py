@@ -72,8 +72,8 @@ def test_fault_is_caught_and_named(kind: str, self_test_result) -> None:
         assert f"[{named_as(kind)}]" in got.detail  # a kind confined to one path is named by its computation
     if kind in RUN_LEVEL:
         assert f"run: [{RUN_LEVEL[kind]}]" in got.detail  # ... and the run-level diagnosis names the confinement
-    if kind == "partial-before-dp-reduce-scatter":  # ... and the route that completes the sum
-        assert "[partial-sum] on the dp_reduce_scatter route" in got.log.read_text(errors="replace")
+    if kind in ("partial-before-dp-reduce-scatter", "other-rank-slice-after-dp-reduce-scatter"):  # ... and the route
+        assert f"[{named_as(kind)}] on the dp_reduce_scatter route" in got.log.read_text(errors="replace")
 
 
 def test_no_fault_passes(self_test_result) -> None:

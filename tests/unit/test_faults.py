@@ -20,7 +20,8 @@ from pytest_eagle3.planning.selftest import self_test_plan
 PUBLIC_KINDS = (
     "offset-twice", "offset-missing", "ids-ignored", "reversed-order", "normalized-input", "no-residual",
     "unreduced-embedding", "partial-sum", "dp-gather-scaled", "aliased-capture", "before-fused-allreduce",
-    "partial-before-dp-reduce-scatter", "wrong-request-rows", "no-residual-on-cache-hit", "no-residual-on-later-chunk", "partial-sum-on-rank-decode",
+    "partial-before-dp-reduce-scatter", "other-rank-slice-after-dp-reduce-scatter", "wrong-request-rows",
+    "no-residual-on-cache-hit", "no-residual-on-later-chunk", "partial-sum-on-rank-decode",
     "stale-no-residual", "half-precision-copy", "draft-fc-reversed", "pp-earlier-stage-zeroed",
     "tbo-microbatch-dropped", "tbo-microbatches-swapped",
 )
@@ -242,7 +243,9 @@ def test_an_aliased_capture_reads_what_a_later_in_place_write_left() -> None:
 def test_before_fused_allreduce_changes_nothing_where_sglang_does_not_fuse(monkeypatch) -> None:
     """The fault reads SGLang's own gate; on a CPU without the fusion stand-in it is false."""
     pytest.importorskip("sglang.srt.layers.layer_boundary.residual.add_norm", exc_type=ImportError)
-    assert fault_injection._fusion_applies(8) is False
+    from pytest_eagle3.worker import fault_reads
+
+    assert fault_reads.fusion_applies(8) is False
 
 
 def _batch(mode: str, rids=(), prefixes=()):

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_eagle3.engine.route_proof import forwards, proof_lines, route_not_proven
+from pytest_eagle3.engine.route_proof import forwards, proof_lines, route_not_proven, route_note
 from pytest_eagle3.worker import reduce_scatter_proof as proof
 
 DP = ("DECODE", "dp_reduce_scatter")
@@ -94,6 +94,15 @@ def test_a_sum_len_padded_decode_owes_no_dp_reduce_scatter() -> None:
     assert why is not None and "no DECODE forward on TP rank 1" in why and "1 such forward(s), 0 padded for it" in why
     # The input-scattered route has no padding rule: every captured extend owes it.
     assert forwards(line(0, 1, "EXTEND", padding="-"))[0].due("tp_reduce_scatter")
+
+
+def test_the_route_note_follows_the_tag_the_failure_names() -> None:
+    text = "\n".join(line(r, 2, "DECODE", routes=RS) for r in (0, 1))
+    partial = route_note(text, *DP, 2, "slot 1 [partial-sum]: ...")
+    assert partial.startswith("[partial-sum] on the dp_reduce_scatter route: in the DECODE forwards of TP ranks 0, 1")
+    rows = route_note(text, *DP, 2, "slot 1 [wrong-request-rows]: request 1's hs[3]")
+    assert rows.startswith("[wrong-request-rows] on the dp_reduce_scatter route") and "layers 2-7" in rows
+    assert route_note(text, *DP, 2, "[no-residual] ...") == "" and route_note("", *DP, 2, "[partial-sum]") == ""
 
 
 def test_the_observer_names_the_asking_function_and_the_layers(caplog: pytest.LogCaptureFixture) -> None:

@@ -317,3 +317,36 @@ def test_grammar_property_on_random_seeds() -> None:
         assert classify(run, conj, effect)[0] != "wrong"
 
     check()
+
+
+def test_a_first_chunk_fault_is_seen_chunk_by_chunk_on_every_rank() -> None:
+    """A chunked prompt's prefill rows on a rank are judged per chunk, each with its
+    forward mode: a fault on first chunks only fails the ``prefill`` outcomes and
+    passes the ``later-chunk`` ones (before, the whole prompt was one wrong
+    ``later-chunk`` outcome, and the run said ``[mixed]``)."""
+    import torch
+
+    from pytest_eagle3.engine.recordings import Record, prefill_records
+    from pytest_eagle3.plugin.diagnosis import observations_of
+    from pytest_eagle3.verdicts.rankcheck import check_rank_slots
+
+    L, H, T = 4, 8, 6
+    g = torch.Generator().manual_seed(1)
+    ref = torch.randn(L + 2, T, H, generator=g)
+    expected = [0, 2, 3]
+    aux = torch.cat([ref[i] for i in expected], dim=1)
+    bad = aux.clone()
+    bad[:4, H:2 * H] = ref[1][:4]  # the first chunk (rows 0..3) captures the wrong snapshot
+
+    def forwards(rows):
+        pos = torch.arange(T)
+        return [Record(0, n, "EXTEND", rows[a:b], torch.zeros(b - a, dtype=torch.long), pos[a:b], None,
+                       ("r0",), (b - a,)) for n, (a, b) in enumerate(((0, 4), (4, 6)))]
+
+    joined = prefill_records({0: forwards(bad), 1: forwards(aux)}, ["r0"])
+    assert joined[0][0].chunks == (4, 2)
+    report = check_rank_slots(joined, [ref], expected=expected, num_layers=L, hidden_size=H, tol=1e-4)
+    assert not report.ok
+    got = [(o["rank"], o["mode"], o["ok"]) for o in observations_of(
+        report, {"check": "ranks", "ids": [0, 2, 3], "modes": ["later-chunk"]})]
+    assert got == [(0, "prefill", False), (0, "later-chunk", True), (1, "prefill", True), (1, "later-chunk", True)]
