@@ -221,6 +221,7 @@ class CaptureRunner:
             out = _decode_each(server, prompts, max_new_tokens)
             records = recorder.read(self.tp)
         self._prove_standin_paths(server)
+        self._count_send([run.captures for run in out])  # its order on the engine, for the diagnosis
         return out, records
 
     def __call__(self, layer_ids: Sequence[int] | None, *, prompts: Sequence[Sequence[int]] | None = None,

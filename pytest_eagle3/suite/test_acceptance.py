@@ -212,4 +212,5 @@ def test_every_rank_agrees_in_verify(eagle3_engine_request, eagle3_capture, eagl
     references = [full[rec.rids[0]][:, rec.positions] for rec in verify[0]]
     fail_if_bad(check_rank_slots(verify, references, expected=list(req.predicted), num_layers=facts.num_layers,
                                  hidden_size=facts.hidden_size, tol=tol), config=pytestconfig,
-                where=where(req, path="speculative", mode="verify", check="ranks", modes=["verify"] * len(references)))
+                where=where(req, runs[0].captures if runs else None, path="speculative", mode="verify", check="ranks",
+                            modes=["verify"] * len(references)))

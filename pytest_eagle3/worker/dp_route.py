@@ -28,22 +28,25 @@ def own_rows(partial: Any, rows: int, rank: int, size: int) -> Any:
     return partial.tensor_split(size)[rank][:rows]
 
 
-def other_rank_rows(slot: Any, mode_name: str, counts: Any) -> Any:
+def other_rank_rows(slot: Any, forward_batch: Any) -> Any:
     """The next TP rank's rows of a completed capture ``slot`` (``[rows, H]``), the
     slice ``dp_reduce_scatter`` handed that rank, or ``None``.
 
     Every rank of the TP group must call it in the same layers (a MAX_LEN-padded
     forward on the route: each rank runs ``dp_reduce_scatter`` there, an idle one
     too); it all-gathers the slot with a column saying whether this rank's rows are
-    a real decode batch, and answers only where every rank's are and the DP ranks'
-    token counts (``counts``, ``forward_batch.global_num_tokens_cpu``) are equal, so
-    row ``t`` of one rank's batch has a row ``t`` on the next.
+    a real decode batch (``forward_batch.forward_mode``), and answers only where every
+    rank's are and the DP ranks' token counts (``forward_batch.global_num_tokens_cpu``)
+    are equal, so row ``t`` of one rank's batch has a row ``t`` on the next.
     """
     import torch
     from sglang.srt.distributed.parallel_state import get_tp_group
 
+    counts = getattr(forward_batch, "global_num_tokens_cpu", None)
+    if not counts or len({int(c) for c in counts}) != 1:
+        return None  # the same answer on every rank (the counts are global): no rank gathers
     group = get_tp_group()
-    real = float(mode_name == "DECODE" and bool(counts) and len(set(int(c) for c in counts)) == 1)
+    real = float(getattr(getattr(forward_batch, "forward_mode", None), "name", "") == "DECODE")
     flagged = torch.cat([slot, slot.new_full((slot.shape[0], 1), real)], dim=1)
     chunks = group.all_gather(flagged.contiguous(), dim=0).tensor_split(group.world_size)
     if not all(c.shape[0] == slot.shape[0] and bool((c[:, -1] == 1).all()) for c in chunks):

@@ -348,8 +348,7 @@ def _around_layer(original: Callable, layer: Any, *args: Any, **kwargs: Any) -> 
         value = fault_reads.local_embedding(_CTX, slot)
     elif kind == "other-rank-slice-after-dp-reduce-scatter" and dp_owed:
         # After dp_reduce_scatter completed layer i-1: the slice the next rank got (every rank gathers).
-        value = dp_route.other_rank_rows(slot.clone(), getattr(getattr(forward_batch, "forward_mode", None), "name", ""),
-                                         getattr(forward_batch, "global_num_tokens_cpu", None))
+        value = dp_route.other_rank_rows(slot.clone(), forward_batch)
     elif kind == "dp-gather-scaled":
         wanted = fault.get("slots")
         if wanted is None or index in [int(s) for s in wanted]:
