@@ -208,10 +208,11 @@ def _chunk_outcomes(rank: int, i: int, rec: "Record", ref: "torch.Tensor", repor
     """The outcome(s) of request ``i`` on ``rank``: one, or for prefill rows joined over
     several forwards (:attr:`Record.chunks`) one per chunk with its forward mode
     (``prefill`` for the first, ``later-chunk`` after), so the run-level diagnosis
-    sees which chunks were wrong.  A wrong chunk carries the whole request's worded
-    report, a right one its own."""
+    sees which chunks were wrong.  Only a wrong request is split (a right one stays
+    one right outcome); a wrong chunk carries the whole request's worded report, a
+    right one its own."""
     chunks = tuple(getattr(rec, "chunks", ()) or ())
-    if len(chunks) < 2 or sum(chunks) != rec.aux.shape[0]:
+    if report.ok or len(chunks) < 2 or sum(chunks) != rec.aux.shape[0]:
         return [(rank, i, report.ok, report)]
     out, start = [], 0
     for n, rows in enumerate(chunks):
