@@ -1,7 +1,7 @@
 """The ``eagle3:`` lines of the report header: the installed SGLang and libraries,
 how hooks reach SGLang's processes, the CPU norm and fusion paths, the run's
 settings with the source of each value that is not a default (``(from cli)``,
-``(from env)``, ``(from ini)``), the fault, the GPU blocks.
+``(from env)``, ``(from ini)``), the fault, the upstream fix the engines run with, the GPU blocks.
 
 Read from the installed files, without importing torch, transformers or sglang.
 """
