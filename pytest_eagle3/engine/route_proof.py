@@ -23,8 +23,8 @@ sglang 0.5.23, CPU, TP 2, tiny-dsv3: attention DP takes ``dp_reduce_scatter``
 (``srt/layers/layer_boundary/ops.py:318``) in the MoE layers 2-7 of every
 MAX_LEN-padded decode forward and none in extend forwards (``DpPaddingMode`` picks
 SUM_LEN for a step where a DP rank extends, MAX_LEN for a decode-only step:
-``srt/layers/dp_attention.py:165-205``); a CI run logged a decode forward on TP
-rank 1 padded SUM_LEN (rank 0 extending a later request) without it;
+``srt/layers/dp_attention.py:165-205``); TP rank 1 logged ``forward 6 DECODE of 4
+token(s), DP padding SUM_LEN over 48,4`` without it while rank 0 extended 48 tokens;
 input-scattered attention takes ``tp_reduce_scatter`` (``ops.py:69``) in all
 eight layers of every extend forward, none in decode.
 
@@ -208,7 +208,7 @@ ROUTE_NOTES = {
 }
 
 
-def route_note(log_text: str, mode: str, function: str, tp: int, failure: str = "[partial-sum]") -> str:
+def route_note(log_text: str, mode: str, function: str, tp: int, failure: str) -> str:
     """The note of :data:`ROUTE_NOTES` whose tag ``failure`` names (a partial sum, or
     another request's rows) on an engine whose captures passed ``function``; ``""``
     when the failure names neither or no rank logged the route."""

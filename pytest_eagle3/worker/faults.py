@@ -83,7 +83,7 @@ class FaultKind:
         return self.name if self.named == OWN_NAME else self.named
 
 
-#: Every kind, in the order the self-test runs and the docs list them.
+#: Every kind, in catalog order (:data:`CATALOG`; the self-test runs them sorted by name).
 KINDS: tuple[FaultKind, ...] = (
     FaultKind(
         "offset-twice",
