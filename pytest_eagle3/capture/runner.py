@@ -22,7 +22,9 @@ from pytest_eagle3.worker.id_switch import APPLIED_FILE, IDS_FILE
 from pytest_eagle3.settings import Settings
 from pytest_eagle3.capture.draft_path import capture_draft_path
 from pytest_eagle3.engine.standin_proof import NOT_TAKEN, configured, not_taken
-from pytest_eagle3.engine.recordings import Recorder, decode_records, prefill_records, request_forwards
+from pytest_eagle3.engine.recordings import (
+    Recorder, decode_records, prefill_records, request_forwards, served_requests,
+)
 from pytest_eagle3.errors import Eagle3EngineError
 from pytest_eagle3.sglang_source.pp_code import read_pp_code
 
@@ -208,6 +210,7 @@ class CaptureRunner:
         output and, per rank, every forward holding the requests' rows (prefill,
         verify), in order (:func:`pytest_eagle3.engine.recordings.request_forwards`;
         the requests carry no rid of ours, so every forward of the run is kept).
+        Under attention DP each DP rank holds the forwards of the requests it served.
 
         Raises:
             Eagle3Error: a rank recorded nothing.
@@ -215,11 +218,12 @@ class CaptureRunner:
         assert request.draft is not None, "speculate_ranks() needs a request that loads a draft"
         server = self._server(request.ids, request.extra_args, request.draft)
         assert self.last_config is not None
+        dp = attention_dp_size(dict(self.last_config.server_args))
         recorder = Recorder(self.pool.record_dir(self.last_config))
         self._flush(server)
         with recorder.recording():
             out = _decode_each(server, prompts, max_new_tokens)
-            records = recorder.read(self.tp)
+            records = recorder.read(self.tp, even=dp == 1)
         self._prove_standin_paths(server)
         self._count_send([run.captures for run in out])  # its order on the engine, for the diagnosis
         return out, records
@@ -353,26 +357,52 @@ class CaptureRunner:
               decode_steps: int = 0, extra_args: Mapping[str, Any] | None = None,
               fault: Mapping[str, Any] | None = None, draft: str | None = None) -> "RankCaptures":
         """The captures of the suite prompts and what every TP rank captured for
-        them, per forward mode (:class:`RankCaptures`).
+        them, per forward mode (:class:`RankCaptures`); without a ``fault``, recorded
+        once per engine, ids, prompts and decode steps in a session.
 
         Raises:
             Eagle3Error: a rank recorded nothing (the SGLang plugin is not loaded).
         """
         server = self._server(layer_ids, extra_args, draft)
         assert self.last_config is not None
+        # One recording per engine, ids, prompts and decode steps: the per-rank tests that
+        # read the same requests share it (greedy decoding on one engine is deterministic).
+        key = ("ranks", self.last_config, tuple(layer_ids) if layer_ids is not None else None,
+               tuple(map(tuple, self.prompts if prompts is None else prompts)), int(decode_steps))
+        if fault is None and key in self.pool.results:
+            return self.pool.results[key]
+        got = self._ranks(server, layer_ids, prompts, decode_steps, fault)
+        if fault is None:
+            self.pool.results[key] = got
+        return got
+
+    def _ranks(self, server: Any, layer_ids: Sequence[int] | None, prompts: Sequence[Sequence[int]] | None,
+               decode_steps: int, fault: Mapping[str, Any] | None) -> "RankCaptures":
+        assert self.last_config is not None
+        dp = attention_dp_size(dict(self.last_config.server_args))
         recorder = Recorder(self.pool.record_dir(self.last_config))
         self._flush(server)
         with recorder.recording(fault=fault):
-            captures = capture(server, self.prompts if prompts is None else prompts, decode_steps=decode_steps)
-            records = recorder.read(self.tp)
+            # Under attention DP one batch, which SGLang's DP controller spreads over the DP ranks.
+            captures = capture(server, self.prompts if prompts is None else prompts, decode_steps=decode_steps,
+                               batch=dp > 1)
+            records = recorder.read(self.tp, even=dp == 1)
         self._prove_ids_switched(layer_ids)
         self._prove_standin_paths(server)
         # Only the test's own requests, in prompt order (a readiness probe's or
         # another client's forward never shifts them).
         rids = [c.rid for c in self._count_send(captures)]
-        return RankCaptures(captures, prefill_records(records, rids),
-                            decode_records(records, rids) if decode_steps else {},
-                            request_forwards(records, rids))
+        if dp == 1:
+            return RankCaptures(captures, prefill_records(records, rids),
+                                decode_records(records, rids) if decode_steps else {},
+                                request_forwards(records, rids))
+        # Attention DP: each rank holds the requests its DP rank served.
+        served = served_requests(records, [str(r) for r in rids])
+        mine = {rank: {rank: records[rank]} for rank in records}
+        pick = {rank: [rids[i] for i in served[rank]] for rank in records}
+        return RankCaptures(captures, {r: prefill_records(mine[r], pick[r])[r] for r in records},
+                            {r: decode_records(mine[r], pick[r]).get(r, []) for r in records} if decode_steps else {},
+                            request_forwards(records, rids), served)
 
 
 def _decode_each(server: Any, prompts: Sequence[Sequence[int]],
@@ -395,9 +425,13 @@ class RankCaptures:
             ``{}`` without decode steps.
         forwards: rank -> every forward holding the prompts' rows, in order (what
             the ranks must agree on, bitwise on cpu).
+        served: under attention DP, rank -> the prompt indices its DP rank served
+            (``prefill[rank][k]`` is prompt ``served[rank][k]``); ``None``: every
+            rank holds every prompt.
     """
 
     captures: "list[Captures]"
     prefill: "dict[int, list[Record]]"
     decode: "dict[int, list[Record]]"
     forwards: "dict[int, list[Record]]"
+    served: "dict[int, list[int]] | None" = None

@@ -29,6 +29,9 @@ NO_PREFILL = (
     "per-rank recorder: rank {rank} recorded no prefill rows of request {rid} ({n} forwards recorded, "
     "request ids seen: {seen})"
 )
+NOT_SERVED_BY_ANY = (
+    "per-rank recorder: no DP rank recorded prefill rows of request {rid} (request ids each rank saw: {seen})"
+)
 UNEVEN = (
     "per-rank recorder: ranks recorded different numbers of forwards after {timeout:.0f} s: {counts}"
 )
@@ -101,6 +104,24 @@ def prefill_records(records: Mapping[int, Sequence[Record]], rids: Sequence[str 
                 raise Eagle3Error(NO_PREFILL.format(rank=rank, rid=rid, n=len(recs), seen=seen[:6]))
             mine.append(_joined(parts, rank, str(rid), chunks=True))  # chunked prefill: rows over several forwards
         out[rank] = mine
+    return out
+
+
+def served_requests(records: Mapping[int, Sequence[Record]], rids: Sequence[str]) -> dict[int, list[int]]:
+    """Under attention DP: rank -> the indices (into ``rids``) of the requests whose
+    prefill rows the rank recorded, i.e. the requests its DP rank served, in order.
+
+    Raises:
+        Eagle3Error: a request no rank recorded (:data:`NOT_SERVED_BY_ANY`).
+    """
+    out: dict[int, list[int]] = {}
+    for rank, recs in records.items():
+        held = {rid for r in recs if r.mode.startswith("EXTEND") or r.mode == "MIXED" for rid in r.rids}
+        out[rank] = [i for i, rid in enumerate(rids) if str(rid) in held]
+    for i, rid in enumerate(rids):
+        if not any(i in mine for mine in out.values()):
+            seen = {rank: sorted({x for r in recs for x in r.rids})[:4] for rank, recs in records.items()}
+            raise Eagle3Error(NOT_SERVED_BY_ANY.format(rid=rid, seen=seen))
     return out
 
 

@@ -45,6 +45,8 @@ MISSED = ("{variant}: TP rank {rank} forward {seq} ({mode}, {tokens} token(s), D
           "captures without "
           "{function} (it ran: {routes}); the route this variant proves was not taken there (log: {log})")
 
+NOT_OFF = ("{variant}: the engine without the route is no contrast: {why} (log: {log})")
+
 
 #: The padding mode a reduce-scatter route needs: ``_select_dp_reduce_scatter``
 #: (``srt/layers/layer_boundary/exit.py``, 0.5.23) takes ``dp_reduce_scatter`` only when
@@ -122,10 +124,12 @@ def proof_lines(log_text: str, mode: str, function: str, tp: int) -> list[str]:
     for rank in range(tp):
         mine = [f for f in seen if f.rank == rank and f.mode == mode and f.captured]
         took = [f for f in mine if function in f.routes]
-        where = took[0].routes[function][0] if took else "?"
-        layers = _layers([x for f in took for x in f.routes[function][1]])
-        line = (f"TP rank {rank}: {function} ({where}) in layers {layers} of {len(took)} of {len(mine)} "
-                f"{mode} forwards that returned captures")
+        if took:
+            layers = _layers([x for f in took for x in f.routes[function][1]])
+            line = (f"TP rank {rank}: {function} ({took[0].routes[function][0]}) in layers {layers} of {len(took)} "
+                    f"of {len(mine)} {mode} forwards that returned captures")
+        else:
+            line = f"TP rank {rank}: {function} in none of {len(mine)} {mode} forwards that returned captures"
         other = [f for f in mine if not f.due(function)]
         if other:
             line += (f"; {len(other)} of them {other[0].padding}-padded (DP ranks' tokens "
@@ -156,6 +160,24 @@ def route_not_proven(log_text: str, *, variant: str, mode: str, function: str, t
                                          padding=f.padding,
                                          function=function, routes=", ".join(f.routes) or "no reduce-scatter",
                                          log=log)
+    return None
+
+
+def route_not_off(log_text: str, *, variant: str, mode: str, function: str, tp: int, log: str = "") -> str | None:
+    """Why the pair engine of a route's variant (its settings, the route switched off) is
+    not proven to have run without it (:data:`NOT_OFF`), or ``None``: every TP rank must
+    have ``mode`` forwards that returned captures under the padding the route needs
+    (:meth:`Forward.due`) and no forward may have called ``function``."""
+    seen = forwards(log_text)
+    for rank in range(tp):
+        mine = [f for f in seen if f.rank == rank]
+        took = [f for f in mine if function in f.routes]
+        if took:
+            return NOT_OFF.format(variant=variant, log=log, why=f"TP rank {rank} forward {took[0].seq} "
+                                  f"({took[0].mode}) called {function} all the same")
+        if not any(f.mode == mode and f.captured and f.due(function) for f in mine):
+            return NOT_OFF.format(variant=variant, log=log, why=f"TP rank {rank} returned captures in no "
+                                  f"{mode} forward padded for {function} ({len(mine)} forward(s) logged)")
     return None
 
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
+from pytest_eagle3.engine.variant_ids import ids_at_first_k_dense, ids_last_capturable
 from pytest_eagle3.engine.variant_checks import (
     MSG_NO_FLAG, NO_NEEDS, SBO_GPU_ARCHS, SM10X, SM90, Needs, missing_flags, unmet_needs,
 )
@@ -208,24 +209,6 @@ _TBO = MappingProxyType({"enable_two_batch_overlap": True, "moe_a2a_backend": "d
 _TBO_LEGACY = MappingProxyType({"enable_two_batch_overlap": True, "moe_a2a_backend": "deepep"})  # fp8 dispatch
 
 
-def ids_at_first_k_dense(num_layers: int, first_k_dense: int) -> tuple[int, ...]:
-    """``(0, k, k+1)`` for ``k = first_k_dense_replace``, inside ``0 .. L-1``.
-
-    The input of layer ``k`` is the last dense layer's output, the input of
-    ``k+1`` the first MoE layer's output (the all-gather boundary of PR #14280).
-    The list starts with 0 so SGLang 0.5.23's "+1 when the first id is 1" rule
-    does not shift it.
-    """
-    ids = [0, first_k_dense, first_k_dense + 1]
-    return tuple(sorted({i for i in ids if 0 <= i < num_layers}))
-
-
-def ids_last_capturable(num_layers: int, first_k_dense: int) -> tuple[int, ...]:
-    """``(0, L//2, L-1)``: the input of the last layer is the deepest id SGLang
-    captures (``i >= L`` never is)."""
-    return tuple(sorted({0, num_layers // 2, num_layers - 1}))
-
-
 VARIANTS: tuple[Variant, ...] = (
     Variant(
         name="plain",
@@ -300,6 +283,20 @@ VARIANTS: tuple[Variant, ...] = (
         "handle_data_parallelism, handle_deprecated_dp_attention; PR #14280; layer_boundary/exit.py "
         "_select_dp_reduce_scatter",
         reduce_scatter=("DECODE", "dp_reduce_scatter"),
+        pair="dp-attention-all-reduce",
+    ),
+    Variant(
+        name="dp-attention-all-reduce",
+        description="dp-attention's settings with --boundary-reduction ar: the MoE output all-reduced, "
+        "then each DP rank's rows taken (no dp_reduce_scatter): dp-attention's pair, row for row",
+        server_args=MappingProxyType({**_DP_ATTENTION, "boundary_reduction": "ar"}),
+        alternatives=(MappingProxyType({**_DP_ATTENTION_LEGACY, "boundary_reduction": "ar"}),),
+        request=MappingProxyType({"batch": True, "decode_steps": 2}),
+        needs=Needs(summary="DP attention without the reduce-scatter needs TP>=2 and --boundary-reduction",
+                    min_tp=2, cpu_fix=TORCH_NATIVE_DP_PADDING, cpu_fix_why="as dp-attention"),
+        engaged=(("boundary_reduction", "==", "ar"),),
+        source="srt/arg_groups/fields/exec_.py boundary_reduction (ar: all-reduce then token "
+        "redistribution); srt/layers/layer_boundary/factories.py _resolve_ffn",
     ),
     Variant(
         name="attn-tp-input-scattered",

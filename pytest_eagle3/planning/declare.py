@@ -223,15 +223,21 @@ def with_capture_only(need: EngineNeed, name: str = "capture-only") -> EngineNee
     return replace(need, also=(*need.also, (name, EngineNeed(name, need.case, every_tp=True))))
 
 
-def acceptance_need(*, portable: bool = False, variant: str = "") -> EngineNeed:
+def acceptance_need(*, portable: bool = False, variant: str = "", path: "Variant | None" = None) -> EngineNeed:
     """The need of the acceptance tests: speculative decoding with a trained draft,
     at every TP size of the test's marker; its engine also serves draft-path captures.
 
     ``portable``: the preset's portable draft, whose contract every release
     serves, so a release that cannot serve the shipped draft (0.5.9, 0.5.12:
     its acceptance collapse is an XFAIL) still has an acceptance gate that must
-    hold on its draft path.  ``variant``: one of :data:`MLA_VARIANTS`.
+    hold on its draft path.  ``variant``: one of :data:`MLA_VARIANTS`.  ``path``:
+    a path variant whose server args the engine adds (``dp-attention``: verify on
+    attention DP's reduce-scatter route); an engine of its own, left out where the
+    variant cannot run.
     """
+    if path is not None:
+        return EngineNeed(f"acceptance-{path.name}", cases.WIDE_CASE, variant=path, every_tp=True, acceptance=True,
+                          group=f"acceptance-{path.name}", measures_rule=True)
     if portable:
         return EngineNeed("acceptance-portable", PORTABLE_CASE, every_tp=True, acceptance=True,
                           group="acceptance-portable", portable_draft=True, measures_rule=True)

@@ -14,6 +14,7 @@ Nothing here imports torch or sglang.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -101,7 +102,11 @@ def resolve(need: EngineNeed, ctx: NeedContext) -> EngineRequest:
     if need.case == USER_DRAFT:
         return _user_draft_request(ctx)
     if need.acceptance:
-        return acceptance_request(ctx, portable=need.portable_draft, variant=need.draft_variant)
+        req = acceptance_request(ctx, portable=need.portable_draft, variant=need.draft_variant)
+        if v is not None:
+            # Speculative decoding on a path variant's engine (its server args over the acceptance engine's).
+            req = replace(req, extra_args=v.args_for(ctx.install, ctx.tp, ctx.settings.device))
+        return req
     case = cases.resolve(need.case, L, H, rule)
     shared = capture_engine_args(need, ctx)
     if v is not None:

@@ -34,6 +34,8 @@ rule), whose gate must hold there.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pytest_eagle3.planning.declare import MAIN, MLA_VARIANTS, acceptance_need, with_capture_only
@@ -43,12 +45,14 @@ from pytest_eagle3.capture.spec_metrics import aggregate
 from pytest_eagle3.draft.wiring import CORRECT, MISWIRINGS
 from pytest_eagle3.target.reference import ensure_reference
 from pytest_eagle3.capture.api import CAPTURE_ONLY, Eagle3CaptureUnsupported, select_method
-from pytest_eagle3.suite.outcome import conclude, fail_if_bad, recorded_causes
-from pytest_eagle3.suite.support import tolerance, where
+from pytest_eagle3.suite.outcome import conclude, conclude_each, fail_if_bad, recorded_causes
+from pytest_eagle3.suite.support import attention_tp, tolerance, where
 from pytest_eagle3.verdicts.acceptance import check_gate, check_output, check_power, check_relative
-from pytest_eagle3.engine.recordings import verify_records
+from pytest_eagle3.engine.recordings import request_forwards, verify_records
+from pytest_eagle3.engine.route_proof import proof_lines, route_not_proven
+from pytest_eagle3.engine.variants import get_variant
 from pytest_eagle3.verdicts.rankcheck import (
-    check_rank_slots, check_ranks_agree, check_request_count, check_verify_recorded,
+    ROW_MODES, check_rank_slots, check_ranks_agree, check_request_count, check_verify_recorded, rank_rows_by_position,
 )
 from pytest_eagle3.verdicts.paths import check_methods_agree, common_slots, compare_captures, select_slots
 
@@ -79,8 +83,6 @@ ACCEPTANCE_NEEDS = (acceptance_need(), acceptance_need(portable=True),
 @pytest.mark.eagle3_catches("draft-fc-reversed", need="acceptance", tp=1)
 def test_draft_acceptance_meets_the_gate(eagle3_engine_request, eagle3_capture, eagle3_settings, eagle3_tp,
                                          eagle3_prompts, record_property, request):
-    from pathlib import Path
-
     req = eagle3_engine_request
     draft = Path(req.draft)
     gates = read_gates(draft, min_accept_length=eagle3_settings.min_accept_length,
@@ -115,8 +117,6 @@ def test_draft_acceptance_meets_the_gate(eagle3_engine_request, eagle3_capture, 
 @pytest.mark.eagle3_catches("draft-fc-reversed", need="acceptance", tp=1, contrast=True)
 def test_acceptance_gate_has_power(eagle3_engine_request, eagle3_capture, eagle3_checkpoint, eagle3_settings,
                                    eagle3_model_config, record_property, request):
-    from pathlib import Path
-
     req = eagle3_engine_request
     draft = Path(req.draft)
     examples = load_examples(draft)
@@ -186,20 +186,33 @@ def test_draft_path_agrees_with_capture_only(eagle3_engine_set, eagle3_capture, 
 
 @pytest.mark.gpu
 @pytest.mark.tp(2, 4, 8)
-@pytest.mark.eagle3_engines(acceptance_need())
-def test_every_rank_agrees_in_verify(eagle3_engine_request, eagle3_capture, eagle3_checkpoint, eagle3_settings,
-                                     eagle3_model_config, eagle3_prompts, pytestconfig):
+@pytest.mark.eagle3_engines(acceptance_need(), acceptance_need(path=get_variant("dp-attention")))
+def test_every_rank_agrees_in_verify(eagle3_engine_request, eagle3_need, eagle3_capture, eagle3_checkpoint,
+                                     eagle3_settings, eagle3_model_config, eagle3_prompts, eagle3_tp, record_property,
+                                     pytestconfig):
     """Speculative decoding on every TP rank: all ranks capture the same in every
     forward (prefill and verify, bitwise on cpu), and the verify rows whose inputs
     are the final sequence hold the snapshots the id rule predicts, on every rank
-    (the per-rank recorder during the acceptance workload)."""
-    from pathlib import Path
+    (the per-rank recorder during the acceptance workload).
 
+    On the ``acceptance-dp-attention`` engine (attention DP, ``--eagle3-slow`` on
+    cpu) each DP rank serves its own requests: every verify forward SGLang padded
+    for ``dp_reduce_scatter`` must have run it on every rank (the route proof),
+    and each rank's prefill and verify rows of the requests it served are compared
+    with the reference at their positions."""
     req = eagle3_engine_request
     facts = eagle3_model_config
     tol = tolerance(eagle3_settings)
     _, prompts, lengths, _ = _workload(Path(req.draft), eagle3_prompts)
+    dp = eagle3_tp // attention_tp(eagle3_tp, req.extra_args)
+    if dp > 1:
+        # Two requests per DP rank (sent one at a time; SGLang's DP controller spreads them).
+        prompts, lengths = prompts[:2 * dp], lengths[:2 * dp]
     runs, records = eagle3_capture.speculate_ranks(req, prompts, lengths)
+    if dp > 1:
+        _verify_under_dp(req, eagle3_need.variant, runs, prompts, records, eagle3_capture, eagle3_checkpoint,
+                         eagle3_settings, facts, eagle3_tp, record_property, pytestconfig)
+        return
     fail_if_bad(check_ranks_agree(records, hidden_size=facts.hidden_size, exact=eagle3_settings.device == "cpu",
                                   tol=tol), config=pytestconfig)
     # Each request was sent alone: its rid is the next new one in forward order.
@@ -214,3 +227,31 @@ def test_every_rank_agrees_in_verify(eagle3_engine_request, eagle3_capture, eagl
                                  hidden_size=facts.hidden_size, tol=tol), config=pytestconfig,
                 where=where(req, runs[0].captures if runs else None, path="speculative", mode="verify", check="ranks",
                             modes=["verify"] * len(references)))
+
+
+def _verify_under_dp(req, variant, runs, prompts, records, capture, checkpoint, settings, facts, tp, record_property,
+                     config):
+    """The verify check on an attention-DP engine: the route proof of the verify
+    forwards, then every rank's rows of the requests it served (prefill and the
+    verified rows of each verify forward) against the reference at their positions."""
+    mode, function = "TARGET_VERIFY", variant.reduce_scatter[1]
+    text, log = capture.log_text(req)
+    record_property("eagle3_route_proof", proof_lines(text, mode, function, tp))
+    why = route_not_proven(text, variant=f"acceptance-{variant.name}", mode=mode, function=function, tp=tp,
+                           every_forward=settings.device == "cpu", log=log)
+    if why:
+        pytest.fail(why, pytrace=False)
+    rids = [r.captures.rid for r in runs]
+    sequences = {rid: list(p) + list(r.output_ids) for rid, p, r in zip(rids, prompts, runs)}
+    verify = verify_records(records, sequences)
+    conclude(check_verify_recorded(sum(len(v) for v in verify.values()), draft=Path(req.draft).name))
+    prefill = {rank: [r for r in recs if r.mode != mode] for rank, recs in request_forwards(records, rids).items()}
+    rows = {rank: prefill[rank] + verify.get(rank, []) for rank in prefill}
+    references = ensure_reference(checkpoint, list(sequences.values()))
+    checks = [(report, where(req, runs[i].captures, path="speculative", mode=kind, check="ranks",
+                             **({"rank": rank} if rank >= 0 else {})))
+              for report, rank, i, kind in rank_rows_by_position(
+                  rows, rids, references, expected=list(req.predicted), num_layers=facts.num_layers,
+                  hidden_size=facts.hidden_size, tol=tolerance(settings), every_rank=False,
+                  modes={**ROW_MODES, mode: "verify"})]
+    conclude_each(checks, config)

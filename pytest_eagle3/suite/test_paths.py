@@ -16,7 +16,9 @@ Pairs that must agree are also compared with each other, at the positions both
 returned (:func:`~pytest_eagle3.verdicts.paths.check_pair`): a radix-cache hit
 with the fresh send of the same prompt, a batched request with the same prompt
 sent alone, a variant with the engine of its :attr:`~pytest_eagle3.engine.variants.Variant.pair`
-(all-reduce fusion on against off; CUDA graphs on against off).  Chunked prefill and radix-cache hits run on the capture engine
+(all-reduce fusion on against off; CUDA graphs on against off; attention DP with
+its decode reduce-scatter against the same settings with ``--boundary-reduction ar``,
+whose workers must show no ``dp_reduce_scatter``: :func:`~pytest_eagle3.engine.route_proof.route_not_off`).  Chunked prefill and radix-cache hits run on the capture engine
 every other capture test uses (on cpu), so the default run takes them.
 
 Every path proves it was taken: each server arg the variant set must be in
@@ -42,7 +44,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_eagle3.planning.declare import MAIN, variant_needs
-from pytest_eagle3.engine.route_proof import proof_lines, route_not_proven, route_note
+from pytest_eagle3.engine.route_proof import proof_lines, route_not_off, route_not_proven, route_note
 from pytest_eagle3.engine.variant_proof import path_not_exercised, path_not_taken, prefill_rows
 from pytest_eagle3.engine.variants import PAIR_MEMBER, VARIANTS
 from pytest_eagle3.suite.outcome import conclude, conclude_each
@@ -126,7 +128,8 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_set, eagle3_
         if d:
             assert extended is not None
             report = compare_slots(cap.decode, extended[i][:, T:T + d], expected=list(req.expected), num_layers=L,
-                                   hidden_size=H, tol=tol,
+                                   hidden_size=H, tol=tol, first_row=T,
+                                   segments=[(f"decode step {j + 1}", j, j + 1) for j in range(d)],
                                    side_names=(f"SGLang ({name}, decode rows {T}..{T + d - 1})", "reference"),
                                    evidence=lambda i=i, T=T, d=d: _decode_evidence(
                                        extended_candidates, extended, captures, i, T, d))
@@ -174,6 +177,13 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_set, eagle3_
         other = eagle3_engine_set[PAIR_MEMBER]
         pair_name = eagle3_need.engine_set()[PAIR_MEMBER].name
         paired = eagle3_capture.run(other)
+        if route is not None and eagle3_tp > 1:
+            # The pair is the route's contrast only if it ran without the route where it was due.
+            text, log = eagle3_capture.log_text(other)
+            record_property("eagle3_pair_route_proof", proof_lines(text, *route, eagle3_tp))
+            why = route_not_off(text, variant=pair_name, mode=route[0], function=route[1], tp=eagle3_tp, log=log)
+            if why:
+                pytest.fail(why, pytrace=False)
         conclude(check_pair((compare_captures(a, b) for a, b in zip(captures, paired)), what=name,
                             a_name=f"the {name} engine", b_name=f"the {pair_name} engine", rel_tol=tol),
                  config=pytestconfig, where=where(req, captures[-1], path=name, check="pair"))

@@ -13,6 +13,12 @@ forward; these tests compare all of them with the reference:
 * every rank's slots hold the expected snapshots in prefill and decode rows,
   and a slot that equals k/tp of its snapshot is named as a partial sum on that rank.
 
+The embedding and reduction checks also run on attention DP's engine (the
+``dp-attention`` path variant, ``--eagle3-slow`` on cpu), where each rank holds
+the rows of the requests its DP rank served (:attr:`RankCaptures.served
+<pytest_eagle3.capture.runner.RankCaptures.served>`); the ranks' agreement needs
+every rank to hold every request, so it runs without attention DP only.
+
 Verify forwards (speculative decoding) are checked on every rank by
 ``test_acceptance.py::test_every_rank_agrees_in_verify``.
 """
@@ -22,15 +28,19 @@ from __future__ import annotations
 import pytest
 
 from pytest_eagle3.planning import cases
-from pytest_eagle3.planning.declare import case_needs
+from pytest_eagle3.engine.variants import get_variant
+from pytest_eagle3.planning.declare import case_needs, variant_needs
 from pytest_eagle3.suite.outcome import fail_if_bad
-from pytest_eagle3.suite.support import evidence, request_mode, tolerance, where
+from pytest_eagle3.suite.support import attention_tp, evidence, request_mode, tolerance, where
 from pytest_eagle3.target.reference import ensure_reference
 from pytest_eagle3.verdicts.rankcheck import check_rank_embeddings, check_rank_slots, check_ranks_agree
 from pytest_eagle3.verdicts.run_cause import forward_mode
 
 WIDE = case_needs([cases.WIDE_CASE])
 WIDE_EMBEDDING = case_needs([cases.WIDE_CASE], needs_embedding=True)
+#: The dp-attention path variant's engine (test_paths.py's): each rank's rows of the
+#: requests its DP rank served (``--eagle3-slow`` on cpu).
+DP_ATTENTION = variant_needs([get_variant("dp-attention")])
 #: Decode forwards per prompt the per-rank tests record.
 DECODE_STEPS = 3
 
@@ -61,13 +71,13 @@ def decode_references(checkpoint, got):
 
 @pytest.mark.gpu
 @pytest.mark.tp(2, 4, 8)
-@pytest.mark.eagle3_engines(*WIDE_EMBEDDING)
+@pytest.mark.eagle3_engines(*WIDE_EMBEDDING, *DP_ATTENTION)
 def test_every_rank_embedding_complete(rank_captures, eagle3_reference, eagle3_model_config, eagle3_settings,
                                        eagle3_checkpoint, pytestconfig):
     req, got = rank_captures
     facts = eagle3_model_config
     kwargs = dict(slot=req.predicted.index(0), hidden_size=facts.hidden_size, vocab_size=facts.vocab_size,
-                  tol=tolerance(eagle3_settings))
+                  tol=tolerance(eagle3_settings), served=got.served)
     fail_if_bad(check_rank_embeddings(got.prefill, eagle3_reference, **kwargs), config=pytestconfig,
                 where=rank_where(req, got))
     fail_if_bad(check_rank_embeddings(got.decode, decode_references(eagle3_checkpoint, got), **kwargs),
@@ -90,22 +100,25 @@ def test_ranks_hold_identical_captures(rank_captures, eagle3_model_config, eagle
 
 @pytest.mark.gpu
 @pytest.mark.tp(2, 4, 8)
-@pytest.mark.eagle3_engines(*WIDE)
+@pytest.mark.eagle3_engines(*WIDE, *DP_ATTENTION)
 @pytest.mark.eagle3_catches("partial-sum", "before-fused-allreduce", "partial-sum-on-rank-decode",
                             need=cases.WIDE_CASE)
+# A rank's partial sum on attention DP's reduce-scatter route, in its decode rows.
+@pytest.mark.eagle3_catches("partial-before-dp-reduce-scatter", need="dp-attention", tp=2)
 def test_every_rank_fully_reduced(rank_captures, eagle3_reference, eagle3_model_config, eagle3_settings,
                                   eagle3_checkpoint, eagle3_capture, eagle3_tp, pytestconfig):
     req, got = rank_captures
     facts = eagle3_model_config
     kwargs = dict(expected=list(req.predicted), num_layers=facts.num_layers, hidden_size=facts.hidden_size,
-                  tol=tolerance(eagle3_settings))
+                  tol=tolerance(eagle3_settings), served=got.served)
+    more = dict(attn_tp=attention_tp(eagle3_tp, req.extra_args), fused_allreduce=eagle3_capture.fused_allreduce,
+                pp_stages=eagle3_capture.pp_stages)
     report = check_rank_slots(got.prefill, eagle3_reference, **kwargs,
-                              evidence=evidence(eagle3_checkpoint, eagle3_capture.prompts, facts, eagle3_tp,
-                                                fused_allreduce=eagle3_capture.fused_allreduce, pp_stages=eagle3_capture.pp_stages))
+                              evidence=evidence(eagle3_checkpoint, eagle3_capture.prompts, facts, eagle3_tp, **more))
     fail_if_bad(report, config=pytestconfig, where=rank_where(req, got))
     # Decode rows: candidates of the extended sequences at the decode positions.
     seqs = [list(c.prompt) + list(c.output_ids[:-1]) for c in got.captures]
-    candidates = evidence(eagle3_checkpoint, seqs, facts, eagle3_tp, fused_allreduce=eagle3_capture.fused_allreduce, pp_stages=eagle3_capture.pp_stages)
+    candidates = evidence(eagle3_checkpoint, seqs, facts, eagle3_tp, **more)
     decode_evidence = [lambda ev=ev, T=len(c.prompt): ev().rows(T, T + DECODE_STEPS)
                        for ev, c in zip(candidates, got.captures)]
     fail_if_bad(check_rank_slots(got.decode, decode_references(eagle3_checkpoint, got), **kwargs,

@@ -53,6 +53,10 @@ SLOT_WRONG = (
 )
 SLOT_PRESENT = "slot {slot}: {holding}"
 SLOT_TOL = "tolerance: rel.err <= {tol} for the expected snapshot; 'matches no snapshot' above {no_match}"
+#: Row localization of a comparison whose wrong slots are wrong on some rows only.
+ROWS_SOME = "rows: {wrong} of {n} wrong ({wrong_rows}), {right} right ({right_rows}){boundary}"
+ROWS_BOUNDARY = ": exactly {names}"
+ROWS_NO_BOUNDARY = "; no boundary of {kinds} separates them"
 
 
 # --- slots ---
@@ -146,6 +150,11 @@ class SlotReport:
     problem: str | None = None
     #: What the wrong slots show (:func:`pytest_eagle3.verdicts.diagnose.diagnose_slots`).
     diagnosis: Any = None
+    #: Where the wrong slots are wrong on some rows only: the :data:`ROWS_SOME` line
+    #: (:func:`localize_rows`); ``None`` when every row (or no row) is wrong.
+    rows_line: str | None = None
+    #: The rows (indices into ``captured``) where a wrong slot misses its expected snapshot.
+    wrong_rows: tuple[int, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -178,6 +187,8 @@ class SlotReport:
             lines += [SLOT_PRESENT.format(slot=v.slot, holding=v.holding(L)) for v in self.slots]
         else:
             lines += [v.line(L) for v in self.wrong]
+            if self.rows_line is not None:
+                lines.append(self.rows_line)
         if self.diagnosis is not None:
             lines += self.diagnosis.lines
         if verbose and self.slots:
@@ -229,6 +240,8 @@ def compare_slots(
     side_names: tuple[str, str] = ("SGLang", "reference"),
     evidence: Any = None,
     diagnose: bool = True,
+    segments: Sequence[tuple[str, int, int]] = (),
+    first_row: int = 0,
 ) -> SlotReport:
     """Say which reference snapshot every captured aux slot holds.
 
@@ -247,6 +260,11 @@ def compare_slots(
             returning one (called only when a slot matches no snapshot).
         diagnose: name the bug behind wrong slots (default); ``False`` keeps
             the report to the slot lines.
+        segments: ``(name, start, stop)`` row ranges of ``captured`` that share a
+            boundary (a prefill chunk, a request of a batch, a micro-batch); a
+            comparison wrong on some rows only names the segments its wrong rows
+            are exactly (:func:`localize_rows`).
+        first_row: the position of row 0, for the row numbers of that line.
 
     Raises:
         ValueError: ``reference`` is not ``[num_layers + 2, tokens, hidden_size]``
@@ -292,10 +310,76 @@ def compare_slots(
         for s in range(n_slots)
     )
     diagnosis = None
-    if diagnose and problem is None and not all(v.ok for v in verdicts):
-        diagnosis = diagnose_slots(cap, ref, verdicts, expected=[int(e) for e in expected], num_layers=L,
-                                   hidden_size=H, tol=tol, evidence=evidence)
-    return SlotReport(**report, slots=verdicts, problem=problem, diagnosis=diagnosis)
+    rows: tuple[int, ...] = ()
+    rows_line = None
+    if problem is None and not all(v.ok for v in verdicts):
+        if diagnose:
+            diagnosis = diagnose_slots(cap, ref, verdicts, expected=[int(e) for e in expected], num_layers=L,
+                                       hidden_size=H, tol=tol, evidence=evidence)
+        rows = wrong_rows(cap, ref, [v for v in verdicts if not v.ok and v.expected < ref.shape[0]], H, tol)
+        rows_line = localize_rows(rows, tokens, segments, first_row)
+    return SlotReport(**report, slots=verdicts, problem=problem, diagnosis=diagnosis, rows_line=rows_line,
+                      wrong_rows=rows)
+
+
+#: Rows are told apart only when every wrong row is this many times farther than the
+#: tolerance: a precision loss spread over all rows must not read as some rows wrong.
+ROW_SEPARATION = 10.0
+
+
+def wrong_rows(captured: Any, reference: Any, wrong: Sequence[SlotVerdict], hidden_size: int,
+               tol: float) -> tuple[int, ...]:
+    """Rows of ``captured [T, K*H]`` where one of the ``wrong`` slots misses its expected
+    snapshot ``reference[e][t]``: rel.err of that row above ``ROW_SEPARATION * tol``,
+    every other row of those slots within ``tol``; ``()`` when the rows do not
+    separate that clearly (every row is then as wrong as the slot)."""
+    import torch
+
+    H = hidden_size
+    worst = torch.zeros(captured.shape[0], dtype=torch.float64)
+    for v in wrong:
+        a = captured[:, v.slot * H:(v.slot + 1) * H].to(torch.float64)
+        b = reference[v.expected].to(a.device, torch.float64)
+        worst = torch.maximum(worst, torch.nan_to_num(rel_err(a, b, dim=(1,)).cpu(), nan=math.inf))
+    bad = worst > tol
+    if not bool(bad.any()) or bool((worst[bad] <= ROW_SEPARATION * tol).any()):
+        return ()
+    return tuple(int(t) for t in bad.nonzero().flatten().tolist())
+
+
+def _ranges(rows: Sequence[int], first: int) -> str:
+    """``3..5, 9`` for rows ``[3, 4, 5, 9]`` (shifted by ``first``)."""
+    out, start = [], None
+    for i, r in enumerate(rows):
+        if start is None:
+            start = r
+        if i + 1 == len(rows) or rows[i + 1] != r + 1:
+            out.append(f"{start + first}" if start == r else f"{start + first}..{r + first}")
+            start = None
+    return ", ".join(out)
+
+
+def localize_rows(rows: Sequence[int], n: int, segments: Sequence[tuple[str, int, int]] = (),
+                  first_row: int = 0) -> str | None:
+    """The :data:`ROWS_SOME` line for wrong ``rows`` of ``n``: which rows are wrong and
+    right, and the ``segments`` (``(name, start, stop)``) whose union they are exactly
+    (a boundary every wrong row shares); ``None`` when no row or every row is wrong."""
+    wrong = sorted(set(rows))
+    if not wrong or len(wrong) >= n:
+        return None
+    right = [r for r in range(n) if r not in set(wrong)]
+    boundary = ""
+    if segments:
+        inside = [(name, a, b) for name, a, b in segments if set(range(a, b)) <= set(wrong)]
+        covered = {r for _, a, b in inside for r in range(a, b)}
+        if inside and covered == set(wrong):
+            boundary = ROWS_BOUNDARY.format(names=", ".join(f"{name} (rows {_ranges(list(range(a, b)), first_row)})"
+                                                            for name, a, b in inside))
+        else:
+            kinds = sorted({name.rsplit(" ", 1)[0] for name, _, _ in segments})
+            boundary = ROWS_NO_BOUNDARY.format(kinds=", ".join(kinds))
+    return ROWS_SOME.format(wrong=len(wrong), n=n, wrong_rows=_ranges(wrong, first_row), right=len(right),
+                            right_rows=_ranges(right, first_row), boundary=boundary)
 
 
 def slot_errors(captured: Any, reference: Any, hidden_size: int) -> list[list[float]]:

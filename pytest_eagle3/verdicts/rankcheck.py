@@ -116,16 +116,18 @@ def check_ranks_agree(records: Mapping[int, Sequence["Record"]], *, hidden_size:
 
 
 def check_rank_embeddings(records: Mapping[int, Sequence["Record"]], references: Sequence["torch.Tensor"],
-                          *, slot: int, hidden_size: int, vocab_size: int, tol: float = 1e-3) -> RankReport:
+                          *, slot: int, hidden_size: int, vocab_size: int, tol: float = 1e-3,
+                          served: Mapping[int, Sequence[int]] | None = None) -> RankReport:
     """Every rank's embedding slot equals the reference embedding ``hs[0]`` for every
-    token, forward ``i`` against ``references[i]`` (``[L+2, tokens, H]``)."""
+    token, forward ``i`` against ``references[i]`` (``[L+2, tokens, H]``); ``served``
+    (attention DP): rank -> the indices of ``references`` its records are, in order."""
     tp = len(records)
     cols = slice(slot * hidden_size, (slot + 1) * hidden_size)
-    lines: list[str] = _count_lines(records, references)
+    lines: list[str] = _count_lines(records, references, served)
     outcomes: list[tuple[int, int, bool, Any]] = []
     for rank in sorted(records):
         reported = False
-        for i, (rec, ref) in enumerate(zip(records[rank], references)):
+        for i, rec, ref in _paired(rank, records, references, served):
             report = check_embedding_complete(rec.aux[:, cols], ref[0], rec.input_ids.tolist(),
                                               vocab_size=vocab_size, tp=tp, tol=tol,
                                               side_names=(f"rank {rank}", "reference"))
@@ -139,12 +141,22 @@ def check_rank_embeddings(records: Mapping[int, Sequence["Record"]], references:
                       outcomes=outcomes)
 
 
-def _count_lines(records: Mapping[int, Sequence["Record"]], references: Sequence["torch.Tensor"]) -> list[str]:
-    """A line per rank whose records do not pair one to one with the references:
-    a zip would silently check fewer prompts."""
-    return [FEWER_RECORDS.format(rank=rank, n=len(recs), m=len(references),
-                                 missing=abs(len(references) - len(recs)))
-            for rank, recs in sorted(records.items()) if len(recs) != len(references)]
+def _count_lines(records: Mapping[int, Sequence["Record"]], references: Sequence["torch.Tensor"],
+                 served: Mapping[int, Sequence[int]] | None = None) -> list[str]:
+    """A line per rank whose records do not pair one to one with the references
+    (with ``served``: the references of the requests it served): a zip would
+    silently check fewer prompts."""
+    want = {rank: len(served.get(rank, ())) if served is not None else len(references) for rank in records}
+    return [FEWER_RECORDS.format(rank=rank, n=len(recs), m=want[rank], missing=abs(want[rank] - len(recs)))
+            for rank, recs in sorted(records.items()) if len(recs) != want[rank]]
+
+
+def _paired(rank: int, records: Mapping[int, Sequence["Record"]], references: Sequence[Any],
+            served: Mapping[int, Sequence[int]] | None) -> list[tuple[int, "Record", Any]]:
+    """``(request index, record, reference)`` of ``rank``: record ``k`` is request ``k``,
+    or under attention DP request ``served[rank][k]``."""
+    indices = list(served.get(rank, ())) if served is not None else list(range(len(references)))
+    return [(i, rec, references[i]) for i, rec in zip(indices, records[rank])]
 
 
 def partial_sum_fraction(captured: "torch.Tensor", snapshot: "torch.Tensor", tp: int) -> tuple[float, float] | None:
@@ -166,22 +178,25 @@ def partial_sum_fraction(captured: "torch.Tensor", snapshot: "torch.Tensor", tp:
 
 def check_rank_slots(records: Mapping[int, Sequence["Record"]], references: Sequence["torch.Tensor"],
                      *, expected: Sequence[int], num_layers: int, hidden_size: int, tol: float = 1e-3,
-                     evidence: Sequence[Any] | None = None) -> RankReport:
+                     evidence: Sequence[Any] | None = None,
+                     served: Mapping[int, Sequence[int]] | None = None) -> RankReport:
     """Every rank's slots hold the expected snapshots; partial sums are named.
 
     ``evidence``: per reference, the diagnosis candidates
-    (:mod:`pytest_eagle3.verdicts.diagnose`), e.g. each rank's unreduced MLP share."""
+    (:mod:`pytest_eagle3.verdicts.diagnose`), e.g. each rank's unreduced MLP share.
+    ``served`` (attention DP): rank -> the indices of ``references`` its records are."""
     tp = len(records)
-    lines: list[str] = _count_lines(records, references)
+    lines: list[str] = _count_lines(records, references, served)
     plain = not lines
     failed: list[Any] = []
     outcomes: list[tuple] = []
     for rank in sorted(records):
         reported = False
-        for i, (rec, ref) in enumerate(zip(records[rank], references)):
+        for i, rec, ref in _paired(rank, records, references, served):
             report = compare_slots(rec.aux, ref, expected=list(expected), num_layers=num_layers,
                                    hidden_size=hidden_size, tol=tol, side_names=(f"rank {rank}", "reference"),
-                                   evidence=evidence[i] if evidence is not None and i < len(evidence) else None)
+                                   evidence=evidence[i] if evidence is not None and i < len(evidence) else None,
+                                   segments=chunk_segments(rec), first_row=_first_position(rec))
             outcomes.extend(_chunk_outcomes(rank, i, rec, ref, report, expected=expected, num_layers=num_layers,
                                             hidden_size=hidden_size, tol=tol))
             if report.ok or reported:
@@ -202,6 +217,22 @@ def check_rank_slots(records: Mapping[int, Sequence["Record"]], references: Sequ
         return RankReport(False, lines, slot_reports=failed if plain else [], outcomes=outcomes)
     return RankReport(True, [ALL_RANKS_OK.format(tp=tp, message="every slot holds its expected snapshot")],
                       outcomes=outcomes)
+
+
+def chunk_segments(rec: "Record") -> list[tuple[str, int, int]]:
+    """``(chunk k, start, stop)`` rows of each forward of a prefill joined over several
+    (:attr:`Record.chunks`, a chunked prefill); ``[]`` for one forward."""
+    chunks = tuple(getattr(rec, "chunks", ()) or ())
+    out, start = [], 0
+    for k, rows in enumerate(chunks if len(chunks) > 1 else ()):
+        out.append((f"chunk {k + 1}", start, start + rows))
+        start += rows
+    return out
+
+
+def _first_position(rec: "Record") -> int:
+    positions = getattr(rec, "positions", None)
+    return int(positions[0]) if positions is not None and len(positions) else 0
 
 
 def _chunk_outcomes(rank: int, i: int, rec: "Record", ref: "torch.Tensor", report: Any, **compare: Any) -> list:
@@ -253,7 +284,8 @@ ROW_MODES = {"EXTEND": "prefill", "MIXED": "prefill", "DECODE": "decode"}
 
 def rank_rows_by_position(forwards: Mapping[int, Sequence["Record"]], rids: Sequence[str],
                           references: Sequence["torch.Tensor"], *, expected: Sequence[int], num_layers: int,
-                          hidden_size: int, tol: float, every_rank: bool) -> list[tuple[Any, int, int, str]]:
+                          hidden_size: int, tol: float, every_rank: bool,
+                          modes: Mapping[str, str] = ROW_MODES) -> list[tuple[Any, int, int, str]]:
     """Each TP rank's captured rows of each request, prefill and decode apart,
     against the reference at the rows' own positions.
 
@@ -263,6 +295,8 @@ def rank_rows_by_position(forwards: Mapping[int, Sequence["Record"]], rids: Sequ
     ``rids[i]``'s sequence (prompt, then the generated tokens the decode rows
     read), covering every recorded position.  Under attention DP a request's rows
     are on the rank that served it; otherwise (``every_rank``) on every rank.
+    ``modes``: SGLang forward mode -> the mode a comparison is named by (records of
+    other modes are skipped; default :data:`ROW_MODES`, prefill and decode).
 
     Returns ``(report, rank, request index, mode)`` per comparison (``"prefill"`` /
     ``"decode"``): the :class:`~pytest_eagle3.verdicts.compare.SlotReport` where it
@@ -279,7 +313,7 @@ def rank_rows_by_position(forwards: Mapping[int, Sequence["Record"]], rids: Sequ
     for rank, recs in sorted(forwards.items()):
         parts: dict[tuple[str, str], list[Any]] = {}
         for rec in recs:
-            mode = ROW_MODES.get(rec.mode)
+            mode = modes.get(rec.mode)
             if mode is None or rec.positions is None:
                 continue
             for rid in rec.rids:

@@ -2,9 +2,10 @@
 
 Runs ``pytest_eagle3.suite.test_paths --tp 2 --eagle3-slow`` once (chunked
 prefill and radix-cache hits on the wide case's engines; engines of their own
-for DP attention, input-scattered attention, all-reduce fusion on, unchunked
-prefill, single-batch overlap, two-batch overlap and the two id variants);
-about 9 minutes on 2 cores.
+for DP attention and its all-reduce pair, input-scattered attention, all-reduce
+fusion on, unchunked prefill, single-batch overlap, two-batch overlap and the two
+id variants), with the per-rank tests on the DP attention engine and the verify
+check on an EAGLE-3 draft engine under DP attention; about 10 minutes on 2 cores.
 The variant matrix and its skip reasons come from :mod:`pytest_eagle3.engine.variants`.
 """
 
@@ -22,7 +23,7 @@ RUNS_ON_CPU = {
         # SGLang's SBO hooks on the stand-in stream; the runner fails it unless the hooks ran.
         "single-batch-overlap"),
     # All-reduce fusion on (SGLang's fused path, the gloo stand-in) against off, row for row.
-    2: ("plain", "decode", "batch", "chunked-prefill", "radix-cache-hit", "dp-attention",
+    2: ("plain", "decode", "batch", "chunked-prefill", "radix-cache-hit", "dp-attention", "dp-attention-all-reduce",
         "allreduce-fusion-on", "allreduce-fusion-off"),
 }
 GPU_ONLY = ("cuda-graph-on", "cuda-graph-off")
@@ -31,17 +32,22 @@ GPU_ONLY = ("cuda-graph-on", "cuda-graph-off")
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> InnerRun:
     work = tmp_path_factory.mktemp("e2e-paths")
-    return run_inner(work, ["--pyargs", "pytest_eagle3.suite.test_paths", "--tp", "2", "--eagle3-slow", "-v",
-                            f"--basetemp={work / 'tmp'}"])
+    return run_inner(work, ["--pyargs", "pytest_eagle3.suite.test_paths", "pytest_eagle3.suite.test_per_rank",
+                            "pytest_eagle3.suite.test_acceptance", "--tp", "2", "--eagle3-slow", "-v",
+                            "-k", "test_captures_identical_through_path or dp-attention", f"--basetemp={work / 'tmp'}"])
 
 
-def _engine_logs(run: InnerRun, flag: str, without: str) -> str:
-    """The SGLang logs of the inner run's engines started with ``flag`` and without ``without``."""
+#: The dp-attention engine's first log line lacks these (TBO, the pair, the draft engine).
+NOT_DP_ONLY = ("--enable-two-batch-overlap", "--boundary-reduction", "--speculative-draft-model-path")
+
+
+def _engine_logs(run: InnerRun, flag: str, without: tuple[str, ...] = ()) -> str:
+    """The SGLang logs of the inner run's engines started with ``flag`` and none of ``without``."""
     from pathlib import Path
 
     return "".join(text for p in Path(run.mark).glob("tmp/**/tp2-cpu-*.log")
                    if flag in (first := (text := p.read_text(errors="replace")).split("\n", 1)[0])
-                   and without not in first)
+                   and not any(w in first for w in without))
 
 
 @pytest.fixture(scope="module")
@@ -93,12 +99,43 @@ def test_dp_attention_proves_its_reduce_scatter_on_every_rank(run: InnerRun, out
     from pytest_eagle3.engine.route_proof import forwards
 
     assert outcomes[_name(2, "dp-attention")][0] == "passed"
-    seen = forwards(_engine_logs(run, "--attn-dp-size", without="--enable-two-batch-overlap"))
+    seen = forwards(_engine_logs(run, "--attn-dp-size", without=NOT_DP_ONLY))
     for rank in (0, 1):
         decode = [f for f in seen if f.rank == rank and f.mode == "DECODE" and f.captured and f.padding == "MAX_LEN"]
         assert decode and all("dp_reduce_scatter" in f.routes for f in decode), seen
         assert not any("dp_reduce_scatter" in f.routes for f in seen if f.rank == rank and f.padding == "SUM_LEN")
         assert not any(f.routes for f in seen if f.rank == rank and f.mode == "EXTEND")
+
+
+def test_the_dp_attention_pair_ran_without_the_route(run: InnerRun, outcomes) -> None:
+    """dp-attention's pair (--boundary-reduction ar) passed row for row, and its workers
+    logged MAX_LEN-padded decode forwards with captures and no dp_reduce_scatter."""
+    from pytest_eagle3.engine.route_proof import forwards
+
+    assert outcomes[_name(2, "dp-attention")][0] == "passed"
+    seen = forwards(_engine_logs(run, "--boundary-reduction"))
+    for rank in (0, 1):
+        assert any(f.rank == rank and f.mode == "DECODE" and f.captured and f.padding == "MAX_LEN" for f in seen), seen
+    assert seen and not any(f.routes for f in seen), seen
+
+
+@pytest.mark.parametrize("name", ("test_every_rank_embedding_complete[tp2-dp-attention]",
+                                  "test_every_rank_fully_reduced[tp2-dp-attention]",
+                                  "test_every_rank_agrees_in_verify[tp2-acceptance-dp-attention]"))
+def test_per_rank_and_verify_pass_under_dp_attention(outcomes, name: str) -> None:
+    assert outcomes[name][0] == "passed", outcomes[name]
+
+
+def test_verify_takes_the_dp_reduce_scatter_route_on_every_rank(run: InnerRun) -> None:
+    """The EAGLE-3 draft engine under attention DP: every MAX_LEN-padded verify forward
+    that returned captures ran dp_reduce_scatter, on both ranks."""
+    from pytest_eagle3.engine.route_proof import forwards
+
+    seen = forwards(_engine_logs(run, "--speculative-draft-model-path"))
+    for rank in (0, 1):
+        verify = [f for f in seen if f.rank == rank and f.mode == "TARGET_VERIFY" and f.captured
+                  and f.padding == "MAX_LEN"]
+        assert verify and all("dp_reduce_scatter" in f.routes for f in verify), seen
 
 
 def test_input_scattered_fails_once_naming_the_sliced_capture(run: InnerRun, outcomes) -> None:

@@ -556,4 +556,35 @@ def test_rows_of_another_request_are_named() -> None:
         "request's: the batch's rows were attributed to the wrong request (SGLang issue #26163) "
         "[wrong-request-rows]"
     )
-    assert [line.split(" holds ")[0] for line in lines[4:]] == ["slot 0", "slot 1", "slot 2"]
+    assert lines[4] == "rows: 2 of 5 wrong (3..4), 3 right (0..2)"  # before the diagnosis
+    assert [line.split(" holds ")[0] for line in lines[5:]] == ["slot 0", "slot 1", "slot 2"]
+
+
+def test_a_comparison_wrong_on_some_rows_names_them_and_their_boundary() -> None:
+    """Rows, not only slots: a slot wrong on decode step 3 only says which rows and the
+    segment they are exactly; a slot wrong everywhere, or off by a precision loss
+    spread over its rows, says nothing of rows."""
+    L, H, T = 4, 8, 5
+    g = torch.Generator().manual_seed(3)
+    ref = torch.randn(L + 2, T, H, generator=g)
+    expected = [0, 2, 3]
+    aux = torch.cat([ref[i] for i in expected], dim=1)
+    steps = [(f"decode step {j + 1}", j, j + 1) for j in range(T)]
+    one = aux.clone()
+    one[2, H:2 * H] = ref[1][2]  # step 3 holds the previous layer's state
+    report = compare_slots(one, ref, expected=expected, num_layers=L, hidden_size=H, tol=1e-4, segments=steps,
+                           first_row=40)
+    assert not report.ok and report.wrong_rows == (2,)
+    assert "rows: 1 of 5 wrong (42), 4 right (40..41, 43..44): exactly decode step 3 (rows 42)" in report.message()
+    two = aux.clone()
+    two[1:3, H:2 * H] = ref[1][1:3]
+    half = compare_slots(two, ref, expected=expected, num_layers=L, hidden_size=H, tol=1e-4,
+                         segments=[("chunk 1", 0, 2), ("chunk 2", 2, 5)])
+    assert "rows: 2 of 5 wrong (1..2), 3 right (0, 3..4); no boundary of chunk separates them" in half.message()
+    everywhere = aux.clone()
+    everywhere[:, H:2 * H] = ref[1]
+    assert compare_slots(everywhere, ref, expected=expected, num_layers=L, hidden_size=H, tol=1e-4).rows_line is None
+    noisy = aux.clone()
+    noisy[:, H:2 * H] = ref[2].bfloat16().float()  # a precision round trip: every row a little off
+    report = compare_slots(noisy, ref, expected=expected, num_layers=L, hidden_size=H, tol=1e-4)
+    assert not report.ok and report.rows_line is None and report.wrong_rows == ()

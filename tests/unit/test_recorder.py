@@ -141,6 +141,28 @@ def test_fewer_records_than_prompts_is_a_failure() -> None:
     assert "rank 0 recorded 1 prefill forwards of the test's requests for 2 prompts" in report.message()
 
 
+def test_under_attention_dp_each_rank_is_judged_on_the_requests_it_served() -> None:
+    """Attention DP: rank 0 served request 1, rank 1 request 0 (served_requests);
+    each rank's record is compared with its own request's reference, and a request
+    no rank recorded is an error naming it."""
+    from pytest_eagle3.engine.recordings import Record, served_requests
+    from pytest_eagle3.verdicts.rankcheck import check_rank_slots
+
+    refs = [torch.randn(4, 3, H), torch.randn(4, 3, H)]
+
+    def rec(rank: int, rid: str, aux: torch.Tensor) -> Record:
+        return Record(rank, 1, "EXTEND", aux, torch.tensor([1, 2, 3]), torch.arange(3), None, (rid,), (3,))
+
+    records = {0: [rec(0, "r-1", refs[1][1].clone())], 1: [rec(1, "r-0", refs[0][1].clone())]}
+    served = served_requests(records, ["r-0", "r-1"])
+    assert served == {0: [1], 1: [0]}
+    assert check_rank_slots(records, refs, expected=[1], num_layers=2, hidden_size=H, served=served).ok
+    swapped = {0: records[1], 1: records[0]}
+    assert not check_rank_slots(swapped, refs, expected=[1], num_layers=2, hidden_size=H, served=served).ok
+    with pytest.raises(Eagle3Error, match="no DP rank recorded prefill rows of request r-2"):
+        served_requests(records, ["r-0", "r-1", "r-2"])
+
+
 def test_recorder_packs_a_per_layer_list(record_dir: Path) -> None:
     """Releases before 0.5.23 return aux hidden states as one [tokens, H] tensor per
     captured layer (0.5.9 deepseek_v2.py): the record is their concatenation."""

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_eagle3.engine.route_proof import forwards, proof_lines, route_not_proven, route_note
+from pytest_eagle3.engine.route_proof import forwards, proof_lines, route_not_off, route_not_proven, route_note
 from pytest_eagle3.worker import reduce_scatter_proof as proof
 
 DP = ("DECODE", "dp_reduce_scatter")
@@ -94,6 +94,21 @@ def test_a_sum_len_padded_decode_owes_no_dp_reduce_scatter() -> None:
     assert why is not None and "no DECODE forward on TP rank 1" in why and "1 such forward(s), 0 padded for it" in why
     # The input-scattered route has no padding rule: every captured extend owes it.
     assert forwards(line(0, 1, "EXTEND", padding="-"))[0].due("tp_reduce_scatter")
+
+
+def test_the_pair_without_the_route_must_show_none_where_it_was_due() -> None:
+    """dp-attention's pair (--boundary-reduction ar) is a contrast only if every rank
+    returned captures in MAX_LEN-padded decode forwards, none with dp_reduce_scatter."""
+    kw = dict(variant="dp-attention-all-reduce", mode=DP[0], function=DP[1], tp=2, log="/p.log")
+    off = "\n".join(line(r, 2, "DECODE") for r in (0, 1))
+    assert route_not_off(off, **kw) is None
+    ran = "\n".join([line(0, 2, "DECODE"), line(1, 2, "DECODE", routes=RS)])
+    assert route_not_off(ran, **kw) == (
+        "dp-attention-all-reduce: the engine without the route is no contrast: TP rank 1 forward 2 (DECODE) "
+        "called dp_reduce_scatter all the same (log: /p.log)")
+    sum_only = "\n".join([line(0, 2, "DECODE"), line(1, 2, "DECODE", padding="SUM_LEN")])
+    why = route_not_off(sum_only, **kw)
+    assert why is not None and "TP rank 1 returned captures in no DECODE forward padded for dp_reduce_scatter" in why
 
 
 def test_the_route_note_follows_the_tag_the_failure_names() -> None:

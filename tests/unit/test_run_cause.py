@@ -351,3 +351,5 @@ def test_a_first_chunk_fault_is_seen_chunk_by_chunk_on_every_rank() -> None:
         report, {"check": "ranks", "ids": [0, 2, 3], "modes": ["later-chunk"]})]
     # Rank 0 (wrong) split by chunk; rank 1 (right) one outcome with the request's mode.
     assert got == [(0, "prefill", False), (0, "later-chunk", True), (1, "later-chunk", True)]
+    # The worded report names the rows and the boundary they share.
+    assert "rows: 4 of 6 wrong (0..3), 2 right (4..5): exactly chunk 1 (rows 0..3)" in report.message()

@@ -50,7 +50,8 @@ def plan_by_id(no_tp: int) -> dict[str, tuple[int, tuple[str, ...]]]:
         "tbo-microbatch-dropped": (2, ("test_captures_identical_through_path[tp2-two-batch-overlap]",)),
         "tbo-microbatches-swapped": (2, ("test_captures_identical_through_path[tp2-two-batch-overlap]",)),
         # On attention DP's decode reduce-scatter (--eagle3-slow, TP 2).
-        "partial-before-dp-reduce-scatter": (2, ("test_captures_identical_through_path[tp2-dp-attention]",)),
+        "partial-before-dp-reduce-scatter": (2, ("test_captures_identical_through_path[tp2-dp-attention]",
+                                                 "test_every_rank_fully_reduced[tp2-dp-attention]")),
         "other-rank-slice-after-dp-reduce-scatter": (2, ("test_captures_identical_through_path[tp2-dp-attention]",)),
     }
 

@@ -23,11 +23,12 @@ FLAGS_0523 = frozenset({
     "enable-flashinfer-allreduce-fusion", "enforce-disable-flashinfer-allreduce-fusion",
     "cuda-graph-backend-decode", "cuda-graph-backend-prefill", "disable-cuda-graph",
     "enable-two-batch-overlap", "enable-single-batch-overlap", "moe-a2a-backend", "deepep-dispatcher-output-dtype",
+    "boundary-reduction",
 })
 #: An older SGLang / fork: no --attn-dp-size, no --flashinfer-allreduce-fusion-backend,
-#: no --cuda-graph-backend-*.
+#: no --cuda-graph-backend-*, no --boundary-reduction.
 FLAGS_OLD = FLAGS_0523 - {"attn-dp-size", "flashinfer-allreduce-fusion-backend",
-                          "cuda-graph-backend-decode", "cuda-graph-backend-prefill"}
+                          "cuda-graph-backend-decode", "cuda-graph-backend-prefill", "boundary-reduction"}
 
 ON_CPU = {"plain", "decode", "chunked-prefill", "unchunked-prefill", "radix-cache-hit", "batch",
           "ids-at-first-k-dense", "ids-last-capturable", "single-batch-overlap"}
@@ -49,7 +50,7 @@ def test_names_are_unique_and_cover_the_issue() -> None:
     assert len(names) == len(set(names))
     assert set(names) == {
         "plain", "decode", "chunked-prefill", "unchunked-prefill", "radix-cache-hit", "batch", "dp-attention",
-        "attn-tp-input-scattered", "allreduce-fusion-on", "allreduce-fusion-off",
+        "dp-attention-all-reduce", "attn-tp-input-scattered", "allreduce-fusion-on", "allreduce-fusion-off",
         "cuda-graph-on", "cuda-graph-off", "two-batch-overlap", "single-batch-overlap", "ids-at-first-k-dense",
         "ids-last-capturable",
     }
@@ -101,7 +102,7 @@ def test_cpu_tp2_dp_attention_needs_the_cpu_fix(without_cpu_fixes: None) -> None
 def test_cpu_tp2(with_dp_padding_fix: None) -> None:
     got = reasons(fake_install(), "cpu", 2)
     assert {n for n, r in got.items() if r is None} == ON_CPU | {
-        "dp-attention", "two-batch-overlap", "attn-tp-input-scattered"}
+        "dp-attention", "dp-attention-all-reduce", "two-batch-overlap", "attn-tp-input-scattered"}
     # The fake install has no add_norm.py: no fused path for the stand-in to serve.
     assert got["allreduce-fusion-off"].startswith(
         "all-reduce fusion off differs from plain only where fusion can run: "
@@ -118,7 +119,8 @@ def test_cpu_tp2_fusion_pair_where_the_fused_path_is_installed(with_dp_padding_f
     monkeypatch.setattr(SGLangInstall, "fusion_code", lambda self: SimpleNamespace(refusal=None))
     got = reasons(fake_install(), "cpu", 2)
     assert {n for n, r in got.items() if r is None} == ON_CPU | {
-        "dp-attention", "two-batch-overlap", "allreduce-fusion-on", "allreduce-fusion-off", "attn-tp-input-scattered"}
+        "dp-attention", "dp-attention-all-reduce", "two-batch-overlap", "allreduce-fusion-on", "allreduce-fusion-off",
+        "attn-tp-input-scattered"}
     on, off = V.get_variant("allreduce-fusion-on"), V.get_variant("allreduce-fusion-off")
     # On cpu the stand-in's switch, not FlashInfer's flags; fusion on needs an engine, off is the capture engine.
     assert on.args_for(fake_install(), 2, "cpu") == {V.CPU_ALLREDUCE_FUSION: True}
@@ -204,7 +206,8 @@ def test_format_matrix(with_dp_padding_fix: None) -> None:
     lines = text.splitlines()
     assert lines[0] == "eagle3 variants for sglang 0.5.23 (/fake/sglang), device cpu, tp 2:"
     assert "attn_dp_size=2 enable_dp_lm_head=True moe_dense_tp_size=1" in text
-    assert lines[-1] == f"{len(ON_CPU) + 3} of {len(V.VARIANTS)} variants run here"  # + DP attention, TBO, input-scattered
+    # + DP attention, its all-reduce pair, TBO, input-scattered
+    assert lines[-1] == f"{len(ON_CPU) + 4} of {len(V.VARIANTS)} variants run here"
 
 
 # --- against the installed SGLang --------------------------------------------
@@ -245,7 +248,7 @@ def test_list_variants_option(pytester: pytest.Pytester, clean_eagle3_env: None)
         "*-> left out of this run: needs an SGLang engine of its own (minutes on cpu); run with --eagle3-slow",
         "  allreduce-fusion-off  *pytest_eagle3_cpu_allreduce_fusion=False",
         "*-> runs",
-        "6 of 16 variants run here",
+        "6 of 17 variants run here",
     ])
     assert "test_never_runs" not in result.stdout.str()
     assert "passed" not in result.stdout.str() and "collected" not in result.stdout.str()
