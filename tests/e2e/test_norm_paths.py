@@ -4,7 +4,9 @@ The CPU tier's default is SGLang's in-place AMX norm branch (every other e2e
 test runs it).  Here the TP 2 half of the main job runs twice more:
 
 * ``--eagle3-cpu-norm native``: SGLang's out-of-place ``forward_native``, the
-  path every earlier release of this project verified; everything passes.
+  path every earlier release of this project verified; every capture and
+  per-rank check passes (the acceptance engine, whose gate depends on those
+  captures, runs in the two other runs: about 1.5 minutes less).
 * ``--eagle3-cpu-allreduce-fusion``: each MLP all-reduce deferred into the next
   layer's fused all-reduce + residual add + RMSNorm, as on Hopper/Blackwell at
   TP > 1; captures, per-rank checks and acceptance pass, and every TP 2
@@ -26,9 +28,9 @@ pytestmark = pytest.mark.e2e
 NORM_PROOF, FUSION_PROOF = PATHS[:2]
 
 
-def _suite(work: Path, *extra: str) -> InnerRun:
+def _suite(work: Path, *extra: str, select: str = "tp2") -> InnerRun:
     pytest.importorskip("sglang")
-    return run_inner(work, ["--pyargs", "pytest_eagle3.suite", "--tp", "2", "-k", "tp2",
+    return run_inner(work, ["--pyargs", "pytest_eagle3.suite", "--tp", "2", "-k", select,
                             f"--basetemp={work / 'tmp'}", *extra])
 
 
@@ -43,7 +45,7 @@ def _engine_logs(run: InnerRun) -> list[Path]:
 
 
 def test_native_norm_path(tmp_path_factory: pytest.TempPathFactory) -> None:
-    run = _suite(tmp_path_factory.mktemp("native"), "--eagle3-cpu-norm", "native")
+    run = _suite(tmp_path_factory.mktemp("native"), "--eagle3-cpu-norm", "native", select="tp2 and not acceptance")
     _all_passed(run)
     assert "eagle3: norm path forward_native, out of place (--eagle3-cpu-norm native)" in run.output
     logs = _engine_logs(run)
