@@ -76,6 +76,12 @@ def observations_of(report: Any, where: Mapping[str, Any], ok: bool | None = Non
     fields = {
         "ok": passed, "kinds": kinds,
         "right_snapshots": right,
+        # Which snapshots it examined (an embedding report: the embedding only) and got
+        # wrong (a verdict's own comparison report, where it wraps one).
+        "snapshots": [0] if rows and not slots else None,
+        "wrong_snapshots": [int(v.expected) for v in (getattr(report, "slots", None)
+                                                       or getattr(getattr(report, "report", None), "slots", None)
+                                                       or []) if not v.ok],
         "worst_err": max(errors) if errors else None,
         "tol": getattr(report, "tol", None),
         "line": line,

@@ -50,7 +50,7 @@ from pytest_eagle3.verdicts.run_wording import (  # noqa: F401 - the headlines a
     fail_lines, ordered, pass_lines, present, rank_text, where,
 )
 from pytest_eagle3.verdicts.separation import (
-    TABLE_ATTRIBUTES, conjunction_text, request_key, send_text, separating_table, separation,
+    TABLE_ATTRIBUTES, conjunction_text, relevant, request_key, send_text, separating_table, separation,
 )
 
 #: Modes of the target's decode-time forwards (one token per request, or a draft's tokens).
@@ -111,6 +111,8 @@ class Observation:
         tol: the tolerance the verdict used (``nan``: none).
         value: accept length (acceptance levels).
         line: first line of the test's own verdict.
+        snapshots: the snapshots the comparison examined (``None``: its every slot; the
+            embedding check: ``(0,)``).  wrong_snapshots: the expected snapshots of its wrong slots.
     """
 
     test: str
@@ -131,6 +133,8 @@ class Observation:
     tol: float = math.nan
     value: float | None = None
     line: str = ""
+    snapshots: tuple[int, ...] | None = None
+    wrong_snapshots: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -147,6 +151,9 @@ class Observation:
         if known.get("ids") is not None:
             known["ids"] = tuple(int(i) for i in known["ids"])
         known["kinds"] = tuple(known.get("kinds") or ())
+        for key in ("snapshots", "wrong_snapshots"):
+            if known.get(key) is not None:
+                known[key] = tuple(int(i) for i in known[key])
         for key in ("worst_err", "tol"):
             if known.get(key) is None:
                 known[key] = math.nan
@@ -222,9 +229,10 @@ def _diagnose(obs: list[Observation]) -> RunDiagnosis:
     pointing: tuple[str, ...] = ()
     if pair and any(o.check != PAIR_RANK_CHECK and o.rank is not None for o in bad):
         captures = [o for o in captures if not (o.check == PAIR_RANK_CHECK and not o.ok)]
-        bad = [o for o in bad if o.check != PAIR_RANK_CHECK]
         tests = ", ".join(dict.fromkeys(o.test.rsplit("::", 1)[-1] for o in pair))
         pointing = (PAIR_RANK_LINE.format(n=len(pair), tests=tests),)
+    captures = relevant(captures)
+    bad = [o for o in captures if not o.ok]
     diag = _diagnose_captures(obs, captures, bad)
     if pointing:
         return RunDiagnosis(diag.tag, diag.headline, diag.evidence + pointing, diag.lacking, diag.named)

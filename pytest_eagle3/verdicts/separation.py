@@ -81,6 +81,18 @@ def send_text(o: Observation) -> str:
             + (f" on {o.engine}" if o.engine else ""))
 
 
+def relevant(captures: Sequence[Observation]) -> list[Observation]:
+    """``captures`` without the right comparisons that examined none of the snapshots
+    the wrong ones got wrong (the embedding check's slot 0 beside a fault in the layers'
+    slots): they are no evidence for or against a cause.  Unchanged when a wrong
+    comparison does not say which snapshots it got wrong."""
+    bad = [o for o in captures if not o.ok]
+    if not bad or not all(o.wrong_snapshots for o in bad):
+        return list(captures)
+    wrong = {i for o in bad for i in o.wrong_snapshots}
+    return [o for o in captures if not o.ok or o.snapshots is None or wrong & set(o.snapshots)]
+
+
 def named_set(diagnosis: Any, captures: Sequence[Observation]) -> list[Observation]:
     """The comparisons ``diagnosis`` names as the cause's (:attr:`RunDiagnosis.named`):
     those whose every named attribute takes one of the named values."""

@@ -220,6 +220,21 @@ def test_a_rank_0_fault_is_named_rank_0_though_the_agreement_check_lists_rank_1(
     assert alone.tag != "clean" and not any("a pair check cannot say" in line for line in alone.evidence)
 
 
+def test_the_embedding_checks_right_rows_do_not_hide_a_fault_in_the_layers_slots() -> None:
+    """Measured on the real engine (a partial sum on rank 0's decode forwards at TP 2):
+    the embedding check's decode rows on rank 0 are right, but it examines the embedding
+    slot only, and the wrong comparisons got the layers' snapshots wrong: no evidence
+    either way.  Counted, they made the run ``[mixed]``."""
+    run = failing(plain_run(), lambda o: o.rank == 0 and o.mode == "decode", wrong_snapshots=(3, 5))
+    run += [obs("embedding[tp2]", tp=2, mode=m, rank=r, check="ranks", snapshots=(0,))
+            for r in (0, 1) for m in ("prefill", "decode")]
+    diag = diagnose_run(run)
+    assert diag.headline.startswith("[rank-mode] rank 0 only, decode only"), diag.lines()
+    # A fault in the embedding slot: the same rows are evidence.
+    emb = failing(run, lambda o: o.rank == 0 and o.mode == "decode" and o.snapshots is None, wrong_snapshots=(0,))
+    assert not diagnose_run(emb).headline.startswith("[rank-mode]"), diagnose_run(emb).lines()
+
+
 # --- exact separations (a named cause never holds a right comparison) ---------------
 
 
