@@ -28,6 +28,7 @@ from typing import Any
 from pytest_eagle3.verdicts.snapshots import ERR_DEFINITION, describe, fmt_err, grid, label, nan_last
 from pytest_eagle3.verdicts.diagnose import diagnose_slots
 from pytest_eagle3.verdicts.distance import rel_err
+from pytest_eagle3.verdicts.microbatches import row_ranges
 
 #: A slot whose best match is farther than this (and than ``2 * tol``) "matches no snapshot".
 NO_MATCH_TOL = 0.05
@@ -347,18 +348,6 @@ def wrong_rows(captured: Any, reference: Any, wrong: Sequence[SlotVerdict], hidd
     return tuple(int(t) for t in bad.nonzero().flatten().tolist())
 
 
-def _ranges(rows: Sequence[int], first: int) -> str:
-    """``3..5, 9`` for rows ``[3, 4, 5, 9]`` (shifted by ``first``)."""
-    out, start = [], None
-    for i, r in enumerate(rows):
-        if start is None:
-            start = r
-        if i + 1 == len(rows) or rows[i + 1] != r + 1:
-            out.append(f"{start + first}" if start == r else f"{start + first}..{r + first}")
-            start = None
-    return ", ".join(out)
-
-
 def localize_rows(rows: Sequence[int], n: int, segments: Sequence[tuple[str, int, int]] = (),
                   first_row: int = 0) -> str | None:
     """The :data:`ROWS_SOME` line for wrong ``rows`` of ``n``: which rows are wrong and
@@ -367,19 +356,19 @@ def localize_rows(rows: Sequence[int], n: int, segments: Sequence[tuple[str, int
     wrong = sorted(set(rows))
     if not wrong or len(wrong) >= n:
         return None
-    right = [r for r in range(n) if r not in set(wrong)]
+    bad = set(wrong)
+    right = [r for r in range(n) if r not in bad]
     boundary = ""
     if segments:
-        inside = [(name, a, b) for name, a, b in segments if set(range(a, b)) <= set(wrong)]
-        covered = {r for _, a, b in inside for r in range(a, b)}
-        if inside and covered == set(wrong):
-            boundary = ROWS_BOUNDARY.format(names=", ".join(f"{name} (rows {_ranges(list(range(a, b)), first_row)})"
-                                                            for name, a, b in inside))
+        inside = [(name, a, b) for name, a, b in segments if set(range(a, b)) <= bad]
+        if inside and {r for _, a, b in inside for r in range(a, b)} == bad:
+            boundary = ROWS_BOUNDARY.format(names=", ".join(
+                f"{name} (rows {row_ranges(range(a + first_row, b + first_row))})" for name, a, b in inside))
         else:
             kinds = sorted({name.rsplit(" ", 1)[0] for name, _, _ in segments})
             boundary = ROWS_NO_BOUNDARY.format(kinds=", ".join(kinds))
-    return ROWS_SOME.format(wrong=len(wrong), n=n, wrong_rows=_ranges(wrong, first_row), right=len(right),
-                            right_rows=_ranges(right, first_row), boundary=boundary)
+    return ROWS_SOME.format(wrong=len(wrong), n=n, wrong_rows=row_ranges([r + first_row for r in wrong]),
+                            right=len(right), right_rows=row_ranges([r + first_row for r in right]), boundary=boundary)
 
 
 def slot_errors(captured: Any, reference: Any, hidden_size: int) -> list[list[float]]:
