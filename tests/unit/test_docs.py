@@ -19,7 +19,7 @@ README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 DESIGN = DOCS / "design.md"
 #: The line ``.ci/run`` greps for (``grep -qxF``): the README's second command.
-CI_COMMAND = "python3 -m venv .venv && .venv/bin/pip install -e '.[cpu,test]' && .venv/bin/pytest -n 2 --dist loadfile"
+CI_COMMAND = "python3 -m venv .venv && .venv/bin/pip install -e '.[cpu,test]' && .venv/bin/pytest"
 MAX_README_LINES = 220
 #: Folders whose files may name docs/design.md sections.
 CODE_DIRS = ("pytest_eagle3", "tests", "fixtures")
