@@ -34,6 +34,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
+from pytest_eagle3.cli.selftest_grammar import grammar_test, render_grammar
 from pytest_eagle3.planning.selftest import contrast_plan, self_test_args, self_test_env, self_test_plan
 from pytest_eagle3.worker.env import FIX_ENV
 from pytest_eagle3.worker.faults import NEEDS_PP, NEEDS_TBO
@@ -132,16 +133,17 @@ def run_child(work: Path, tests: Sequence[str], tp: int, fault: str | None, extr
               env: dict[str, str] | None = None) -> ChildRun:
     """``python -m pytest --pyargs pytest_eagle3.suite --eagle3-tp TP -k TESTS [--eagle3-fault F]``
     from the current directory (so relative paths in ``extra`` mean what they
-    mean to the user), writing ``junit.xml`` and ``output.txt`` into ``work``.
-    A ``junit.xml`` left there by an earlier run is removed first."""
+    mean to the user), writing ``junit.xml``, ``report.json`` and ``output.txt``
+    into ``work`` (no ``tests``: the default selection, no ``-k``).  Files left
+    there by an earlier run are removed first."""
     work = Path(work).absolute()
     work.mkdir(parents=True, exist_ok=True)
     junit, report = work / "junit.xml", work / "report.json"
     junit.unlink(missing_ok=True)
     report.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "pytest", "--pyargs", "pytest_eagle3.suite", "--eagle3-tp", str(tp),
-           "-k", " or ".join(tests), "-p", "no:cacheprovider", "-rA", f"--junitxml={junit}",
-           f"--eagle3-report={report}", *extra]
+           *(["-k", " or ".join(tests)] if tests else []), "-p", "no:cacheprovider", "-rA",
+           f"--junitxml={junit}", f"--eagle3-report={report}", *extra]
     if fault:
         cmd += ["--eagle3-fault", fault]
     child_env = {k: v for k, v in (os.environ if env is None else env).items()
@@ -312,6 +314,11 @@ def add_self_test_parser(sub: "argparse._SubParsersAction") -> None:
                    help="TP size of the kinds that need no TP > 1 (those that do always run at TP 2)")
     p.add_argument("--kind", action="append", default=None, metavar="KIND",
                    help="only this fault kind (repeatable; default: the whole catalog)")
+    p.add_argument("--grammar", type=int, default=None, metavar="N",
+                   help="instead of the catalog: N faults sampled from the grammar (a confinement by TP size, "
+                        "TP rank and forward mode x an effect), each through the default selection at TP 2; "
+                        "each run's diagnosis must name its confinement (about 4 min each on 2 CPU cores)")
+    p.add_argument("--seed", type=int, default=0, help="the grammar's seed (same seed, same faults)")
     p.add_argument("--work-dir", default=None,
                    help="where each child run writes its output.txt and junit.xml (default: a new temp dir)")
     p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: arguments for each child pytest")
@@ -319,6 +326,9 @@ def add_self_test_parser(sub: "argparse._SubParsersAction") -> None:
 
 def cmd_self_test(args: argparse.Namespace) -> int:
     extra = [a for a in args.pytest_args if a != "--"] if args.pytest_args else []
+    if args.grammar is not None and (args.kind or args.grammar < 1):
+        print("pytest-eagle3 self-test: --grammar N takes N >= 1 and no --kind", file=sys.stderr)
+        return 2
     unknown = [k for k in args.kind or () if k not in self_test_plan()]
     if unknown:
         print(f"pytest-eagle3 self-test: unknown fault kind {unknown[0]!r}; known: "
@@ -334,6 +344,8 @@ def cmd_self_test(args: argparse.Namespace) -> int:
         print(f"pytest-eagle3 self-test: --work-dir {args.work_dir}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     print(f"pytest-eagle3 self-test: logs under {work}", flush=True)
+    if args.grammar is not None:
+        return _grammar(args, work, extra)
     result = self_test(work, no_tp=args.tp, kinds=args.kind, extra=extra, progress=lambda m: print(m, flush=True))
     if result.usage_error is not None:
         print(f"pytest-eagle3 self-test: the child pytest rejected its arguments: {result.usage_error}",
@@ -341,6 +353,13 @@ def cmd_self_test(args: argparse.Namespace) -> int:
         return 2
     print("\n".join(render(result)))
     return 0 if result.ok else 1
+
+
+def _grammar(args: argparse.Namespace, work: Path, extra: list[str]) -> int:
+    results = grammar_test(work, args.grammar, args.seed, run_child, extra=extra,
+                           progress=lambda m: print(m, flush=True))
+    print("\n".join(render_grammar(results, args.seed)))
+    return 0 if results and all(r.ok for r in results) else 1
 
 
 def _usage_line(output: str) -> str:

@@ -31,13 +31,17 @@ import random
 from dataclasses import replace
 from typing import Sequence
 
-from pytest_eagle3.verdicts.run_cause import Observation, diagnose_run
-from pytest_eagle3.verdicts.separation import MAX_CONJUNCTION, SEND, TABLE_ATTRIBUTES, named_set
+from pytest_eagle3.verdicts.run_cause import Observation, compared, diagnose_run
+from pytest_eagle3.verdicts.separation import MAX_CONJUNCTION, SEND, TABLE_ATTRIBUTES, conjunction_text, named_set
 
 #: Effects a fault can have (the per-test tag its wrong comparisons carry).
 EFFECTS = ("no-residual", "partial-sum", "normalized-input", "offset-twice", "reversed-order")
 #: Classes of :func:`classify`.
 CLASSES = ("exact", "coarser", "unnamed", "wrong")
+#: Classes of :func:`judge_run` (a real run): ``off-target``, the fault's wrong
+#: comparisons are not the ones its confinement holds (an injection that reached
+#: further, or less far, than sampled; no verdict on the diagnosis).
+RUN_CLASSES = (*CLASSES, "off-target")
 
 Conjunction = tuple[tuple[str, frozenset[str]], ...]
 
@@ -144,3 +148,39 @@ def simulate(samples: int, size: int, seed: int = 0) -> dict[str, int]:
         cls, _ = classify(run, conj, rng.choice(EFFECTS))
         counts[cls] += 1
     return counts
+
+
+def tightened(run: Sequence[Observation], conj: Conjunction) -> Conjunction:
+    """``conj`` on ``run`` as a diagnosis would state it: each attribute's values cut
+    to those the comparisons inside take (the send order stays a threshold), then
+    without the attributes that add nothing."""
+    held = inside(run, conj)
+    reads = dict(TABLE_ATTRIBUTES)
+    taken = {n: {reads[n](o) for o in held} for n, _ in conj}
+    return _minimal(run, tuple((n, vals if n == SEND else frozenset(vals & taken[n])) for n, vals in conj))
+
+
+def judge_run(observations: Sequence[Observation], named: Conjunction, conj: Conjunction) -> tuple[str, str]:
+    """``(class, why)`` of a real run with the fault ``conj`` injected: its
+    ``observations`` (the report's) and the cause its diagnosis ``named`` (``()``:
+    none), on the comparisons the rules separate
+    (:func:`~pytest_eagle3.verdicts.run_cause.compared`).  Classes: :data:`RUN_CLASSES`."""
+    captures, _ = compared(observations)
+    wrong = [o for o in captures if not o.ok]
+    held = inside(captures, conj)
+    if sorted(map(id, held)) != sorted(map(id, wrong)):
+        extra = [o for o in wrong if id(o) not in set(map(id, held))]
+        missed = [o for o in held if o.ok]
+        return "off-target", (f"{len(wrong)} comparison(s) wrong, {len(held)} inside the confinement: "
+                              f"{len(extra)} wrong outside ({extra[0].context() if extra else '-'}), "
+                              f"{len(missed)} right inside ({missed[0].context() if missed else '-'})")
+    if not named:
+        return "unnamed", f"{len(wrong)} wrong of {len(captures)}; nothing named"
+    reads = dict(TABLE_ATTRIBUTES)
+    chosen = [o for o in captures if all(reads[n](o) in vals for n, vals in named)]
+    if sorted(map(id, chosen)) != sorted(map(id, wrong)):
+        return "wrong", f"the named cause holds {len(chosen)} comparison(s), {len(wrong)} are wrong"
+    if set(named) == set(tightened(captures, conj)):
+        return "exact", f"all {len(wrong)} wrong comparisons, none right"
+    return "coarser", (f"the sampled {conjunction_text(tightened(captures, conj))} holds the same "
+                       f"{len(wrong)} comparisons in this selection")

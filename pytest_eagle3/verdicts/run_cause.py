@@ -217,21 +217,26 @@ def diagnose_run(observations: Iterable[Observation],
         first, line = unobserved[0]
         return RunDiagnosis("no-verdict", NO_VERDICT.format(n=len(obs), k=len(unobserved), first=first, line=line),
                             also[1:], ())
-    return RunDiagnosis(diag.tag, diag.headline, diag.evidence + also, diag.lacking)
+    return RunDiagnosis(diag.tag, diag.headline, diag.evidence + also, diag.lacking, diag.named)
 
 
-def _diagnose(obs: list[Observation]) -> RunDiagnosis:
-    # A passing pair or row-count check is no evidence that the values are right
-    # (two equally wrong captures agree); a failing one is evidence of a fault.
+def compared(obs: Sequence[Observation]) -> tuple[list[Observation], tuple[str, ...]]:
+    """The capture comparisons the rules separate, and the line that points failing
+    pair checks to the ranks' own failures (then left out).  A passing pair or row-count
+    check is no evidence that the values are right (two equally wrong captures agree),
+    nor a right comparison that examined none of the wrong snapshots (``relevant``)."""
     captures = [o for o in obs if o.level == CAPTURE and (not o.ok or o.check in VALUE_CHECKS)]
-    bad = [o for o in captures if not o.ok]
-    pair = [o for o in bad if o.check == PAIR_RANK_CHECK]
+    pair = [o for o in captures if not o.ok and o.check == PAIR_RANK_CHECK]
     pointing: tuple[str, ...] = ()
-    if pair and any(o.check != PAIR_RANK_CHECK and o.rank is not None for o in bad):
+    if pair and any(not o.ok and o.check != PAIR_RANK_CHECK and o.rank is not None for o in captures):
         captures = [o for o in captures if not (o.check == PAIR_RANK_CHECK and not o.ok)]
         tests = ", ".join(dict.fromkeys(o.test.rsplit("::", 1)[-1] for o in pair))
         pointing = (PAIR_RANK_LINE.format(n=len(pair), tests=tests),)
-    captures = relevant(captures)
+    return relevant(captures), pointing
+
+
+def _diagnose(obs: list[Observation]) -> RunDiagnosis:
+    captures, pointing = compared(obs)
     bad = [o for o in captures if not o.ok]
     diag = _diagnose_captures(obs, captures, bad)
     if pointing:
@@ -277,12 +282,9 @@ def _draft_side(obs: Sequence[Observation], captures: Sequence[Observation],
                 served_bad: Sequence[Observation]) -> RunDiagnosis:
     offline = [o for o in obs if o.level == OFFLINE]
     offline_ok = [o for o in offline if o.ok and o.value is not None]
-    lacking = []
-    if offline_ok:
-        offline_text = OFFLINE_OK.format(value=max(o.value for o in offline_ok if o.value is not None))
-    else:
-        offline_text = ""
-        lacking.append(OFFLINE_LACKING)
+    best = max((o.value for o in offline_ok if o.value is not None), default=None)
+    offline_text = OFFLINE_OK.format(value=best) if offline_ok else ""
+    lacking = [] if offline_ok else [OFFLINE_LACKING]
     if not captures:
         lacking.append("no capture test in this selection: cannot tell the captures from the draft side")
     served = ", ".join(f"{o.value:.3f} ({o.test})" if o.value is not None else o.test for o in served_bad[:3])

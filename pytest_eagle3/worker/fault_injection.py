@@ -82,11 +82,16 @@ def _tp() -> tuple[int, int]:
 
 
 def _writes_here(fault: dict[str, Any]) -> bool:
-    rank = fault.get("rank")
+    """Whether this process writes the faulted capture: its TP size is among the
+    fault's ``tp`` and its TP rank among its ``rank`` (each a value or a list;
+    ``"last"``: TP size - 1; absent: any)."""
     here, size = _tp()
-    if rank == "last":
-        return here == size - 1
-    return rank is None or int(rank) == here
+    sizes, ranks = fault.get("tp"), fault.get("rank")
+    if sizes is not None and size not in [int(s) for s in (sizes if isinstance(sizes, list) else [sizes])]:
+        return False
+    if ranks is None:
+        return True
+    return here in [size - 1 if r == "last" else int(r) for r in (ranks if isinstance(ranks, list) else [ranks])]
 
 
 # --- ids: DeepseekV2ForCausalLM.set_eagle3_layers_to_capture ----------------

@@ -9,8 +9,10 @@ diagnosis) and inside SGLang's processes, where
 
 Options besides ``kind`` (all optional):
 
-* ``rank``: only this TP rank writes the faulted capture (default: every rank,
-  as the real bugs did).  Collectives a fault needs still run on every rank.
+* ``rank``: only this TP rank (or these, a list; ``"last"``: TP size - 1) writes
+  the faulted capture (default: every rank, as the real bugs did).  Collectives a
+  fault needs still run on every rank.
+* ``tp``: only engines of this TP size (or these, a list) write it.
 * ``slots``: the packed slots a slot-level fault touches (``dp-gather-scaled``;
   default all).
 * ``when`` / ``after``: the forwards a layer fault runs in
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_eagle3.worker.env import FAULT_ENV
+from pytest_eagle3.worker.fault_when import wanted_modes
 
 #: The run's attributes and flags a kind needs to change anything (:attr:`FaultKind.needs`):
 #: ``tp`` TP > 1; ``dp-route`` the ``dp-attention`` variant (TP >= 2, ``--eagle3-slow`` on
@@ -315,6 +318,10 @@ def read_fault(env: dict[str, str] | None = None) -> dict[str, Any] | None:
     kind = fault.get("kind")
     if kind not in CATALOG:
         raise FaultError(f"{FAULT_ENV}: unknown fault kind {kind!r}; known: {', '.join(CATALOG)}")
+    try:
+        wanted_modes(fault)
+    except ValueError as exc:
+        raise FaultError(f"{FAULT_ENV}: {exc}") from None
     return fault
 
 

@@ -13,8 +13,8 @@ One engine per inner run.  Kinds that need TP > 1 (a vocab shard, a rank's
 partial MLP sum, the attention-TP size) run at TP 2, the others at TP 1
 (``PYTEST_EAGLE3_FAULT_TP=2`` runs those at TP 2 too, except ``offset-missing``,
 whose id list exists at TP 1 only): :func:`pytest_eagle3.planning.selftest.self_test_plan`.
-Measured on 2 shared cores: about 13-20 minutes in all (one engine per fault, the
-control three), most of it engine starts.
+Measured on 2 cores: about 13-20 minutes in all (one engine per fault, the
+control seven), most of it engine starts.
 """
 
 from __future__ import annotations

@@ -369,3 +369,13 @@ def test_tbo_sm_count_stands_in_for_the_device_query_only() -> None:
         pytest.skip("needs an installed SGLang with srt/batch_overlap/operations_strategy.py")
     text = source.read_text()
     assert "torch.cuda.get_device_properties" in text and "DeepEPConfig.get_instance().num_sms" in text
+
+
+def test_each_cpu_rank_runs_one_openmp_thread_unless_the_user_says(monkeypatch):
+    """A second OpenMP thread per rank only spins between the tiny targets' ops."""
+    from pytest_eagle3.engine.cpu.recipe import cpu_env
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert cpu_env(2)["OMP_NUM_THREADS"] == "1"
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    assert cpu_env(2)["OMP_NUM_THREADS"] == "4"

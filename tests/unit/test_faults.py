@@ -270,6 +270,38 @@ def test_confined_faults_run_only_in_their_forwards(monkeypatch) -> None:
     assert match({}, _batch("EXTEND", ["f"], [0]))
 
 
+def test_when_names_the_diagnosis_modes_one_or_several(monkeypatch) -> None:
+    """``when`` takes the run-level diagnosis's modes, a list of them too: a first
+    extend without a cached prefix is ``prefill`` (a whole prompt or its first chunk)."""
+    monkeypatch.setattr(fault_when, "_EXTENDS", {})
+    match = fault_when.forward_matches
+    first = {"when": "prefill"}
+    assert match(first, _batch("EXTEND", ["a"], [0]))  # chunk 1 of a
+    assert not match(first, _batch("EXTEND", ["a"], [16]))  # chunk 2 of a: a later chunk
+    assert not match(first, _batch("EXTEND", ["b"], [39]))  # a radix-cache hit
+    both = {"when": ["prefill", "decode"]}
+    assert match(both, _batch("EXTEND", ["c"], [0])) and match(both, _batch("DECODE", ["c"]))
+    assert not match(both, _batch("VERIFY", ["c"], [40]))
+    assert match({"when": ["verify"]}, _batch("VERIFY", ["c"], [40]))
+    # A mixed extend batch (a fresh prompt beside a cached one) matches either mode.
+    assert match({"when": "cache-hit"}, _batch("EXTEND", ["d", "e"], [0, 12]))
+
+
+def test_a_bad_when_is_refused_before_any_engine() -> None:
+    with pytest.raises(faults.FaultError, match="when='first': expected one of prefill, later-chunk"):
+        faults.read_fault({FAULT_ENV: '{"kind": "no-residual", "when": "first"}'})
+    assert faults.read_fault({FAULT_ENV: '{"kind": "no-residual", "when": ["prefill", "verify"]}'})
+
+
+def test_tp_and_rank_pick_the_processes_that_write(monkeypatch) -> None:
+    writes = fault_injection._writes_here
+    monkeypatch.setattr(fault_injection, "_tp", lambda: (1, 2))
+    assert writes({"tp": 2}) and writes({"tp": [1, 2], "rank": [0, 1]}) and not writes({"tp": [1]})
+    assert not writes({"rank": [0]}) and writes({"rank": "last"}) and writes({"tp": 2, "rank": 1})
+    monkeypatch.setattr(fault_injection, "_tp", lambda: (0, 1))
+    assert not writes({"tp": 2}) and writes({"rank": 0}) and writes({"rank": "last"})
+
+
 def test_a_fault_after_n_forwards_waits_for_them(monkeypatch) -> None:
     monkeypatch.setattr(fault_when, "_FORWARDS", [0])
     stale = {"after": 2}

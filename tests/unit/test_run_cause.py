@@ -160,6 +160,7 @@ def test_a_failure_without_a_comparison_is_never_called_clean() -> None:
     bad = failing(plain_run(), lambda o: o.mode == "cache-hit")
     diag = diagnose_run(bad, unobserved=[("per_rank[agree]", "ranks disagree")])
     assert diag.tag == "path-only" and diag.evidence[-1].startswith("  also failed, without a comparison: per_rank")
+    assert diag.named == (("forward mode", frozenset({"cache-hit"})),)  # the named cause survives the listing
 
 
 def test_agreeing_pairs_and_right_row_counts_are_no_evidence_of_right_values() -> None:

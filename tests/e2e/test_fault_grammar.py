@@ -1,0 +1,41 @@
+"""The fault grammar on the real SGLang: sampled faults through the default selection.
+
+Runs ``pytest-eagle3 self-test --grammar N --seed S``'s own code
+(:func:`pytest_eagle3.cli.selftest_grammar.grammar_test`) for :data:`SAMPLES`
+faults of seed :data:`SEED`: each a confinement by TP size, TP rank and forward
+mode (:mod:`pytest_eagle3.planning.grammar_faults`) times an effect, injected into
+every SGLang process of a child ``pytest --pyargs pytest_eagle3.suite --tp 2``
+(the main job's selection: its five engines).  The run-level diagnosis of each
+must name the sampled confinement, or a conjunction that holds the same
+comparisons.  About 4 minutes per sample on 2 cores.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from pytest_eagle3.cli import selftest
+from pytest_eagle3.cli.selftest_grammar import grammar_test, render_grammar
+from pytest_eagle3.settings import default_cache_dir
+from tests.inner_run import RUN_MARK
+
+pytestmark = pytest.mark.e2e
+
+#: The seed and the number of samples CI runs (seed 1's first two: ``no-residual`` in
+#: cache-hit forwards only, and in rank 0's decode forwards only).
+SEED, SAMPLES = 1, 2
+
+
+def test_sampled_faults_are_named_by_their_confinement(tmp_path) -> None:
+    cache = os.environ.get("PYTEST_EAGLE3_CACHE") or str(default_cache_dir()[0])
+
+    def runner(where, tests, tp, fault, extra):
+        return selftest.run_child(where, tests, tp, fault, extra, env={**os.environ, RUN_MARK: str(tmp_path)})
+
+    results = grammar_test(tmp_path, SAMPLES, SEED, runner, extra=["--device", "cpu", "--eagle3-cache", cache],
+                           progress=lambda m: None)
+    table = "\n".join(render_grammar(results, SEED))
+    (tmp_path / "grammar.txt").write_text(table + "\n")
+    assert len(results) == SAMPLES and all(r.ok for r in results), f"{table}\nlogs: {results[0].log.parent.parent}"
