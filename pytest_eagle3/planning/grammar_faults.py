@@ -29,14 +29,12 @@ from typing import Any
 
 from pytest_eagle3.verdicts.grammar import Conjunction, default_run, inside
 from pytest_eagle3.verdicts.run_wording import MODES
-from pytest_eagle3.verdicts.separation import conjunction_text
+from pytest_eagle3.verdicts.separation import API_RANK, conjunction_text
 
 __all__ = ["API_RANK", "REAL_EFFECTS", "SampledFault", "sample_faults", "to_fault"]
 
 #: Effects the worker confines (layer faults that honour ``tp``, ``rank`` and ``when``).
 REAL_EFFECTS = ("no-residual", "normalized-input", "partial-sum")
-#: The diagnosis's TP-rank value of the API's captures (rank 0's output).
-API_RANK = "API (rank 0's output)"
 #: The attributes the worker confines, with the values a ``--tp 2`` run takes (worker values).
 REAL_ATTRIBUTES = (("TP size", (1, 2)), ("TP rank", (0, 1)), ("forward mode", MODES))
 

@@ -25,9 +25,11 @@ SEPARATING_HEAD = "  separating table (value: wrong / right comparisons):"
 SEND = "send on its engine"
 #: Largest number of attributes in a :func:`separation`.
 MAX_CONJUNCTION = 3
+#: The TP-rank value of the API's captures (they are rank 0's output).
+API_RANK = "API (rank 0's output)"
 #: The attributes of :func:`separation` and :func:`separating_table`, with how each observation reads.
 TABLE_ATTRIBUTES = (("TP size", lambda o: f"tp {o.tp}"),
-                    ("TP rank", lambda o: "API (rank 0's output)" if o.rank is None else f"rank {o.rank}"),
+                    ("TP rank", lambda o: API_RANK if o.rank is None else f"rank {o.rank}"),
                     ("forward mode", lambda o: o.mode),
                     ("path", lambda o: o.path),
                     (SEND, lambda o: send_text(o)))
