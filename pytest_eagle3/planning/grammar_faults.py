@@ -31,7 +31,7 @@ from pytest_eagle3.verdicts.grammar import Conjunction, default_run, inside
 from pytest_eagle3.verdicts.run_wording import MODES
 from pytest_eagle3.verdicts.separation import API_RANK, conjunction_text
 
-__all__ = ["API_RANK", "REAL_EFFECTS", "SampledFault", "sample_faults", "to_fault"]
+__all__ = ["REAL_EFFECTS", "SampledFault", "sample_faults", "to_fault"]
 
 #: Effects the worker confines (layer faults that honour ``tp``, ``rank`` and ``when``).
 REAL_EFFECTS = ("no-residual", "normalized-input", "partial-sum")

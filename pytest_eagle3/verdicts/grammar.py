@@ -176,11 +176,10 @@ def judge_run(observations: Sequence[Observation], named: Conjunction, conj: Con
                               f"{len(missed)} right inside ({missed[0].context() if missed else '-'})")
     if not named:
         return "unnamed", f"{len(wrong)} wrong of {len(captures)}; nothing named"
-    reads = dict(TABLE_ATTRIBUTES)
-    chosen = [o for o in captures if all(reads[n](o) in vals for n, vals in named)]
+    chosen = inside(captures, named)
     if sorted(map(id, chosen)) != sorted(map(id, wrong)):
         return "wrong", f"the named cause holds {len(chosen)} comparison(s), {len(wrong)} are wrong"
-    if set(named) == set(tightened(captures, conj)):
+    sampled = tightened(captures, conj)
+    if set(named) == set(sampled):
         return "exact", f"all {len(wrong)} wrong comparisons, none right"
-    return "coarser", (f"the sampled {conjunction_text(tightened(captures, conj))} holds the same "
-                       f"{len(wrong)} comparisons in this selection")
+    return "coarser", f"the sampled {conjunction_text(sampled)} holds the same {len(wrong)} comparisons in this selection"

@@ -9,9 +9,10 @@ from pathlib import Path
 
 from pytest_eagle3.cli import selftest
 from pytest_eagle3.cli.selftest_grammar import grammar_test, read_report, render_grammar
-from pytest_eagle3.planning.grammar_faults import API_RANK, sample_faults, to_fault
+from pytest_eagle3.planning.grammar_faults import sample_faults, to_fault
 from pytest_eagle3.verdicts.grammar import apply, classify, default_run, inside, judge_run, sample_confinement
 from pytest_eagle3.verdicts.run_cause import diagnose_run
+from pytest_eagle3.verdicts.separation import API_RANK
 from pytest_eagle3.worker.env import FAULT_ENV
 from pytest_eagle3.worker.faults import read_fault
 
@@ -55,6 +56,17 @@ def test_a_fault_that_reached_further_than_sampled_is_off_target() -> None:
     faulted = apply(run, wider, "no-residual")
     got, why = judge_run(faulted, diagnose_run(faulted).named, conj)
     assert got == "off-target" and "wrong outside (tp 1, plain, later-chunk" in why
+
+
+def test_a_named_cause_holding_a_right_comparison_is_wrong_and_none_is_unnamed() -> None:
+    run = default_run()
+    conj, _ = to_fault("no-residual", {"forward mode": ("decode",)})
+    faulted = apply(run, conj, "no-residual")
+    wider, _ = to_fault("no-residual", {"forward mode": ("decode", "later-chunk")})
+    got, why = judge_run(faulted, wider, conj)
+    assert got == "wrong" and why.startswith("the named cause holds")
+    assert judge_run(faulted, (), conj)[0] == "unnamed"
+    assert judge_run(faulted, conj, conj)[0] == "exact"
 
 
 def test_grammar_test_runs_one_child_per_sample_and_reads_its_report(tmp_path: Path) -> None:

@@ -141,7 +141,7 @@ def cpu_env(tp: int, *, pythonpath: str | None = None, amx_attention: bool = Fal
         # One OpenMP thread per rank (a user's own setting wins): the tiny targets'
         # ops are too small to split, and a second thread per rank spins between
         # them, so a TP 2 engine kept four threads busy on 2 cores.  Measured
-        # (sglang 0.5.23, 2 cores): the main job (--tp 2) 385 s -> 218 s.
+        # (sglang 0.5.23, 2 cores): the main job (--tp 2) 385 s -> 234 s.
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS") or "1",
         "SGLANG_NCCL_SO_PATH": MISSING_NCCL,
         "PYTHONPATH": path,
