@@ -182,4 +182,5 @@ def judge_run(observations: Sequence[Observation], named: Conjunction, conj: Con
     sampled = tightened(captures, conj)
     if set(named) == set(sampled):
         return "exact", f"all {len(wrong)} wrong comparisons, none right"
-    return "coarser", f"the sampled {conjunction_text(sampled)} holds the same {len(wrong)} comparisons in this selection"
+    return "coarser", (f"the sampled {conjunction_text(sampled)} holds the same {len(wrong)} comparisons "
+                       "in this selection")
