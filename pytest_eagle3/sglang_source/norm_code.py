@@ -24,6 +24,7 @@ line, and the native path.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,10 +155,12 @@ def _dispatch_refusal(dispatch_text: str | None) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=16)
 def read_norm_code(text: str | None, file: str = LAYERNORM_FILE, dispatch_text: str | None = "") -> NormCode:
     """Parse ``layernorm.py`` source ``text`` (``None``: the file is missing) and
     ``kernels/fused_op.py`` source ``dispatch_text`` (``None``: missing; ``""``:
-    not checked)."""
+    not checked).  Cached by the texts (every engine's configuration reads the
+    same files; the result is frozen)."""
     if text is None:
         return NormCode(file, 0, (), NO_FILE.format(file=file))
     try:

@@ -14,6 +14,7 @@ engine; a regression that got that far shows up as a wrong message.
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -22,7 +23,7 @@ import pytest
 from pytest_eagle3.target.checkpoint.cache import cache_key
 from pytest_eagle3.plugin import header
 from pytest_eagle3.target.checkpoint import builder, cache, ensure_checkpoint, entry_dir
-from pytest_eagle3.sglang_source.install import IMPORT_FAILED, NOT_INSTALLED, SGLangInstall
+from pytest_eagle3.sglang_source.install import IMPORT_FAILED, NOT_INSTALLED, SGLangInstall, probe
 from pytest_eagle3.engine.pool import FAILED_BEFORE
 from pytest_eagle3.errors import Eagle3ConfigError
 from pytest_eagle3.plugin.options import ENV_TARGET
@@ -82,7 +83,13 @@ importlib.util.find_spec = _without_sglang
 LIBRARY_FRAME = re.compile(r"pytest_eagle3/[\w/]+\.py[\":]")
 
 
-def run_suite(pytester: pytest.Pytester, cache_dir: Path, *args: str, conftest: str = "") -> pytest.RunResult:
+def run_suite(pytester: pytest.Pytester, cache_dir: Path, *args: str, conftest: str = "",
+              flags: Path | None = None) -> pytest.RunResult:
+    """The packaged suite in a child pytest with ``cache_dir`` as its cache;
+    ``flags``: a probed ``sglang-flags`` directory copied into it first
+    (:func:`probed_flags`)."""
+    if flags is not None:
+        shutil.copytree(flags, cache_dir / flags.name, dirs_exist_ok=True)
     pytester.makeconftest(GUARD_CONFTEST + conftest)
     return pytester.runpytest_subprocess(
         *SUITE, "--eagle3-cache", str(cache_dir), *args, timeout=INNER_TIMEOUT_S
@@ -533,6 +540,17 @@ def test_bad_target_under_xdist(pytester: pytest.Pytester, tmp_path: Path) -> No
     assert_each_setup_error_is(result, f"Eagle3ConfigError: {message}")
 
 
+@pytest.fixture(scope="module")
+def probed_flags(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The installed SGLang's flag list, probed once for the module (``launch_server
+    --help``: about 6 s, which each child with a fresh cache would otherwise spend
+    before the check under test)."""
+    pytest.importorskip("sglang")
+    cache_dir = tmp_path_factory.mktemp("flags")
+    probe(cache_dir)
+    return cache_dir / "sglang-flags"
+
+
 @pytest.mark.parametrize(("name", "text", "error"), [
     ("p.json", "{not json", "not JSON: "),
     ("p.json", '{"prompts": 3}', 'expected {"prompts": [...]} or a JSON list of prompts'),
@@ -541,11 +559,11 @@ def test_bad_target_under_xdist(pytester: pytest.Pytester, tmp_path: Path) -> No
     ("p.json", '[[1, 2], [3, 999999]]', "prompt 1 has id 999999 >= the target's vocab_size 2048"),
     ("p.txt", "hello world\n", "prompt 0 is text, but the target (a synthetic preset) has no tokenizer"),
 ])
-def test_bad_prompts_file_is_one_line_before_any_engine(pytester: pytest.Pytester, tmp_path: Path,
+def test_bad_prompts_file_is_one_line_before_any_engine(pytester: pytest.Pytester, tmp_path: Path, probed_flags: Path,
                                                          name: str, text: str, error: str) -> None:
     prompts = tmp_path / name
     prompts.write_text(text)
-    result = run_suite(pytester, tmp_path / "cache", "--eagle3-prompts", str(prompts))
+    result = run_suite(pytester, tmp_path / "cache", "--eagle3-prompts", str(prompts), flags=probed_flags)
     line = next((x for x in result.errlines if x.startswith("ERROR: ")), output(result))
     assert line.startswith(f"ERROR: --eagle3-prompts: prompts file {prompts} is invalid: ") and error in line, line
     assert_usage_error(result, line[len("ERROR: "):])

@@ -9,6 +9,7 @@ Nothing here patches SGLang's code under test; the two in-process fixes live in
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -94,12 +95,23 @@ def _backend_list_assert(path: Path, architecture: str) -> int:
     """Line of an ``assert`` inside ``if/elif model_arch in (..., architecture, ...)``
     whose branch lists accepted attention backends with ``intel_amx`` and without
     ``torch_native`` (0.5.23 ``model_hook.py`` for Gemma 4: "Gemma4 only supports
-    ... intel_amx ..."); 0 when there is none."""
+    ... intel_amx ..."); 0 when there is none or the file cannot be read."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return 0
+    return _backend_assert_line(text, architecture)
+
+
+@functools.lru_cache(maxsize=32)
+def _backend_assert_line(text: str, architecture: str) -> int:
+    """:func:`_backend_list_assert` on the file's text (cached: every engine's
+    configuration asks it of the same files)."""
     import ast
 
     try:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-    except (OSError, SyntaxError):
+        tree = ast.parse(text)
+    except SyntaxError:
         return 0
     for node in ast.walk(tree):
         if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
