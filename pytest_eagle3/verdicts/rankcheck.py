@@ -18,7 +18,7 @@ Pure functions with named sides returning a report with ``.ok`` and
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from pytest_eagle3.verdicts.compare import compare_slots
 from pytest_eagle3.verdicts.embedding import check_embedding_complete
@@ -128,10 +128,14 @@ def check_rank_embeddings(records: Mapping[int, Sequence["Record"]], references:
     for rank in sorted(records):
         reported = False
         for i, rec, ref in _paired(rank, records, references, served):
-            report = check_embedding_complete(rec.aux[:, cols], ref[0], rec.input_ids.tolist(),
-                                              vocab_size=vocab_size, tp=tp, tol=tol,
-                                              side_names=(f"rank {rank}", "reference"))
-            outcomes.append((rank, i, report.ok, report))
+            ids = rec.input_ids.tolist()
+
+            def judge(rows: slice, name: str, rec: "Record" = rec, ref: Any = ref, ids: list = ids) -> Any:
+                return check_embedding_complete(rec.aux[rows, cols], ref[0][rows], ids[rows], vocab_size=vocab_size,
+                                                tp=tp, tol=tol, side_names=(name, "reference"))
+
+            report = judge(slice(None), f"rank {rank}")
+            outcomes.extend(_chunk_outcomes(rank, i, rec, report, judge))
             if not report.ok and not reported:
                 reported = True
                 lines.append(RANK_PREFIX.format(rank=rank, message=report.message()))
@@ -197,8 +201,12 @@ def check_rank_slots(records: Mapping[int, Sequence["Record"]], references: Sequ
                                    hidden_size=hidden_size, tol=tol, side_names=(f"rank {rank}", "reference"),
                                    evidence=evidence[i] if evidence is not None and i < len(evidence) else None,
                                    segments=chunk_segments(rec), first_row=_first_position(rec))
-            outcomes.extend(_chunk_outcomes(rank, i, rec, ref, report, expected=expected, num_layers=num_layers,
-                                            hidden_size=hidden_size, tol=tol))
+
+            def judge(rows: slice, name: str, rec: "Record" = rec, ref: Any = ref) -> Any:
+                return compare_slots(rec.aux[rows], ref[:, rows], diagnose=False, side_names=(name, "reference"),
+                                     expected=expected, num_layers=num_layers, hidden_size=hidden_size, tol=tol)
+
+            outcomes.extend(_chunk_outcomes(rank, i, rec, report, judge))
             if report.ok or reported:
                 continue  # every request is judged; the first wrong one per rank is worded
             reported = True
@@ -235,21 +243,20 @@ def _first_position(rec: "Record") -> int:
     return int(positions[0]) if positions is not None and len(positions) else 0
 
 
-def _chunk_outcomes(rank: int, i: int, rec: "Record", ref: "torch.Tensor", report: Any, **compare: Any) -> list:
+def _chunk_outcomes(rank: int, i: int, rec: "Record", report: Any,
+                    judge: Callable[[slice, str], Any]) -> list:
     """The outcome(s) of request ``i`` on ``rank``: one, or for prefill rows joined over
     several forwards (:attr:`Record.chunks`) one per chunk with its forward mode
-    (``prefill`` for the first, ``later-chunk`` after), so the run-level diagnosis
-    sees which chunks were wrong.  Only a wrong request is split (a right one stays
-    one right outcome); a wrong chunk carries the whole request's worded report, a
-    right one its own."""
+    (``prefill`` for the first, ``later-chunk`` after), each judged by
+    ``judge(rows, side name)``, so the run-level diagnosis sees which chunks were
+    wrong.  Only a wrong request is split (a right one stays one right outcome); a
+    wrong chunk carries the whole request's worded report, a right one its own."""
     chunks = tuple(getattr(rec, "chunks", ()) or ())
     if report.ok or len(chunks) < 2 or sum(chunks) != rec.aux.shape[0]:
         return [(rank, i, report.ok, report)]
     out, start = [], 0
     for n, rows in enumerate(chunks):
-        part = compare_slots(rec.aux[start:start + rows], ref[:, start:start + rows], diagnose=False,
-                             side_names=(f"rank {rank}, chunk {n + 1} (rows {start}..{start + rows - 1})",
-                                         "reference"), **compare)
+        part = judge(slice(start, start + rows), f"rank {rank}, chunk {n + 1} (rows {start}..{start + rows - 1})")
         out.append((rank, i, part.ok, part if part.ok else report, "prefill" if n == 0 else "later-chunk"))
         start += rows
     return out

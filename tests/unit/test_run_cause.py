@@ -369,3 +369,35 @@ def test_a_first_chunk_fault_is_seen_chunk_by_chunk_on_every_rank() -> None:
     assert got == [(0, "prefill", False), (0, "later-chunk", True), (1, "later-chunk", True)]
     # The worded report names the rows and the boundary they share.
     assert "rows: 4 of 6 wrong (0..3), 2 right (4..5): exactly chunk 1 (rows 0..3)" in report.message()
+
+
+def test_the_embedding_check_judges_a_chunked_prompt_chunk_by_chunk() -> None:
+    """The per-rank embedding check splits a wrong chunked prompt by chunk too: a
+    fault on first chunks fails its ``prefill`` outcome only (measured before: a
+    fault on rank 1's first chunks left one wrong ``later-chunk`` embedding outcome
+    beside ``prefill`` ones, and the run judged it off its confinement)."""
+    import torch
+
+    from pytest_eagle3.engine.recordings import Record, prefill_records
+    from pytest_eagle3.plugin.diagnosis import observations_of
+    from pytest_eagle3.verdicts.rankcheck import check_rank_embeddings
+
+    L, H, T, V = 4, 8, 6, 32
+    g = torch.Generator().manual_seed(2)
+    ref = torch.randn(L + 2, T, H, generator=g)
+    aux = torch.cat([ref[0], ref[2]], dim=1)
+    bad = aux.clone()
+    bad[:4, :H] *= 1.5  # the first chunk's embedding rows are off
+
+    def forwards(rows):
+        pos = torch.arange(T)
+        ids = torch.arange(T)
+        return [Record(0, n, "EXTEND", rows[a:b], ids[a:b], pos[a:b], None, ("r0",), (b - a,))
+                for n, (a, b) in enumerate(((0, 4), (4, 6)))]
+
+    joined = prefill_records({0: forwards(aux), 1: forwards(bad)}, ["r0"])
+    report = check_rank_embeddings(joined, [ref], slot=0, hidden_size=H, vocab_size=V, tol=1e-4)
+    assert not report.ok
+    got = [(o["rank"], o["mode"], o["ok"]) for o in observations_of(
+        report, {"check": "ranks", "ids": [0, 2], "modes": ["later-chunk"]})]
+    assert got == [(0, "later-chunk", True), (1, "prefill", False), (1, "later-chunk", True)]
