@@ -319,6 +319,8 @@ def add_self_test_parser(sub: "argparse._SubParsersAction") -> None:
                         "TP rank and forward mode x an effect), each through the default selection at TP 2; "
                         "each run's diagnosis must name its confinement (about 4 min each on 2 CPU cores)")
     p.add_argument("--seed", type=int, default=0, help="the grammar's seed (same seed, same faults)")
+    p.add_argument("--sample", type=int, action="append", default=None, metavar="K",
+                   help="with --grammar N: only sample K of the N (repeatable; to rerun one)")
     p.add_argument("--work-dir", default=None,
                    help="where each child run writes its output.txt and junit.xml (default: a new temp dir)")
     p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: arguments for each child pytest")
@@ -328,6 +330,9 @@ def cmd_self_test(args: argparse.Namespace) -> int:
     extra = [a for a in args.pytest_args if a != "--"] if args.pytest_args else []
     if args.grammar is not None and (args.kind or args.grammar < 1):
         print("pytest-eagle3 self-test: --grammar N takes N >= 1 and no --kind", file=sys.stderr)
+        return 2
+    if args.sample and (args.grammar is None or not all(1 <= k <= args.grammar for k in args.sample)):
+        print("pytest-eagle3 self-test: --sample K needs --grammar N with 1 <= K <= N", file=sys.stderr)
         return 2
     unknown = [k for k in args.kind or () if k not in self_test_plan()]
     if unknown:
@@ -356,7 +361,7 @@ def cmd_self_test(args: argparse.Namespace) -> int:
 
 
 def _grammar(args: argparse.Namespace, work: Path, extra: list[str]) -> int:
-    results = grammar_test(work, args.grammar, args.seed, run_child, extra=extra,
+    results = grammar_test(work, args.grammar, args.seed, run_child, extra=extra, only=args.sample,
                            progress=lambda m: print(m, flush=True))
     print("\n".join(render_grammar(results, args.seed)))
     return 0 if results and all(r.ok for r in results) else 1

@@ -69,11 +69,13 @@ def read_report(path: Path) -> tuple[list[Observation], tuple, str]:
 
 
 def grammar_test(work: Path, n: int, seed: int, runner: Callable[..., Any], *, tp: int = 2,
-                 extra: Sequence[str] = (), progress: Callable[[str], None] = print) -> list[SampleResult]:
-    """Run ``n`` sampled faults (seed ``seed``) through the default selection at
-    ``--eagle3-tp tp``, one after the other; one child pytest each (``runner(work_dir,
-    tests, tp, fault, extra)``: :func:`pytest_eagle3.cli.selftest.run_child`, no
-    tests), its files under ``work/sample-K``."""
+                 extra: Sequence[str] = (), progress: Callable[[str], None] = print,
+                 only: Sequence[int] | None = None) -> list[SampleResult]:
+    """Run ``n`` sampled faults (seed ``seed``; ``only``: just those sample numbers,
+    1-based) through the default selection at ``--eagle3-tp tp``, one after the
+    other; one child pytest each (``runner(work_dir, tests, tp, fault, extra)``:
+    :func:`pytest_eagle3.cli.selftest.run_child`, no tests), its files under
+    ``work/sample-K``."""
 
     def one(sample: SampledFault) -> SampleResult:
         where = work / f"sample-{sample.index}"
@@ -88,7 +90,7 @@ def grammar_test(work: Path, n: int, seed: int, runner: Callable[..., Any], *, t
                  f"      run: {headline[:400]}")
         return SampleResult(sample, verdict, why, headline, run.seconds, where / "output.txt")
 
-    return [one(sample) for sample in sample_faults(n, seed)]
+    return [one(sample) for sample in sample_faults(n, seed) if not only or sample.index in only]
 
 
 def render_grammar(results: Sequence[SampleResult], seed: int) -> list[str]:

@@ -39,7 +39,7 @@ import os
 import threading
 from typing import Any, Callable
 
-from pytest_eagle3.worker.fault_when import forward_matches
+from pytest_eagle3.worker.fault_when import forward_selection
 from pytest_eagle3.worker.faults import CONFINED, FaultError, describe, read_fault
 from pytest_eagle3.worker import dp_route, fault_reads, pp_relay, tbo_capture
 
@@ -208,7 +208,7 @@ def _around_model_forward(original: Callable, model: Any, *args: Any, **kwargs: 
     _CTX.model = model
     _CTX.input_ids = args[0] if args else kwargs.get("input_ids")
     if _FAULT is not None:
-        _CTX.active = forward_matches(_FAULT, args[2] if len(args) > 2 else kwargs.get("forward_batch"))
+        _CTX.active, _CTX.rows = forward_selection(_FAULT, args[2] if len(args) > 2 else kwargs.get("forward_batch"))
     try:
         result = original(model, *args, **kwargs)
     finally:
@@ -362,9 +362,22 @@ def _around_layer(original: Callable, layer: Any, *args: Any, **kwargs: Any) -> 
             # The "gather" sums over attention-TP ranks that all hold these rows.
             value = get_attn_tp_group().all_reduce(slot.clone())
     if value is not None and _writes_here(fault):
-        slot.copy_(value.to(slot.dtype))
+        _write_rows(slot, value.to(slot.dtype), getattr(_CTX, "rows", None))
         _log_once(f"{kind}-write", "%s: slot %d (layer %d) replaced", kind, index, layer_id)
     return result
+
+
+def _write_rows(slot: Any, value: Any, rows: Any) -> None:
+    """``slot <- value`` on the wanted requests' rows of a mixed extend batch
+    (``rows``: :class:`~pytest_eagle3.worker.fault_when.Rows`), or on every row where
+    ``rows`` is ``None`` or the slot does not hold the forward's tokens one row each
+    (rows padded or gathered across ranks: the whole forward, as for one mode)."""
+    if rows is None or rows.total != slot.shape[0]:
+        slot.copy_(value)
+        return
+    for start, stop in rows.ranges:
+        slot[start:stop].copy_(value[start:stop])
+    _log_once("rows", "confined to the rows of the requests in wanted modes: %s of %d", list(rows.ranges), rows.total)
 
 
 def _slot_view(packer: Any, index: int) -> Any:

@@ -15,15 +15,25 @@ fault with options that pick its forwards:
 Decided from the forward batch and the process's own count alone, so every TP
 rank decides alike (a fault's collectives then run on all ranks or on none).
 A forward whose requests are in several modes (a mixed extend batch) matches when
-any of them is wanted.
+any of them is wanted, and the fault writes only the rows of the wanted requests
+(:func:`forward_selection`), so a later chunk batched with another request's
+prefill stays right under a ``prefill`` fault.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 #: The values ``when`` takes.
 WHEN = ("prefill", "later-chunk", "cache-hit", "decode", "verify", "decode-verify")
+
+class Rows(NamedTuple):
+    """The rows a fault writes in a mixed extend batch: ``ranges`` of ``(start,
+    stop)`` rows of the wanted requests, out of the forward's ``total`` tokens."""
+
+    ranges: tuple[tuple[int, int], ...]
+    total: int
+
 
 _EXTENDS: dict[str, int] = {}  # rid -> extend forwards seen
 _FORWARDS = [0]  # DeepseekV2Model.forward calls of this process
@@ -48,36 +58,62 @@ def wanted_modes(fault: dict[str, Any]) -> frozenset[str] | None:
 def forward_modes(forward_batch: Any) -> frozenset[str]:
     """The modes of this forward's requests (:data:`WHEN`, without ``decode-verify``);
     counts each request's extend forwards, so call once per model forward."""
+    return frozenset(mode for mode, _rows in _request_modes(forward_batch))
+
+
+def _request_modes(forward_batch: Any) -> list[tuple[str, int | None]]:
+    """``(mode, rows)`` of each request of this forward, in row order (``rows``:
+    its extend tokens, ``None`` outside extend forwards, whose requests share one
+    mode); counts each request's extend forwards."""
     mode = getattr(forward_batch, "forward_mode", None)
     if mode is None:
-        return frozenset()
+        return []
     if mode.is_target_verify():
-        return frozenset({"verify"})
+        return [("verify", None)]
     if mode.is_decode():
-        return frozenset({"decode"})
+        return [("decode", None)]
     if not mode.is_extend():
-        return frozenset()
+        return []
     rids = [str(r) for r in (getattr(forward_batch, "rids", None) or [])]
     prefixes = list(getattr(forward_batch, "extend_prefix_lens_cpu", None) or [0] * len(rids))
-    modes = set()
-    for rid, prefix in zip(rids, prefixes):
+    lens = list(getattr(forward_batch, "extend_seq_lens_cpu", None) or [None] * len(rids))
+    out: list[tuple[str, int | None]] = []
+    for rid, prefix, rows in zip(rids, prefixes, lens):
         seen = _EXTENDS.get(rid, 0)
         _EXTENDS[rid] = seen + 1
-        modes.add("later-chunk" if seen else "cache-hit" if int(prefix) > 0 else "prefill")
+        out.append(("later-chunk" if seen else "cache-hit" if int(prefix) > 0 else "prefill",
+                    None if rows is None else int(rows)))
     if len(_EXTENDS) > 10000:
         _EXTENDS.clear()
-    return frozenset(modes)
+    return out
 
 
 def forward_matches(fault: dict[str, Any], forward_batch: Any) -> bool:
     """Whether this forward is one the fault is confined to (no ``when`` and no
     ``after``: every forward).  Call once per model forward."""
+    return forward_selection(fault, forward_batch)[0]
+
+
+def forward_selection(fault: dict[str, Any], forward_batch: Any) -> tuple[bool, Rows | None]:
+    """``(matches, rows)``: whether the fault runs in this forward, and in an extend
+    batch whose requests are in several modes the rows of the requests in wanted
+    modes (``None``: every row).  Call once per model forward."""
     _FORWARDS[0] += 1
-    modes = forward_modes(forward_batch)
+    requests = _request_modes(forward_batch)
     after = fault.get("after")
     if after is not None and _FORWARDS[0] <= int(after):
-        return False
+        return False, None
     wanted = wanted_modes(fault)
     if wanted is None:
-        return True
-    return bool(modes & wanted)
+        return True, None
+    hits = [mode in wanted for mode, _rows in requests]
+    if not any(hits):
+        return False, None
+    if all(hits) or any(rows is None for _mode, rows in requests):
+        return True, None
+    ranges, start = [], 0
+    for hit, (_mode, rows) in zip(hits, requests):
+        if hit:
+            ranges.append((start, start + int(rows)))
+        start += int(rows)
+    return True, Rows(tuple(ranges), start)

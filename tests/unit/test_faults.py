@@ -287,6 +287,29 @@ def test_when_names_the_diagnosis_modes_one_or_several(monkeypatch) -> None:
     assert match({"when": "cache-hit"}, _batch("EXTEND", ["d", "e"], [0, 12]))
 
 
+def test_a_mixed_extend_batch_writes_only_the_wanted_requests_rows(monkeypatch) -> None:
+    """In an extend batch of a later chunk (4 rows) beside a fresh prompt (3 rows),
+    a ``prefill`` fault writes the fresh prompt's rows only (measured before: sample 9
+    of ``--grammar 12 --seed 0`` left 8 wrong later-chunk comparisons on the batch path);
+    where the slot does not hold the forward's tokens one row each, every row."""
+    import torch
+
+    monkeypatch.setattr(fault_when, "_EXTENDS", {"a": 1})
+    batch = _batch("EXTEND", ["a", "b"], [16, 0])
+    batch.extend_seq_lens_cpu = [4, 3]
+    matches, rows = fault_when.forward_selection({"when": "prefill"}, batch)
+    assert matches and rows == fault_when.Rows(((4, 7),), 7)
+    slot = torch.zeros(7, 2)
+    fault_injection._write_rows(slot, torch.ones(7, 2), rows)
+    assert slot[:, 0].tolist() == [0, 0, 0, 0, 1, 1, 1]
+    padded = torch.zeros(8, 2)
+    fault_injection._write_rows(padded, torch.ones(8, 2), rows)
+    assert bool((padded == 1).all())
+    # Every request wanted: every row.
+    monkeypatch.setattr(fault_when, "_EXTENDS", {"a": 1})
+    assert fault_when.forward_selection({"when": ["prefill", "later-chunk"]}, batch) == (True, None)
+
+
 def test_a_bad_when_is_refused_before_any_engine() -> None:
     with pytest.raises(faults.FaultError, match="when='first': expected one of prefill, later-chunk"):
         faults.read_fault({FAULT_ENV: '{"kind": "no-residual", "when": "first"}'})

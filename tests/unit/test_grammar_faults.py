@@ -99,3 +99,19 @@ def test_a_child_without_a_report_is_not_run(tmp_path: Path) -> None:
                            progress=lambda m: None)
     assert results[0].verdict == "NOT RUN" and "exit 4: no report at" in results[0].why
     assert not results[0].ok
+
+
+def test_only_the_named_samples_rerun(tmp_path: Path) -> None:
+    """``--sample K``: sample K of the same seed, with the same fault as in the whole run."""
+    faults = []
+    results = grammar_test(tmp_path, 4, 0, lambda where, tests, tp, fault, extra: faults.append(fault) or
+                           selftest.ChildRun(4, {}, {}, "usage", 0.5), progress=lambda m: None, only=[3])
+    assert [r.sample.index for r in results] == [3] and faults == [sample_faults(4, 0)[2].fault_json]
+
+
+def test_sample_needs_grammar(capsys) -> None:
+    from pytest_eagle3.cli.main import main
+
+    assert main(["self-test", "--sample", "2"]) == 2
+    assert main(["self-test", "--grammar", "2", "--sample", "3"]) == 2
+    assert "--sample K needs --grammar N with 1 <= K <= N" in capsys.readouterr().err
