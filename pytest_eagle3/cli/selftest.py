@@ -363,7 +363,7 @@ def cmd_self_test(args: argparse.Namespace) -> int:
 def _grammar(args: argparse.Namespace, work: Path, extra: list[str]) -> int:
     results = grammar_test(work, args.grammar, args.seed, run_child, extra=extra, only=args.sample,
                            progress=lambda m: print(m, flush=True))
-    print("\n".join(render_grammar(results, args.seed)))
+    print("\n".join(render_grammar(results, args.seed, args.grammar)))
     return 0 if results and all(r.ok for r in results) else 1
 
 

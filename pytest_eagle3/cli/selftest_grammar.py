@@ -93,9 +93,13 @@ def grammar_test(work: Path, n: int, seed: int, runner: Callable[..., Any], *, t
     return [one(sample) for sample in sample_faults(n, seed) if not only or sample.index in only]
 
 
-def render_grammar(results: Sequence[SampleResult], seed: int) -> list[str]:
-    """The summary: each sample's confinement, class and diagnosis; the counts."""
-    lines = [f"pytest-eagle3 self-test --grammar {len(results)} --seed {seed}: sampled confinement -> run-level cause"]
+def render_grammar(results: Sequence[SampleResult], seed: int, n: int | None = None) -> list[str]:
+    """The summary: each sample's confinement, class and diagnosis; the counts
+    (``n``: the samples drawn, where only some ran; default: all of ``results``)."""
+    head = f"--grammar {n if n is not None else len(results)} --seed {seed}"
+    if n is not None and len(results) != n:
+        head += "".join(f" --sample {r.sample.index}" for r in results)
+    lines = [f"pytest-eagle3 self-test {head}: sampled confinement -> run-level cause"]
     for r in results:
         lines.append(f"  {r.sample.index:>2}. {r.sample.text}")
         lines.append(f"      {r.verdict}: {r.why}")

@@ -107,6 +107,7 @@ def test_only_the_named_samples_rerun(tmp_path: Path) -> None:
     results = grammar_test(tmp_path, 4, 0, lambda where, tests, tp, fault, extra: faults.append(fault) or
                            selftest.ChildRun(4, {}, {}, "usage", 0.5), progress=lambda m: None, only=[3])
     assert [r.sample.index for r in results] == [3] and faults == [sample_faults(4, 0)[2].fault_json]
+    assert render_grammar(results, 0, 4)[0].startswith("pytest-eagle3 self-test --grammar 4 --seed 0 --sample 3:")
 
 
 def test_sample_needs_grammar(capsys) -> None:
