@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 #: The values ``when`` takes.
 WHEN = ("prefill", "later-chunk", "cache-hit", "decode", "verify", "decode-verify")
 
+
 class Rows(NamedTuple):
     """The rows a fault writes in a mixed extend batch: ``ranges`` of ``(start,
     stop)`` rows of the wanted requests, out of the forward's ``total`` tokens."""
