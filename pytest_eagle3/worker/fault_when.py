@@ -77,7 +77,9 @@ def _request_modes(forward_batch: Any) -> list[tuple[str, int | None]]:
         return []
     rids = [str(r) for r in (getattr(forward_batch, "rids", None) or [])]
     prefixes = list(getattr(forward_batch, "extend_prefix_lens_cpu", None) or [0] * len(rids))
-    lens = list(getattr(forward_batch, "extend_seq_lens_cpu", None) or [None] * len(rids))
+    lens = list(getattr(forward_batch, "extend_seq_lens_cpu", None) or ())
+    if len(lens) != len(rids):  # no per-request lengths to trust: the fault writes every row
+        lens = [None] * len(rids)
     out: list[tuple[str, int | None]] = []
     for rid, prefix, rows in zip(rids, prefixes, lens):
         seen = _EXTENDS.get(rid, 0)

@@ -305,6 +305,11 @@ def test_a_mixed_extend_batch_writes_only_the_wanted_requests_rows(monkeypatch) 
     padded = torch.zeros(8, 2)
     fault_injection._write_rows(padded, torch.ones(8, 2), rows)
     assert bool((padded == 1).all())
+    # Lengths that do not pair with the requests: every row (and every request counted).
+    monkeypatch.setattr(fault_when, "_EXTENDS", {"a": 1})
+    short = _batch("EXTEND", ["a", "b"], [16, 0])
+    short.extend_seq_lens_cpu = [4]
+    assert fault_when.forward_selection({"when": "prefill"}, short) == (True, None)
     # Every request wanted: every row.
     monkeypatch.setattr(fault_when, "_EXTENDS", {"a": 1})
     assert fault_when.forward_selection({"when": ["prefill", "later-chunk"]}, batch) == (True, None)

@@ -401,3 +401,23 @@ def test_the_embedding_check_judges_a_chunked_prompt_chunk_by_chunk() -> None:
     got = [(o["rank"], o["mode"], o["ok"]) for o in observations_of(
         report, {"check": "ranks", "ids": [0, 2], "modes": ["later-chunk"]})]
     assert got == [(0, "later-chunk", True), (1, "prefill", False), (1, "later-chunk", True)]
+
+
+def test_a_chunked_prompt_wrong_as_a_whole_stays_one_wrong_outcome() -> None:
+    """Rows missing against the reference (the record holds 6 of the prompt's 8) fail
+    the request while each chunk's own rows match: the outcome stays one wrong
+    request, never chunks that are all right."""
+    import torch
+
+    from pytest_eagle3.engine.recordings import Record, prefill_records
+    from pytest_eagle3.verdicts.rankcheck import check_rank_embeddings
+
+    L, H, T, V = 4, 8, 8, 32
+    ref = torch.randn(L + 2, T, H, generator=torch.Generator().manual_seed(2))
+    aux = torch.cat([ref[0], ref[2]], dim=1)[:6]
+    pos, ids = torch.arange(6), torch.arange(6)
+    recs = [Record(0, n, "EXTEND", aux[a:b], ids[a:b], pos[a:b], None, ("r0",), (b - a,))
+            for n, (a, b) in enumerate(((0, 4), (4, 6)))]
+    report = check_rank_embeddings(prefill_records({0: recs}, ["r0"]), [ref], slot=0, hidden_size=H,
+                                   vocab_size=V, tol=1e-4)
+    assert not report.ok and [o[2] for o in report.outcomes] == [False]
