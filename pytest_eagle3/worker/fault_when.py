@@ -56,12 +56,6 @@ def wanted_modes(fault: dict[str, Any]) -> frozenset[str] | None:
     return frozenset(m for v in values for m in (("decode", "verify") if v == "decode-verify" else (v,)))
 
 
-def forward_modes(forward_batch: Any) -> frozenset[str]:
-    """The modes of this forward's requests (:data:`WHEN`, without ``decode-verify``);
-    counts each request's extend forwards, so call once per model forward."""
-    return frozenset(mode for mode, _rows in _request_modes(forward_batch))
-
-
 def _request_modes(forward_batch: Any) -> list[tuple[str, int | None]]:
     """``(mode, rows)`` of each request of this forward, in row order (``rows``:
     its extend tokens, ``None`` outside extend forwards, whose requests share one
@@ -91,16 +85,12 @@ def _request_modes(forward_batch: Any) -> list[tuple[str, int | None]]:
     return out
 
 
-def forward_matches(fault: dict[str, Any], forward_batch: Any) -> bool:
-    """Whether this forward is one the fault is confined to (no ``when`` and no
-    ``after``: every forward).  Call once per model forward."""
-    return forward_selection(fault, forward_batch)[0]
-
-
 def forward_selection(fault: dict[str, Any], forward_batch: Any) -> tuple[bool, Rows | None]:
     """``(matches, rows)``: whether the fault runs in this forward, and in an extend
     batch whose requests are in several modes the rows of the requests in wanted
-    modes (``None``: every row).  Call once per model forward."""
+    modes (``None``: every row).  No ``when`` and no ``after``: every forward, every
+    row.  Call once per model forward: it counts the forwards and each request's
+    extends."""
     _FORWARDS[0] += 1
     requests = _request_modes(forward_batch)
     after = fault.get("after")

@@ -257,7 +257,9 @@ def _batch(mode: str, rids=(), prefixes=()):
 def test_confined_faults_run_only_in_their_forwards(monkeypatch) -> None:
     monkeypatch.setattr(fault_when, "_EXTENDS", {})
     hit, chunk, decode = ({"when": "cache-hit"}, {"when": "later-chunk"}, {"when": "decode-verify"})
-    match = fault_when.forward_matches
+    def match(fault, batch):
+        return fault_when.forward_selection(fault, batch)[0]
+
     # A fresh prefill (no cached prefix), then its second chunk: a later chunk, not a hit.
     assert not match(hit, _batch("EXTEND", ["a"], [0]))
     assert match(chunk, _batch("EXTEND", ["a"], [16]))
@@ -274,7 +276,9 @@ def test_when_names_the_diagnosis_modes_one_or_several(monkeypatch) -> None:
     """``when`` takes the run-level diagnosis's modes, a list of them too: a first
     extend without a cached prefix is ``prefill`` (a whole prompt or its first chunk)."""
     monkeypatch.setattr(fault_when, "_EXTENDS", {})
-    match = fault_when.forward_matches
+    def match(fault, batch):
+        return fault_when.forward_selection(fault, batch)[0]
+
     first = {"when": "prefill"}
     assert match(first, _batch("EXTEND", ["a"], [0]))  # chunk 1 of a
     assert not match(first, _batch("EXTEND", ["a"], [16]))  # chunk 2 of a: a later chunk
@@ -333,7 +337,7 @@ def test_tp_and_rank_pick_the_processes_that_write(monkeypatch) -> None:
 def test_a_fault_after_n_forwards_waits_for_them(monkeypatch) -> None:
     monkeypatch.setattr(fault_when, "_FORWARDS", [0])
     stale = {"after": 2}
-    seen = [fault_when.forward_matches(stale, _batch("EXTEND", [f"r{i}"], [0])) for i in range(4)]
+    seen = [fault_when.forward_selection(stale, _batch("EXTEND", [f"r{i}"], [0]))[0] for i in range(4)]
     assert seen == [False, False, True, True]
 
 
