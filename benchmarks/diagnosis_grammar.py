@@ -5,7 +5,8 @@ Usage::
     python benchmarks/diagnosis_grammar.py [--samples 200] [--seed 0]
 
 Per confinement size (attributes in the sampled conjunction: TP size, TP rank,
-forward mode, path, send on its engine), the share of faults whose run-level
+forward mode, prefill chunk, path, batch size, send on its engine, and the aux
+slots the fault writes), the share of faults whose run-level
 cause is the sampled conjunction (exact), another conjunction holding the same
 comparisons (coarser: the run's selection cannot tell them apart), nothing
 (unnamed) and a cause that holds a right comparison (wrong: must be 0).

@@ -39,6 +39,8 @@ class Captures:
         engine: the name of the engine that served it (``""``: not known).
         index: its position among the requests of that send, from 0 (``-1``:
             not known): with ``order``, the request's order on its engine.
+        batch: how many requests that send held together (``1``: sent alone;
+            ``0``: not known).
     """
 
     prompt: list[int]
@@ -49,6 +51,7 @@ class Captures:
     order: int = -1
     engine: str = ""
     index: int = -1
+    batch: int = 0
 
     @property
     def width(self) -> int:

@@ -178,7 +178,7 @@ class CaptureRunner:
         with recorder.recording():
             captures = capture(server, self.prompts, decode_steps=request.decode_steps, batch=request.batch)
             records = recorder.read(self.tp, even=dp == 1)
-        rids = [c.rid for c in self._count_send(captures)]
+        rids = [c.rid for c in self._count_send(captures, request.batch)]
         return captures, request_forwards(records, rids)
 
     def speculate(self, request: "CaptureRequest", prompts: Sequence[Sequence[int]],
@@ -250,17 +250,19 @@ class CaptureRunner:
                       batch=batch)
         self._prove_ids_switched(layer_ids)
         self._prove_standin_paths(server)
-        return self._count_send(out)
+        return self._count_send(out, batch)
 
-    def _count_send(self, out: "list[Captures]") -> "list[Captures]":
-        """Mark ``out`` with which send of its engine's life it was, from 0, and the
-        engine's name (:attr:`~pytest_eagle3.capture.response.Captures.order`)."""
+    def _count_send(self, out: "list[Captures]", batch: bool = False) -> "list[Captures]":
+        """Mark ``out`` with which send of its engine's life it was, from 0, the
+        engine's name (:attr:`~pytest_eagle3.capture.response.Captures.order`) and
+        how many requests it held together (``batch``: all of ``out`` in one request)."""
         config = self.last_config
         key = ("sends", config)
         order = self.pool.results.get(key, 0)
         self.pool.results[key] = order + 1
         for i, cap in enumerate(out):
             cap.order, cap.engine, cap.index = order, config.name if config is not None else "", i
+            cap.batch = len(out) if batch else 1
         return out
 
     def _flush(self, server: Any) -> None:
@@ -391,7 +393,7 @@ class CaptureRunner:
         self._prove_standin_paths(server)
         # Only the test's own requests, in prompt order (a readiness probe's or
         # another client's forward never shifts them).
-        rids = [c.rid for c in self._count_send(captures)]
+        rids = [c.rid for c in self._count_send(captures, dp > 1)]
         if dp == 1:
             return RankCaptures(captures, prefill_records(records, rids),
                                 decode_records(records, rids) if decode_steps else {},

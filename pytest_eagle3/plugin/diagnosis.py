@@ -28,6 +28,7 @@ from pytest_eagle3.plugin.session import item_tp
 from pytest_eagle3.verdicts.run_cause import (
     OFFLINE, POINTER, SERVED, TITLE, Observation, RunDiagnosis, diagnose_run,
 )
+from pytest_eagle3.verdicts.within import position_ranges
 
 #: Name the plugin is registered under (``pytest_configure``, :mod:`pytest_eagle3.plugin.hooks`).
 PLUGIN_NAME = "eagle3-diagnosis"
@@ -73,8 +74,10 @@ def observations_of(report: Any, where: Mapping[str, Any], ok: bool | None = Non
     if not kinds and not passed:
         # A verdict that words its diagnosis: the ``[kind]`` tags of its text.
         kinds = list(dict.fromkeys(_TAG.findall(str(getattr(report, "text", "") or line))))
+    slot_report = report if slots else getattr(report, "report", None)
     fields = {
         "ok": passed, "kinds": kinds,
+        **_slot_fields(slot_report),
         "right_snapshots": right,
         # Which snapshots it examined (an embedding report: the embedding only) and got
         # wrong (a verdict's own comparison report, where it wraps one).
@@ -92,17 +95,39 @@ def observations_of(report: Any, where: Mapping[str, Any], ok: bool | None = Non
         # request's mode (``where["modes"]``, per request index).
         modes = list(where.get("modes") or [])
         out = []
-        for rank, index, sub_ok, sub, *chunk_mode in outcomes:
+        for rank, index, sub_ok, sub, *chunk in outcomes:
             entry = {**base, **observations_of(sub, {}, sub_ok)[0], "rank": int(rank)}
             if sub is not None:  # a comparison of request ``index`` (an agreement outcome indexes forwards)
                 entry["request"] = int(index)
-            if chunk_mode:  # one chunk of a chunked prefill: its own mode
-                entry["mode"] = chunk_mode[0]
+            if chunk:  # one chunk of a chunked prefill: its own mode, number and rows
+                entry.update(mode=chunk[0], chunk=int(chunk[1]), **_clipped(entry, chunk[2]))
             elif index < len(modes):
                 entry["mode"] = modes[index]
+                entry["chunk"] = 1 if modes[index] == "prefill" else 0
             out.append(entry)
         return out
     return [{**base, **fields}]
+
+
+def _slot_fields(report: Any) -> dict[str, Any]:
+    """The slots and rows a slot comparison (:class:`~pytest_eagle3.verdicts.compare.SlotReport`)
+    compared and got wrong, as :class:`~pytest_eagle3.verdicts.run_cause.Observation` fields."""
+    slots = getattr(report, "slots", None) or ()
+    if not slots:
+        return {}
+    out: dict[str, Any] = {"slot_count": len(slots), "wrong_slots": [int(v.slot) for v in slots if not v.ok]}
+    first, count = getattr(report, "first_row", None), int(getattr(report, "row_count", 0) or 0)
+    if isinstance(first, int) and count:
+        out["rows"] = [first, first + count]
+        out["wrong_rows"] = [list(r) for r in position_ranges(getattr(report, "wrong_rows", ()) or (), first)]
+    return out
+
+
+def _clipped(entry: Mapping[str, Any], span: Any) -> dict[str, Any]:
+    """``entry``'s rows cut to one chunk's positions ``span`` (``(start, stop)``)."""
+    a, b = int(span[0]), int(span[1])
+    wrong = [[max(x, a), min(y, b)] for x, y in entry.get("wrong_rows") or () if min(y, b) > max(x, a)]
+    return {"rows": [a, b], "wrong_rows": wrong}
 
 
 class DiagnosisPlugin(TracksCurrentItem):

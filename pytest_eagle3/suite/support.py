@@ -71,6 +71,11 @@ def returned_rows(cap, ref, ev=None):
     return ref[:, T - n:T], (None if ev is None else (lambda: ev().rows(T - n, T)))
 
 
+def first_position(cap) -> int:
+    """The prompt position of ``cap.prefill``'s row 0 (SGLang returns a prompt's last rows)."""
+    return max(0, len(cap.prompt) - int(cap.prefill.shape[0]))
+
+
 def attention_tp(tp: int, server_args: dict | None) -> int:
     """The attention-TP size of an engine: ``tp / attn_dp_size`` under DP attention."""
     args = server_args or {}
@@ -121,12 +126,14 @@ def request_mode(cap, *, repeat: bool = False) -> str:
 def where(req, cap=None, *, path: str, mode: str | None = None, **more: Any) -> dict[str, Any]:
     """The context of a verdict for the run-level diagnosis
     (:class:`pytest_eagle3.verdicts.run_cause.Observation` fields): the path,
-    the request's ids, and with ``cap`` its engine, its order there and its
-    forward mode (``mode`` overrides :func:`request_mode`)."""
+    the request's ids, and with ``cap`` its engine, its order there, the batch
+    it was sent in, its forward mode (``mode`` overrides :func:`request_mode`) and
+    its prefill chunk (``1``: a whole prompt's prefill; ``0``: unknown)."""
     out: dict[str, Any] = {"path": path, "ids": list(req.ids) if req.ids is not None else None}
     if cap is not None:
         out.update(order=cap.order, engine=cap.engine, mode=mode or request_mode(cap),
-                   request=getattr(cap, "index", -1))
+                   request=getattr(cap, "index", -1), batch=getattr(cap, "batch", 0))
+        out["chunk"] = 1 if out["mode"] == "prefill" else 0
     elif mode is not None:
         out["mode"] = mode
     out.update(more)

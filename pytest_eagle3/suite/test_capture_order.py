@@ -20,7 +20,7 @@ import pytest
 from pytest_eagle3.planning import cases
 from pytest_eagle3.planning.declare import case_needs
 from pytest_eagle3.suite.outcome import conclude, conclude_each
-from pytest_eagle3.suite.support import evidence, returned_rows, tolerance, where
+from pytest_eagle3.suite.support import evidence, first_position, returned_rows, tolerance, where
 from pytest_eagle3.verdicts.compare import compare_slots
 from pytest_eagle3.verdicts.order import check_capture_order, check_width
 
@@ -56,7 +56,7 @@ def test_capture_order(eagle3_engine_request, eagle3_capture, eagle3_reference, 
         ref, ev = returned_rows(cap, ref, ev)
         report = compare_slots(cap.prefill, ref, expected=expected, num_layers=L, hidden_size=H,
                                tol=tolerance(eagle3_settings), side_names=("SGLang", "id rule"), evidence=ev,
-                               diagnose=rule.known)
+                               diagnose=rule.known, first_row=first_position(cap))
         # The measured id rule (tests/data/measured_id_rules.json pins the rule
         # reader and `inspect` against these): the snapshot each slot holds.
         record_property("eagle3_measured_rule", {

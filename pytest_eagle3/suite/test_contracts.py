@@ -26,7 +26,7 @@ from pytest_eagle3.contracts.servers import nested_ids_ignored
 from pytest_eagle3.planning import cases
 from pytest_eagle3.planning.declare import case_needs, user_draft_need
 from pytest_eagle3.suite.outcome import conclude_each
-from pytest_eagle3.suite.support import evidence, returned_rows, tolerance, where
+from pytest_eagle3.suite.support import evidence, first_position, returned_rows, tolerance, where
 from pytest_eagle3.verdicts.compare import compare_slots
 from pytest_eagle3.verdicts.contract import check_contract
 from pytest_eagle3.verdicts.order import follows_measured, measured_snapshots
@@ -62,7 +62,8 @@ def test_draft_receives_its_training_contract(eagle3_engine_request, eagle3_capt
     for cap, ref, ev in zip(captures, eagle3_reference, candidates):
         ref, ev = returned_rows(cap, ref, ev)
         report = compare_slots(cap.prefill, ref, expected=list(req.expected), num_layers=L, hidden_size=H,
-                               tol=tol, side_names=("SGLang", "contract"), evidence=ev)
+                               tol=tol, side_names=("SGLang", "contract"), evidence=ev,
+                               first_row=first_position(cap))
         as_predicted = None
         if req.predicted and list(req.predicted) != list(req.expected):
             as_predicted = compare_slots(cap.prefill, ref, expected=list(req.predicted), num_layers=L,

@@ -120,7 +120,7 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_set, eagle3_
                                   want_decode=req.decode_steps),
                        where(req, cap, path=name, mode=mode, check="rows")))
         report = compare_slots(cap.prefill, ref[:, T - n:T], expected=list(req.expected), num_layers=L,
-                               hidden_size=H, tol=tol,
+                               hidden_size=H, tol=tol, first_row=T - n,
                                side_names=(f"SGLang ({name}, prefill rows {T - n}..{T - 1})", "reference"),
                                evidence=lambda i=i, T=T, n=n: _prefill_evidence(
                                    candidates, eagle3_reference, captures, i, T, n, split))
@@ -141,7 +141,7 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_set, eagle3_
         for cap, ref in zip(sends[0], eagle3_reference):
             T, n = len(cap.prompt), cap.prefill.shape[0]
             checks.append((compare_slots(cap.prefill, ref[:, T - n:T], expected=list(req.expected), num_layers=L,
-                                         hidden_size=H, tol=tol, diagnose=False,
+                                         hidden_size=H, tol=tol, diagnose=False, first_row=T - n,
                                          side_names=(f"SGLang ({name}, fresh send, prefill rows {T - n}..{T - 1})",
                                                      "reference")),
                            where(req, cap, path=name)))

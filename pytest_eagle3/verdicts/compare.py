@@ -156,6 +156,10 @@ class SlotReport:
     rows_line: str | None = None
     #: The rows (indices into ``captured``) where a wrong slot misses its expected snapshot.
     wrong_rows: tuple[int, ...] = ()
+    #: How many rows were compared, and the position of row 0 where the caller knew it
+    #: (``None``: not given; the run-level diagnosis then names no row range).
+    row_count: int = 0
+    first_row: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -242,7 +246,7 @@ def compare_slots(
     evidence: Any = None,
     diagnose: bool = True,
     segments: Sequence[tuple[str, int, int]] = (),
-    first_row: int = 0,
+    first_row: int | None = None,
 ) -> SlotReport:
     """Say which reference snapshot every captured aux slot holds.
 
@@ -265,7 +269,8 @@ def compare_slots(
             boundary (a prefill chunk, a request of a batch, a micro-batch); a
             comparison wrong on some rows only names the segments its wrong rows
             are exactly (:func:`localize_rows`).
-        first_row: the position of row 0, for the row numbers of that line.
+        first_row: the position of row 0, for the row numbers of that line and the
+            run-level diagnosis's row ranges (``None``: not known; the line counts from 0).
 
     Raises:
         ValueError: ``reference`` is not ``[num_layers + 2, tokens, hidden_size]``
@@ -318,9 +323,9 @@ def compare_slots(
             diagnosis = diagnose_slots(cap, ref, verdicts, expected=[int(e) for e in expected], num_layers=L,
                                        hidden_size=H, tol=tol, evidence=evidence)
         rows = wrong_rows(cap, ref, [v for v in verdicts if not v.ok and v.expected < ref.shape[0]], H, tol)
-        rows_line = localize_rows(rows, tokens, segments, first_row)
+        rows_line = localize_rows(rows, tokens, segments, first_row or 0)
     return SlotReport(**report, slots=verdicts, problem=problem, diagnosis=diagnosis, rows_line=rows_line,
-                      wrong_rows=rows)
+                      wrong_rows=rows, row_count=int(tokens), first_row=first_row)
 
 
 #: Rows are told apart only when every wrong row is this many times farther than the

@@ -1,9 +1,11 @@
 """A fault grammar and a simulator of a run's observations, to test the run-level diagnosis.
 
 A fault is a *confinement* (a conjunction of attribute values: TP size, TP rank,
-forward mode, path, send on its engine, the attributes of
-:data:`pytest_eagle3.verdicts.run_cause.TABLE_ATTRIBUTES`) times an *effect*;
-the comparisons inside the confinement are wrong, all others right.  The
+forward mode, prefill chunk, path, batch size, send on its engine, the
+attributes of :data:`pytest_eagle3.verdicts.separation.TABLE_ATTRIBUTES`, and
+the aux slots it writes, :data:`pytest_eagle3.verdicts.within.SLOT`) times an
+*effect*; the comparisons inside the confinement are wrong in those slots, all
+others right.  The
 simulator lays out the observations a run of the packaged suite leaves
 (:func:`default_run`: the capture order and contract tests at TP 1 and 2, the
 path variants, the per-rank tests' rows of both TP ranks), samples confinements
@@ -33,6 +35,7 @@ from typing import Sequence
 
 from pytest_eagle3.verdicts.run_cause import Observation, compared, diagnose_run
 from pytest_eagle3.verdicts.separation import MAX_CONJUNCTION, SEND, TABLE_ATTRIBUTES, conjunction_text, named_set
+from pytest_eagle3.verdicts.within import SLOT
 
 #: Effects a fault can have (the per-test tag its wrong comparisons carry).
 EFFECTS = ("no-residual", "partial-sum", "normalized-input", "offset-twice", "reversed-order")
@@ -46,36 +49,50 @@ RUN_CLASSES = (*CLASSES, "off-target")
 Conjunction = tuple[tuple[str, frozenset[str]], ...]
 
 
+#: The prompts a batched send holds in :func:`default_run`.
+BATCH = 3
+
+
 def default_run(ids: tuple[int, ...] = (0, 3, 5)) -> list[Observation]:
     """The right observations of a default-selection run at ``--tp 2``, in send order
     per engine: capture order and contracts (prefill and later chunks), the path
     variants (decode, batch, radix-cache hit) at TP 1 and 2, and the per-rank
-    tests' prefill and decode rows on TP ranks 0 and 1."""
+    tests' prefill, later-chunk and decode rows on TP ranks 0 and 1.  The API's
+    later-chunk rows do not know their chunk's number; the per-rank rows do."""
     out: list[Observation] = []
+    slots = len(ids)
+
+    def add(test: str, check: str, tp: int, mode: str, order: int, engine: str, **more) -> None:
+        chunk = more.pop("chunk", 0)
+        chunk = 1 if mode == "prefill" else chunk
+        out.append(Observation(test, check, True, tp=tp, mode=mode, ids=ids, order=order, engine=engine,
+                               chunk=chunk, slot_count=slots, **{"batch": 1, **more}))
+
     for tp in (1, 2):
         engine = f"capture-tp{tp}"
         order = 0
         for test in ("order", "contract"):
             for mode in ("prefill", "later-chunk"):
-                out.append(Observation(f"{test}[tp{tp}]", "captures", True, tp=tp, mode=mode, ids=ids,
-                                       order=order, engine=engine))
+                add(f"{test}[tp{tp}]", "captures", tp, mode, order, engine)
             order += 1
         for path, modes in (("decode", ("prefill", "decode")), ("batch", ("prefill", "decode")),
                             ("radix-cache-hit", ("cache-hit",))):
             for mode in modes:
-                out.append(Observation(f"paths[tp{tp}-{path}]", "captures", True, tp=tp, path=path, mode=mode,
-                                       ids=ids, order=order, engine=engine))
+                add(f"paths[tp{tp}-{path}]", "captures", tp, mode, order, engine, path=path,
+                    batch=BATCH if path == "batch" else 1)
             order += 1
         if tp == 2:
             for rank in (0, 1):
                 for mode in ("prefill", "later-chunk", "decode"):
-                    out.append(Observation("per_rank[tp2]", "ranks", True, tp=2, rank=rank, mode=mode, ids=ids,
-                                           order=order, engine=engine))
+                    add("per_rank[tp2]", "ranks", 2, mode, order, engine, rank=rank,
+                        chunk=2 if mode == "later-chunk" else 0)
     return out
 
 
 def _values(run: Sequence[Observation]) -> dict[str, list[str]]:
-    return {name: sorted({read(o) for o in run}) for name, read in TABLE_ATTRIBUTES}
+    out = {name: sorted({v for o in run if (v := read(o)) is not None}) for name, read in TABLE_ATTRIBUTES}
+    out[SLOT] = [str(s) for s in range(max(o.slot_count for o in run))]
+    return out
 
 
 def sample_confinement(rng: random.Random, run: Sequence[Observation], size: int) -> Conjunction:
@@ -100,23 +117,36 @@ def _sends_from(rng: random.Random, run: Sequence[Observation]) -> frozenset[str
 
 
 def inside(run: Sequence[Observation], conj: Conjunction) -> list[Observation]:
+    """The comparisons of ``run`` ``conj`` holds (its slots narrow none out)."""
     reads = dict(TABLE_ATTRIBUTES)
-    return [o for o in run if all(reads[n](o) in vals for n, vals in conj)]
+    return [o for o in run if all(reads[n](o) in vals for n, vals in conj if n in reads)]
+
+
+def _slots(conj: Conjunction) -> frozenset[str] | None:
+    return next((vals for n, vals in conj if n == SLOT), None)
 
 
 def apply(run: Sequence[Observation], conj: Conjunction, effect: str) -> list[Observation]:
-    """``run`` with the comparisons inside ``conj`` wrong, tagged ``effect``."""
+    """``run`` with the comparisons inside ``conj`` wrong in its slots (every slot
+    where it names none), tagged ``effect``."""
     wrong = {id(o) for o in inside(run, conj)}
-    return [replace(o, ok=False, kinds=(effect,), line=f"[{effect}]") if id(o) in wrong else o for o in run]
+    named = _slots(conj)
+
+    def slots(o: Observation) -> tuple[int, ...]:
+        every = range(o.slot_count)
+        return tuple(s for s in every if named is None or str(s) in named)
+
+    return [replace(o, ok=False, kinds=(effect,), line=f"[{effect}]", wrong_slots=slots(o)) if id(o) in wrong
+            else o for o in run]
 
 
 def _minimal(run: Sequence[Observation], conj: Conjunction) -> Conjunction:
-    """``conj`` without the attributes that add nothing on ``run``."""
+    """``conj`` without the attributes that add nothing on ``run`` (its slots always add)."""
     chosen = inside(run, conj)
     kept = list(conj)
     for item in list(conj):
         trial = [x for x in kept if x != item]
-        if trial and inside(run, tuple(trial)) == chosen:
+        if item[0] != SLOT and trial and inside(run, tuple(trial)) == chosen:
             kept = trial
     return tuple(kept)
 
@@ -130,7 +160,7 @@ def classify(run: Sequence[Observation], conj: Conjunction, effect: str = "no-re
     if not diag.named:
         return "unnamed", diag.headline
     named = named_set(diag, faulted)
-    if sorted(map(id, named)) != sorted(map(id, wrong)):
+    if sorted(map(id, named)) != sorted(map(id, wrong)) or _slots(diag.named) not in (None, _slots(conj)):
         return "wrong", diag.headline
     if {(n, v) for n, v in diag.named} == set(_minimal(faulted, conj)):
         return "exact", diag.headline
@@ -156,8 +186,9 @@ def tightened(run: Sequence[Observation], conj: Conjunction) -> Conjunction:
     without the attributes that add nothing."""
     held = inside(run, conj)
     reads = dict(TABLE_ATTRIBUTES)
-    taken = {n: {reads[n](o) for o in held} for n, _ in conj}
-    return _minimal(run, tuple((n, vals if n == SEND else frozenset(vals & taken[n])) for n, vals in conj))
+    taken = {n: {reads[n](o) for o in held} for n, _ in conj if n in reads}
+    return _minimal(run, tuple((n, vals if n not in taken or n == SEND else frozenset(vals & taken[n]))
+                               for n, vals in conj))
 
 
 def judge_run(observations: Sequence[Observation], named: Conjunction, conj: Conjunction) -> tuple[str, str]:
@@ -180,7 +211,8 @@ def judge_run(observations: Sequence[Observation], named: Conjunction, conj: Con
     if sorted(map(id, chosen)) != sorted(map(id, wrong)):
         return "wrong", f"the named cause holds {len(chosen)} comparison(s), {len(wrong)} are wrong"
     sampled = tightened(captures, conj)
-    if set(named) == set(sampled):
+    table = dict(TABLE_ATTRIBUTES)  # the slots and rows inside: the effect's reach, not sampled on engines
+    if {x for x in named if x[0] in table} == {x for x in sampled if x[0] in table}:
         return "exact", f"all {len(wrong)} wrong comparisons, none right"
     return "coarser", (f"the sampled {conjunction_text(sampled)} holds the same {len(wrong)} comparisons "
                        "in this selection")

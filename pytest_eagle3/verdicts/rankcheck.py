@@ -65,7 +65,8 @@ class RankReport:
     slot_reports: list[Any] = field(default_factory=list)
     #: ``(rank, request or forward index, ok, its report or None)`` of every
     #: comparison made (the run-level diagnosis reads which ranks and requests passed);
-    #: one chunk of a chunked prefill adds its forward mode as a fifth item.
+    #: one chunk of a chunked prefill adds its forward mode, its chunk number (from 1)
+    #: and the positions ``(start, stop)`` of its rows.
     outcomes: list[tuple] = field(default_factory=list)
 
     def message(self, verbose: bool = False) -> str:
@@ -250,14 +251,16 @@ def _chunk_outcomes(rank: int, i: int, rec: "Record", report: Any,
     (``prefill`` for the first, ``later-chunk`` after), each judged by
     ``judge(rows, side name)``, so the run-level diagnosis sees which chunks were
     wrong.  Only a wrong request is split (a right one stays one right outcome); a
-    wrong chunk carries the whole request's worded report, a right one its own."""
+    wrong chunk carries the whole request's worded report, a right one its own,
+    each with its chunk number (from 1) and the positions ``(start, stop)`` of its rows."""
     chunks = tuple(getattr(rec, "chunks", ()) or ())
     if report.ok or len(chunks) < 2 or sum(chunks) != rec.aux.shape[0]:
         return [(rank, i, report.ok, report)]
-    out, start = [], 0
+    out, start, first = [], 0, _first_position(rec)
     for n, rows in enumerate(chunks):
         part = judge(slice(start, start + rows), f"rank {rank}, chunk {n + 1} (rows {start}..{start + rows - 1})")
-        out.append((rank, i, part.ok, part if part.ok else report, "prefill" if n == 0 else "later-chunk"))
+        out.append((rank, i, part.ok, part if part.ok else report, "prefill" if n == 0 else "later-chunk",
+                    n + 1, (first + start, first + start + rows)))
         start += rows
     if all(o[2] for o in out):  # wrong as a whole (rows missing against the reference), right per chunk
         return [(rank, i, False, report)]

@@ -25,8 +25,13 @@ one headline and the evidence lines behind it.  The rules, in order:
   radix-cache hit, decode, verify) or paths (batch, a variant) where nothing
   passed, while the same ids passed elsewhere in the run: never the id rule.
 * ``[confined]``: the smallest conjunction of TP size, TP rank, forward mode,
-  path and send order that holds every wrong comparison and no right one
-  (:func:`separation`; several: the others in the lacking line).
+  prefill chunk, path, batch size and send order that holds every wrong
+  comparison and no right one (:func:`separation`; several: the others in the
+  lacking line).
+
+A cause that names comparisons is narrowed to the slots and the row range every
+wrong one shares (:func:`pytest_eagle3.verdicts.within.within`: ``; inside them
+only slot 1, positions 16 on``).
 * ``[global]``: failures on every mode and path the run took: the tests' own
   diagnosis is the run's.
 
@@ -40,10 +45,13 @@ cannot tell a path fault from the id rule``).  Pure Python.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
 
 from pytest_eagle3.verdicts.distance import PRECISION_CEILING, roundoff_name
+from pytest_eagle3.verdicts.observation import (  # noqa: F401 - re-exported: the diagnosis's input
+    CAPTURE, OFFLINE, SERVED, Observation, forward_mode,
+)
 from pytest_eagle3.verdicts.run_wording import (  # noqa: F401 - the headlines are part of this module's API
     CLEAN, CONTRADICTED, DRAFT_SIDE, GLOBAL, LACK_PREFILL, LACK_RANKS, MIXED, MODES, NO_VERDICT, OFFLINE_LACKING,
     OFFLINE_OK, PAIR_RANK_LINE, PATH_ONLY, PRECISION, RANK_MODE, RANK_ONLY, STALE, STALE_REQUEST, UNOBSERVED_LINE,
@@ -52,12 +60,10 @@ from pytest_eagle3.verdicts.run_wording import (  # noqa: F401 - the headlines a
 from pytest_eagle3.verdicts.separation import (
     TABLE_ATTRIBUTES, conjunction_text, relevant, request_key, send_text, separating_table, separation,
 )
+from pytest_eagle3.verdicts.within import within, within_text
 
 #: Modes of the target's decode-time forwards (one token per request, or a draft's tokens).
 DECODE_MODES = ("decode", "verify")
-#: Levels: the captures SGLang returned or recorded, the served draft's accept
-#: length, the offline accept length of the draft on SGLang's own captures.
-CAPTURE, SERVED, OFFLINE = "capture", "served-draft", "offline-draft"
 #: Checks that compare captured values with the reference: only their passes are
 #: evidence that a mode, path, rank or request is right.
 VALUE_CHECKS = ("captures", "ranks")
@@ -73,101 +79,6 @@ TITLE = "eagle3 diagnosis"
 POINTER = "see the '{title}' section at the end: it weighs this failure against every other test of the run"
 
 
-
-def forward_mode(sglang_mode: str, first_position: int | None) -> str:
-    """The diagnosis's mode of one recorded forward (SGLang's ``ForwardMode`` name
-    and the first row's position): ``decode``, ``verify``, ``later-chunk`` (an
-    extend that starts past position 0 on an engine whose cache was flushed),
-    else ``prefill``."""
-    name = str(sglang_mode).upper()
-    if "VERIFY" in name:
-        return "verify"
-    if "DECODE" in name:
-        return "decode"
-    return "later-chunk" if first_position else "prefill"
-
-
-@dataclass(frozen=True)
-class Observation:
-    """One verdict of the run, with its context.
-
-    Attributes:
-        test: the test's node id.
-        check: what was judged (``captures``, ``pair``, ``ranks``, ``acceptance``).
-        ok: the verdict passed.
-        tp: the test's TP size.
-        path: the path variant or case (``plain``, ``batch``, ``radix-cache-hit``...).
-        ids: the aux layer ids asked for (``None``: SGLang's default).
-        mode: forward mode of the rows (:data:`MODES`).
-        rank: the TP rank the rows came from (``None``: the API's, rank 0's).
-        level: :data:`CAPTURE`, :data:`SERVED` or :data:`OFFLINE`.
-        order: position of the send (the test's prompts, sent once) among the
-            engine's sends, from 0 (``-1``: unknown).
-        request: position of the request among that send's, from 0 (``-1``: unknown).
-        engine: the engine's name.
-        kinds: the per-test diagnosis tags.
-        right_snapshots: every wrong slot's best match is its expected snapshot.
-        worst_err: largest relative L2 error of an expected snapshot (``nan``: none).
-        tol: the tolerance the verdict used (``nan``: none).
-        value: accept length (acceptance levels).
-        line: first line of the test's own verdict.
-        snapshots: the snapshots the comparison examined (``None``: its every slot; the
-            embedding check: ``(0,)``).  wrong_snapshots: the expected snapshots of its wrong slots.
-    """
-
-    test: str
-    check: str
-    ok: bool
-    tp: int = 1
-    path: str = "plain"
-    ids: tuple[int, ...] | None = None
-    mode: str = "prefill"
-    rank: int | None = None
-    level: str = CAPTURE
-    order: int = -1
-    request: int = -1
-    engine: str = ""
-    kinds: tuple[str, ...] = ()
-    right_snapshots: bool = False
-    worst_err: float = math.nan
-    tol: float = math.nan
-    value: float | None = None
-    line: str = ""
-    snapshots: tuple[int, ...] | None = None
-    wrong_snapshots: tuple[int, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["ids"] = list(self.ids) if self.ids is not None else None
-        out["kinds"] = list(self.kinds)
-        for key in ("worst_err", "tol"):
-            if isinstance(out[key], float) and math.isnan(out[key]):
-                out[key] = None
-        return out
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "Observation":
-        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        if known.get("ids") is not None:
-            known["ids"] = tuple(int(i) for i in known["ids"])
-        known["kinds"] = tuple(known.get("kinds") or ())
-        for key in ("snapshots", "wrong_snapshots"):
-            if known.get(key) is not None:
-                known[key] = tuple(int(i) for i in known[key])
-        for key in ("worst_err", "tol"):
-            if known.get(key) is None:
-                known[key] = math.nan
-        return cls(**known)
-
-    def context(self) -> str:
-        parts = [f"tp {self.tp}", self.path, self.mode]
-        if self.rank is not None:
-            parts.append(f"rank {self.rank}")
-        if self.order >= 0:
-            parts.append(f"send {self.order + 1} on its engine")
-        if self.level != CAPTURE:
-            parts.append(self.level)
-        return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -262,6 +173,10 @@ def _diagnose_captures(obs: list[Observation], captures: list[Observation], bad:
             tag, headline, evidence, *more = found
             extra = list(more[0]) if more else []
             named = tuple(more[1]) if len(more) > 1 else ()
+            inner = within(bad) if named else []
+            if inner:  # the slots and rows every wrong comparison shares: part of the cause
+                named += tuple(inner)
+                headline += WITHIN.format(what=within_text(inner))
             return RunDiagnosis(tag, headline, tuple(evidence), tuple(lacking + extra), named)
     return _global(captures, bad, lacking)
 
@@ -427,6 +342,8 @@ def _global(captures: Sequence[Observation], bad: Sequence[Observation], lacking
 
 CONFINED = ("[confined] wrong exactly where {where}: all {n} comparisons there are wrong, the {m} elsewhere "
             "right")
+#: What :func:`pytest_eagle3.verdicts.within.within` adds to a headline.
+WITHIN = "; inside them only {what} wrong, the rest right"
 ALSO_SEPARATES = "this selection cannot tell apart: {others} separate the same comparisons"
 
 

@@ -2,9 +2,12 @@
 comparison and no right one.
 
 The attributes (:data:`TABLE_ATTRIBUTES`): TP size, TP rank (the API's rows are
-rank 0's output), forward mode, path, and the request's order on its engine
-(send, then its place in the send; a threshold: every request from the first
-wrong one on).  :func:`separation` finds the smallest conjunctions;
+rank 0's output), forward mode, prefill chunk, path, batch size (the requests
+its send held together), and the request's order on its engine (send, then its
+place in the send; a threshold: every request from the first wrong one on).  A
+comparison that does not know an attribute (a decode forward's chunk) is never
+inside a conjunction on it, and a wrong one that does not know it rules the
+attribute out.  :func:`separation` finds the smallest conjunctions;
 :func:`separating_table` prints each attribute's wrong / right counts where
 none separates; :func:`named_set` reads a diagnosis's named cause back as the
 comparisons it holds.  Used by :mod:`pytest_eagle3.verdicts.run_cause`.  Pure Python.
@@ -13,10 +16,9 @@ comparisons it holds.  Used by :mod:`pytest_eagle3.verdicts.run_cause`.  Pure Py
 from __future__ import annotations
 
 from itertools import combinations
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-#: A run-level observation (:class:`pytest_eagle3.verdicts.run_cause.Observation`, read by attribute).
-Observation = Any
+from pytest_eagle3.verdicts.observation import Observation
 
 SEPARATING = "  {attribute}: {values}"
 SEPARATING_HEAD = "  separating table (value: wrong / right comparisons):"
@@ -28,11 +30,16 @@ MAX_CONJUNCTION = 3
 #: The TP-rank value of the API's captures (they are rank 0's output).
 API_RANK = "API (rank 0's output)"
 #: The attributes of :func:`separation` and :func:`separating_table`, with how each observation reads.
-TABLE_ATTRIBUTES = (("TP size", lambda o: f"tp {o.tp}"),
-                    ("TP rank", lambda o: API_RANK if o.rank is None else f"rank {o.rank}"),
-                    ("forward mode", lambda o: o.mode),
-                    ("path", lambda o: o.path),
-                    (SEND, lambda o: send_text(o)))
+#: Each read returns ``None`` where the observation does not know the attribute.
+TABLE_ATTRIBUTES: tuple[tuple[str, Callable[[Observation], "str | None"]], ...] = (
+    ("TP size", lambda o: f"tp {o.tp}"),
+    ("TP rank", lambda o: API_RANK if o.rank is None else f"rank {o.rank}"),
+    ("forward mode", lambda o: o.mode),
+    ("prefill chunk", lambda o: str(o.chunk) if o.chunk > 0 else None),
+    ("path", lambda o: o.path),
+    ("batch size", lambda o: str(o.batch) if o.batch > 0 else None),
+    (SEND, lambda o: send_text(o)),
+)
 
 
 def conjunction_text(rule: Sequence[tuple[str, frozenset[str]]]) -> str:
@@ -53,6 +60,8 @@ def separation(captures: Sequence[Observation]) -> list[list[tuple[str, frozense
     options = []
     for name, read in TABLE_ATTRIBUTES:
         values = frozenset(read(o) for o in bad)
+        if None in values:
+            continue  # a wrong comparison that does not know it: the attribute cannot hold it
         if name == SEND:
             # Request order is a threshold: every send on an engine from its first wrong one on.
             first: dict[str, tuple[int, int]] = {}
@@ -60,7 +69,7 @@ def separation(captures: Sequence[Observation]) -> list[list[tuple[str, frozense
                 first[o.engine] = min(first.get(o.engine, request_key(o)), request_key(o))
             values = frozenset(read(o) for o in captures
                                if o.engine in first and request_key(o) >= first[o.engine] and o.order >= 0)
-        if values and values < frozenset(read(o) for o in captures):
+        if values and values < frozenset(read(o) for o in captures) | {None}:
             options.append((name, read, values))
     for size in range(1, MAX_CONJUNCTION + 1):
         found = [[(name, values) for name, _, values in rule] for rule in combinations(options, size)
@@ -75,10 +84,10 @@ def request_key(o: Observation) -> tuple[int, int]:
     return (o.order, o.request)
 
 
-def send_text(o: Observation) -> str:
+def send_text(o: Observation) -> str | None:
     """The send (and request) on its engine, as :data:`TABLE_ATTRIBUTES` reads it (engines apart)."""
     if o.order < 0:
-        return "?"
+        return None
     return (f"{o.order + 1}" + (f".{o.request + 1}" if o.request >= 0 else "")
             + (f" on {o.engine}" if o.engine else ""))
 
@@ -97,9 +106,11 @@ def relevant(captures: Sequence[Observation]) -> list[Observation]:
 
 def named_set(diagnosis: Any, captures: Sequence[Observation]) -> list[Observation]:
     """The comparisons ``diagnosis`` names as the cause's (:attr:`RunDiagnosis.named`):
-    those whose every named attribute takes one of the named values."""
+    those whose every named attribute takes one of the named values (the slots and rows
+    inside them, :mod:`pytest_eagle3.verdicts.within`, narrow no comparison out)."""
     reads = dict(TABLE_ATTRIBUTES)
-    return [o for o in captures if all(reads[name](o) in values for name, values in diagnosis.named)]
+    return [o for o in captures if all(reads[name](o) in values for name, values in diagnosis.named
+                                       if name in reads)]
 
 
 def separating_table(captures: Sequence[Observation]) -> list[str]:
@@ -110,7 +121,9 @@ def separating_table(captures: Sequence[Observation]) -> list[str]:
     for name, read in TABLE_ATTRIBUTES:
         counts: dict[str, list[int]] = {}
         for o in captures:
-            counts.setdefault(read(o), [0, 0])[0 if not o.ok else 1] += 1
+            value = read(o)
+            if value is not None:
+                counts.setdefault(value, [0, 0])[0 if not o.ok else 1] += 1
         if len(counts) < 2:
             continue
         values = ", ".join(f"{v}: {w} / {r}" for v, (w, r) in counts.items())

@@ -303,7 +303,8 @@ def _around_layer(original: Callable, layer: Any, *args: Any, **kwargs: Any) -> 
     * ``dp-gather-scaled``: value = the captured slot all-reduced over the
       attention-TP group, whose ranks all hold the same rows.
 
-    The slot is then overwritten with the value (on the ranks the fault names).
+    The slot is then overwritten with the value (on the ranks and the packed slots
+    the fault names: ``rank``, ``slots``).
     """
     fault = _FAULT
     packer = _packer_of(args, kwargs)
@@ -361,7 +362,8 @@ def _around_layer(original: Callable, layer: Any, *args: Any, **kwargs: Any) -> 
 
             # The "gather" sums over attention-TP ranks that all hold these rows.
             value = get_attn_tp_group().all_reduce(slot.clone())
-    if value is not None and _writes_here(fault):
+    wanted = fault.get("slots")
+    if value is not None and _writes_here(fault) and (wanted is None or index in [int(s) for s in wanted]):
         _write_rows(slot, value.to(slot.dtype), getattr(_CTX, "rows", None))
         _log_once(f"{kind}-write", "%s: slot %d (layer %d) replaced", kind, index, layer_id)
     return result

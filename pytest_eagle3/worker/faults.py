@@ -13,8 +13,8 @@ Options besides ``kind`` (all optional):
   the faulted capture (default: every rank, as the real bugs did).  Collectives a
   fault needs still run on every rank.
 * ``tp``: only engines of this TP size (or these, a list) write it.
-* ``slots``: the packed slots a slot-level fault touches (``dp-gather-scaled``;
-  default all).
+* ``slots``: the packed slots a layer fault writes (positions in the packed
+  buffer, from 0; default all).
 * ``when`` / ``after``: the forwards a layer fault runs in
   (:mod:`pytest_eagle3.worker.fault_when`; the confined kinds of :data:`CONFINED`).
 

@@ -39,3 +39,19 @@ def test_sampled_faults_are_named_by_their_confinement(tmp_path) -> None:
     table = "\n".join(render_grammar(results, SEED))
     (tmp_path / "grammar.txt").write_text(table + "\n")
     assert len(results) == SAMPLES and all(r.ok for r in results), f"{table}\nlogs: {results[0].log.parent.parent}"
+
+
+def test_a_fault_in_one_slot_is_named_by_that_slot(tmp_path) -> None:
+    """``no-residual`` written only into packed slot 2 of decode forwards (the worker's
+    ``slots`` option) at TP 1, through the decode and batch paths: the run-level cause
+    holds the decode comparisons and, inside them, slot 2 only (slots 0 and 1 right).
+    About 30 seconds."""
+    cache = os.environ.get("PYTEST_EAGLE3_CACHE") or str(default_cache_dir()[0])
+    fault = '{"kind": "no-residual", "when": ["decode"], "slots": [2]}'
+    run = selftest.run_child(tmp_path, ["tp1-batch", "tp1-decode"], 1, fault,
+                             ["--device", "cpu", "--eagle3-cache", cache],
+                             env={**os.environ, RUN_MARK: str(tmp_path)})
+    diagnosis = run.diagnosis or {}
+    assert diagnosis.get("named", {}).get("slot") == ["2"], run.output[-3000:]
+    assert diagnosis.get("named", {}).get("forward mode") == ["decode"], diagnosis
+    assert "inside them only slot 2 wrong" in diagnosis.get("headline", ""), diagnosis
