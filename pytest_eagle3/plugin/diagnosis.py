@@ -99,11 +99,15 @@ def observations_of(report: Any, where: Mapping[str, Any], ok: bool | None = Non
             entry = {**base, **observations_of(sub, {}, sub_ok)[0], "rank": int(rank)}
             if sub is not None:  # a comparison of request ``index`` (an agreement outcome indexes forwards)
                 entry["request"] = int(index)
-            if chunk:  # one chunk of a chunked prefill: its own mode, number and rows
+            if chunk:  # one chunk of a chunked prefill: its own mode, number, rows and slots
                 entry.update(mode=chunk[0], chunk=int(chunk[1]), **_clipped(entry, chunk[2]))
+                own = chunk[3] if len(chunk) > 3 else None
+                if own is not None and not own.ok:  # the chunk's own comparison, not the whole request's
+                    entry.update(_slot_fields(own))
+                    entry["wrong_snapshots"] = [int(v.expected) for v in getattr(own, "slots", ()) if not v.ok]
             elif index < len(modes):
                 entry["mode"] = modes[index]
-                entry["chunk"] = 1 if modes[index] == "prefill" else 0
+                entry["chunk"] = {"prefill": 1, "later-chunk": -2}.get(modes[index], 0)  # -2: every chunk
             out.append(entry)
         return out
     return [{**base, **fields}]

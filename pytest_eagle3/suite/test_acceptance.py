@@ -249,6 +249,7 @@ def _verify_under_dp(req, variant, runs, prompts, records, capture, checkpoint, 
     rows = {rank: prefill[rank] + verify.get(rank, []) for rank in prefill}
     references = ensure_reference(checkpoint, list(sequences.values()))
     checks = [(report, where(req, runs[i].captures, path="speculative", mode=kind, check="ranks",
+                             chunk=-2 if kind == "prefill" else 0,  # rows joined over chunks
                              **({"rank": rank} if rank >= 0 else {})))
               for report, rank, i, kind in rank_rows_by_position(
                   rows, rids, references, expected=list(req.predicted), num_layers=facts.num_layers,

@@ -154,6 +154,7 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_set, eagle3_
                 by_rank, [c.rid for c in recorded], refs, expected=list(req.expected), num_layers=L, hidden_size=H,
                 tol=tol, every_rank=attn_tp == eagle3_tp):
             checks.append((report, where(req, recorded[i], path=name, mode=mode, check="ranks",
+                                         chunk=-2 if mode == "prefill" else 0,  # rows joined over chunks
                                          **({"rank": rank} if rank >= 0 else {}))))
     try:
         conclude_each(checks, pytestconfig)

@@ -34,7 +34,9 @@ from dataclasses import replace
 from typing import Sequence
 
 from pytest_eagle3.verdicts.run_cause import Observation, compared, diagnose_run
-from pytest_eagle3.verdicts.separation import MAX_CONJUNCTION, SEND, TABLE_ATTRIBUTES, conjunction_text, named_set
+from pytest_eagle3.verdicts.separation import (
+    ANY, LATER_CHUNK, MAX_CONJUNCTION, SEND, TABLE_ATTRIBUTES, conjunction_text, holds, named_set,
+)
 from pytest_eagle3.verdicts.within import SLOT
 
 #: Effects a fault can have (the per-test tag its wrong comparisons carry).
@@ -58,13 +60,14 @@ def default_run(ids: tuple[int, ...] = (0, 3, 5)) -> list[Observation]:
     per engine: capture order and contracts (prefill and later chunks), the path
     variants (decode, batch, radix-cache hit) at TP 1 and 2, and the per-rank
     tests' prefill, later-chunk and decode rows on TP ranks 0 and 1.  The API's
-    later-chunk rows do not know their chunk's number; the per-rank rows do."""
+    later-chunk rows do not know their chunk's number (:data:`ANY`: a fault on
+    chunk 2 reaches them, and rules the chunk attribute out); the per-rank rows do."""
     out: list[Observation] = []
     slots = len(ids)
 
     def add(test: str, check: str, tp: int, mode: str, order: int, engine: str, **more) -> None:
-        chunk = more.pop("chunk", 0)
-        chunk = 1 if mode == "prefill" else chunk
+        chunk = 1 if mode == "prefill" else more.pop("chunk", 0)
+        more.pop("chunk", None)
         out.append(Observation(test, check, True, tp=tp, mode=mode, ids=ids, order=order, engine=engine,
                                chunk=chunk, slot_count=slots, **{"batch": 1, **more}))
 
@@ -73,7 +76,7 @@ def default_run(ids: tuple[int, ...] = (0, 3, 5)) -> list[Observation]:
         order = 0
         for test in ("order", "contract"):
             for mode in ("prefill", "later-chunk"):
-                add(f"{test}[tp{tp}]", "captures", tp, mode, order, engine)
+                add(f"{test}[tp{tp}]", "captures", tp, mode, order, engine, chunk=-1)
             order += 1
         for path, modes in (("decode", ("prefill", "decode")), ("batch", ("prefill", "decode")),
                             ("radix-cache-hit", ("cache-hit",))):
@@ -90,7 +93,8 @@ def default_run(ids: tuple[int, ...] = (0, 3, 5)) -> list[Observation]:
 
 
 def _values(run: Sequence[Observation]) -> dict[str, list[str]]:
-    out = {name: sorted({v for o in run if (v := read(o)) is not None}) for name, read in TABLE_ATTRIBUTES}
+    out = {name: sorted({v for o in run if (v := read(o)) not in (None, ANY, LATER_CHUNK)})
+           for name, read in TABLE_ATTRIBUTES}
     out[SLOT] = [str(s) for s in range(max(o.slot_count for o in run))]
     return out
 
@@ -119,7 +123,7 @@ def _sends_from(rng: random.Random, run: Sequence[Observation]) -> frozenset[str
 def inside(run: Sequence[Observation], conj: Conjunction) -> list[Observation]:
     """The comparisons of ``run`` ``conj`` holds (its slots narrow none out)."""
     reads = dict(TABLE_ATTRIBUTES)
-    return [o for o in run if all(reads[n](o) in vals for n, vals in conj if n in reads)]
+    return [o for o in run if all(holds(reads[n](o), vals) for n, vals in conj if n in reads)]
 
 
 def _slots(conj: Conjunction) -> frozenset[str] | None:

@@ -60,7 +60,10 @@ class Observation:
             embedding check: ``(0,)``).  wrong_snapshots: the expected snapshots of its wrong slots.
         batch: how many requests its send held together (``1``: sent alone; ``0``: unknown).
         chunk: the prefill chunk of its prompt the rows are, from 1 (``1``: the first
-            chunk or a whole prompt; ``0``: not a prefill chunk, or unknown).
+            chunk or a whole prompt in one forward; ``-1``: a later chunk whose number
+            is not known, the API's last chunk; ``-2``: prefill rows joined over a
+            prompt's chunks; ``0``: not prefill rows, decode, verify or a radix-cache
+            hit's tail).
         slot_count: how many aux slots it compared (``0``: no slot comparison).
         wrong_slots: the slot positions it found wrong (``()``: none, or not a slot comparison).
         rows: the positions ``(first, stop)`` of the rows it compared (``None``: unknown).

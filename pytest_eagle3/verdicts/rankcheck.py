@@ -65,8 +65,8 @@ class RankReport:
     slot_reports: list[Any] = field(default_factory=list)
     #: ``(rank, request or forward index, ok, its report or None)`` of every
     #: comparison made (the run-level diagnosis reads which ranks and requests passed);
-    #: one chunk of a chunked prefill adds its forward mode, its chunk number (from 1)
-    #: and the positions ``(start, stop)`` of its rows.
+    #: one chunk of a chunked prefill adds its forward mode, its chunk number (from 1),
+    #: the positions ``(start, stop)`` of its rows and its own report (or ``None``).
     outcomes: list[tuple] = field(default_factory=list)
 
     def message(self, verbose: bool = False) -> str:
@@ -205,7 +205,8 @@ def check_rank_slots(records: Mapping[int, Sequence["Record"]], references: Sequ
 
             def judge(rows: slice, name: str, rec: "Record" = rec, ref: Any = ref) -> Any:
                 return compare_slots(rec.aux[rows], ref[:, rows], diagnose=False, side_names=(name, "reference"),
-                                     expected=expected, num_layers=num_layers, hidden_size=hidden_size, tol=tol)
+                                     expected=expected, num_layers=num_layers, hidden_size=hidden_size, tol=tol,
+                                     first_row=_first_position(rec) + rows.start)
 
             outcomes.extend(_chunk_outcomes(rank, i, rec, report, judge))
             if report.ok or reported:
@@ -250,19 +251,22 @@ def _chunk_outcomes(rank: int, i: int, rec: "Record", report: Any,
     several forwards (:attr:`Record.chunks`) one per chunk with its forward mode
     (``prefill`` for the first, ``later-chunk`` after), each judged by
     ``judge(rows, side name)``, so the run-level diagnosis sees which chunks were
-    wrong.  Only a wrong request is split (a right one stays one right outcome); a
-    wrong chunk carries the whole request's worded report, a right one its own,
-    each with its chunk number (from 1) and the positions ``(start, stop)`` of its rows."""
+    wrong.  A right request's chunks are right (not judged again); a wrong chunk
+    carries the whole request's worded report, a right one its own; each adds its
+    chunk number (from 1), the positions ``(start, stop)`` of its rows and its own
+    report (its wrong slots and rows; ``None`` for a right request's)."""
     chunks = tuple(getattr(rec, "chunks", ()) or ())
-    if report.ok or len(chunks) < 2 or sum(chunks) != rec.aux.shape[0]:
+    if len(chunks) < 2 or sum(chunks) != rec.aux.shape[0]:
         return [(rank, i, report.ok, report)]
     out, start, first = [], 0, _first_position(rec)
     for n, rows in enumerate(chunks):
-        part = judge(slice(start, start + rows), f"rank {rank}, chunk {n + 1} (rows {start}..{start + rows - 1})")
-        out.append((rank, i, part.ok, part if part.ok else report, "prefill" if n == 0 else "later-chunk",
-                    n + 1, (first + start, first + start + rows)))
+        part = None if report.ok else judge(slice(start, start + rows),
+                                            f"rank {rank}, chunk {n + 1} (rows {start}..{start + rows - 1})")
+        ok = part is None or part.ok
+        out.append((rank, i, ok, part if ok and part is not None else report, "prefill" if n == 0 else "later-chunk",
+                    n + 1, (first + start, first + start + rows), part))
         start += rows
-    if all(o[2] for o in out):  # wrong as a whole (rows missing against the reference), right per chunk
+    if not report.ok and all(o[2] for o in out):  # wrong as a whole (rows missing), right per chunk
         return [(rank, i, False, report)]
     return out
 

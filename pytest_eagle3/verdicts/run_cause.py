@@ -28,12 +28,12 @@ one headline and the evidence lines behind it.  The rules, in order:
   prefill chunk, path, batch size and send order that holds every wrong
   comparison and no right one (:func:`separation`; several: the others in the
   lacking line).
+* ``[global]``: failures on every mode and path the run took: the tests' own
+  diagnosis is the run's.
 
 A cause that names comparisons is narrowed to the slots and the row range every
 wrong one shares (:func:`pytest_eagle3.verdicts.within.within`: ``; inside them
-only slot 1, positions 16 on``).
-* ``[global]``: failures on every mode and path the run took: the tests' own
-  diagnosis is the run's.
+only slot 1, positions 16 on wrong, the rest right``).
 
 A named cause never holds a right comparison (:mod:`pytest_eagle3.verdicts.separation`);
 where none separates, ``[mixed]`` prints the separating table and names nothing.
@@ -58,7 +58,7 @@ from pytest_eagle3.verdicts.run_wording import (  # noqa: F401 - the headlines a
     fail_lines, ordered, pass_lines, present, rank_text, where,
 )
 from pytest_eagle3.verdicts.separation import (
-    TABLE_ATTRIBUTES, conjunction_text, relevant, request_key, send_text, separating_table, separation,
+    TABLE_ATTRIBUTES, conjunction_text, holds, relevant, request_key, send_text, separating_table, separation,
 )
 from pytest_eagle3.verdicts.within import within, within_text
 
@@ -355,8 +355,8 @@ def _confined(captures: Sequence[Observation], bad: Sequence[Observation]):
     if not rules:
         return None
     rule = rules[0]
-    inside = [o for o in captures if all(read(o) in dict(rule).get(name, frozenset([read(o)]))
-                                         for name, read in TABLE_ATTRIBUTES)]
+    inside = [o for o in captures if all(holds(read(o), dict(rule)[name]) for name, read in TABLE_ATTRIBUTES
+                                         if name in dict(rule))]
     outside = [o for o in captures if o not in inside]
     extra = [ALSO_SEPARATES.format(others="; ".join(conjunction_text(r) for r in rules[1:]))] if len(rules) > 1 else []
     return ("confined", CONFINED.format(where=conjunction_text(rule), n=len(inside), m=len(outside)),

@@ -27,15 +27,22 @@ SEPARATING_HEAD = "  separating table (value: wrong / right comparisons):"
 SEND = "send on its engine"
 #: Largest number of attributes in a :func:`separation`.
 MAX_CONJUNCTION = 3
+#: What a read returns where the observation may hold any of the attribute's values
+#: (rows joined over a prompt's chunks), or any chunk but the first (the API's last
+#: chunk, its number not recorded): a right one blocks every conjunction on the
+#: attribute it may be inside of; a wrong one rules the attribute out.
+ANY, LATER_CHUNK = "*", "2+"
 #: The TP-rank value of the API's captures (they are rank 0's output).
 API_RANK = "API (rank 0's output)"
 #: The attributes of :func:`separation` and :func:`separating_table`, with how each observation reads.
-#: Each read returns ``None`` where the observation does not know the attribute.
+#: Each read returns ``None`` where the attribute does not apply (a decode forward's
+#: prefill chunk): never inside a conjunction on it; :data:`ANY` where it may hold any value.
 TABLE_ATTRIBUTES: tuple[tuple[str, Callable[[Observation], "str | None"]], ...] = (
     ("TP size", lambda o: f"tp {o.tp}"),
     ("TP rank", lambda o: API_RANK if o.rank is None else f"rank {o.rank}"),
     ("forward mode", lambda o: o.mode),
-    ("prefill chunk", lambda o: str(o.chunk) if o.chunk > 0 else None),
+    ("prefill chunk", lambda o: str(o.chunk) if o.chunk > 0 else None if o.chunk == 0
+     else LATER_CHUNK if o.chunk == -1 else ANY),
     ("path", lambda o: o.path),
     ("batch size", lambda o: str(o.batch) if o.batch > 0 else None),
     (SEND, lambda o: send_text(o)),
@@ -60,8 +67,8 @@ def separation(captures: Sequence[Observation]) -> list[list[tuple[str, frozense
     options = []
     for name, read in TABLE_ATTRIBUTES:
         values = frozenset(read(o) for o in bad)
-        if None in values:
-            continue  # a wrong comparison that does not know it: the attribute cannot hold it
+        if values & {None, ANY, LATER_CHUNK}:
+            continue  # a wrong comparison without a value of its own: the attribute cannot hold it
         if name == SEND:
             # Request order is a threshold: every send on an engine from its first wrong one on.
             first: dict[str, tuple[int, int]] = {}
@@ -69,14 +76,19 @@ def separation(captures: Sequence[Observation]) -> list[list[tuple[str, frozense
                 first[o.engine] = min(first.get(o.engine, request_key(o)), request_key(o))
             values = frozenset(read(o) for o in captures
                                if o.engine in first and request_key(o) >= first[o.engine] and o.order >= 0)
-        if values and values < frozenset(read(o) for o in captures) | {None}:
+        if values and values < frozenset(read(o) for o in captures) - {None, ANY, LATER_CHUNK}:
             options.append((name, read, values))
     for size in range(1, MAX_CONJUNCTION + 1):
         found = [[(name, values) for name, _, values in rule] for rule in combinations(options, size)
-                 if not any(all(read(o) in values for _, read, values in rule) for o in good)]
+                 if not any(all(holds(read(o), values) for _, read, values in rule) for o in good)]
         if found:
             return found
     return []
+
+
+def holds(value: str | None, values: frozenset[str]) -> bool:
+    """An observation's attribute ``value`` is (or may be: :data:`ANY`, :data:`LATER_CHUNK`) one of ``values``."""
+    return value == ANY or value in values or (value == LATER_CHUNK and any(v != "1" for v in values))
 
 
 def request_key(o: Observation) -> tuple[int, int]:
@@ -109,7 +121,7 @@ def named_set(diagnosis: Any, captures: Sequence[Observation]) -> list[Observati
     those whose every named attribute takes one of the named values (the slots and rows
     inside them, :mod:`pytest_eagle3.verdicts.within`, narrow no comparison out)."""
     reads = dict(TABLE_ATTRIBUTES)
-    return [o for o in captures if all(reads[name](o) in values for name, values in diagnosis.named
+    return [o for o in captures if all(holds(reads[name](o), values) for name, values in diagnosis.named
                                        if name in reads)]
 
 
@@ -122,7 +134,7 @@ def separating_table(captures: Sequence[Observation]) -> list[str]:
         counts: dict[str, list[int]] = {}
         for o in captures:
             value = read(o)
-            if value is not None:
+            if value not in (None, ANY, LATER_CHUNK):
                 counts.setdefault(value, [0, 0])[0 if not o.ok else 1] += 1
         if len(counts) < 2:
             continue

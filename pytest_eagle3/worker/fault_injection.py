@@ -363,6 +363,7 @@ def _around_layer(original: Callable, layer: Any, *args: Any, **kwargs: Any) -> 
             # The "gather" sums over attention-TP ranks that all hold these rows.
             value = get_attn_tp_group().all_reduce(slot.clone())
     wanted = fault.get("slots")
+    wanted = [wanted] if isinstance(wanted, int) else wanted  # one slot, or a list
     if value is not None and _writes_here(fault) and (wanted is None or index in [int(s) for s in wanted]):
         _write_rows(slot, value.to(slot.dtype), getattr(_CTX, "rows", None))
         _log_once(f"{kind}-write", "%s: slot %d (layer %d) replaced", kind, index, layer_id)

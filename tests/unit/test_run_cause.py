@@ -365,8 +365,8 @@ def test_a_first_chunk_fault_is_seen_chunk_by_chunk_on_every_rank() -> None:
     assert not report.ok
     got = [(o["rank"], o["mode"], o["ok"]) for o in observations_of(
         report, {"check": "ranks", "ids": [0, 2, 3], "modes": ["later-chunk"]})]
-    # Rank 0 (wrong) split by chunk; rank 1 (right) one outcome with the request's mode.
-    assert got == [(0, "prefill", False), (0, "later-chunk", True), (1, "later-chunk", True)]
+    # Every rank split by chunk (rank 1's right chunks too: a right chunk is evidence of its chunk).
+    assert got == [(0, "prefill", False), (0, "later-chunk", True), (1, "prefill", True), (1, "later-chunk", True)]
     # The worded report names the rows and the boundary they share.
     assert "rows: 4 of 6 wrong (0..3), 2 right (4..5): exactly chunk 1 (rows 0..3)" in report.message()
 
@@ -400,7 +400,7 @@ def test_the_embedding_check_judges_a_chunked_prompt_chunk_by_chunk() -> None:
     assert not report.ok
     got = [(o["rank"], o["mode"], o["ok"]) for o in observations_of(
         report, {"check": "ranks", "ids": [0, 2], "modes": ["later-chunk"]})]
-    assert got == [(0, "later-chunk", True), (1, "prefill", False), (1, "later-chunk", True)]
+    assert got == [(0, "prefill", True), (0, "later-chunk", True), (1, "prefill", False), (1, "later-chunk", True)]
 
 
 def test_a_chunked_prompt_wrong_as_a_whole_stays_one_wrong_outcome() -> None:

@@ -130,7 +130,8 @@ def test_a_chunked_rank_comparison_carries_its_chunk_slots_and_rows() -> None:
     assert (first.rank, first.chunk, first.ok, first.rows, first.wrong_rows, first.wrong_slots, first.slot_count) \
         == (0, 1, False, (0, 4), ((2, 4),), (1,), 3)
     assert (got[1].chunk, got[1].ok, got[1].rows) == (2, True, (4, 6))
-    assert got[2].rank == 1 and got[2].ok and got[2].chunk == 0  # one right outcome of the whole prompt
+    # Rank 1 (right) split by chunk too: its chunks are evidence of their chunk numbers.
+    assert [(o.rank, o.chunk, o.ok, o.rows) for o in got[2:]] == [(1, 1, True, (0, 4)), (1, 2, True, (4, 6))]
 
 
 def test_observations_keep_the_new_fields_through_json() -> None:
@@ -138,3 +139,62 @@ def test_observations_keep_the_new_fields_through_json() -> None:
     import json
 
     assert Observation.from_json(json.loads(json.dumps(o.to_json()))) == o
+
+
+def test_a_right_comparison_whose_chunk_is_not_known_blocks_a_chunk_cause() -> None:
+    """Rank 1 wrong in chunk 2 of a three-chunk prompt; the API's last chunk (its number not
+    known) was right: that comparison may be chunk 2, so ``prefill chunk 2`` alone is never
+    named, the rank is."""
+    kw = dict(tp=2, order=0, engine="e", batch=1, slot_count=3, request=1)
+    run = [obs(mode="later-chunk", chunk=-1, **kw),
+           obs(check="ranks", rank=0, mode="prefill", chunk=1, **kw),
+           obs(check="ranks", rank=0, mode="later-chunk", chunk=2, **kw),
+           obs(check="ranks", rank=1, mode="prefill", chunk=1, **kw),
+           wrong(obs(check="ranks", rank=1, mode="later-chunk", chunk=2, **kw)),
+           obs(check="ranks", rank=1, mode="later-chunk", chunk=3, **kw)]
+    without_rank0 = [o for o in run if o.rank != 0]
+    diag = diagnose_run(without_rank0)
+    assert dict(diag.named) == {"TP rank": frozenset({"rank 1"}), "prefill chunk": frozenset({"2"})}, diag.headline
+    diag = diagnose_run(run)
+    assert dict(diag.named).get("TP rank") == frozenset({"rank 1"}), diag.headline
+
+
+def test_an_attribute_whose_wrong_values_are_all_it_takes_does_not_separate() -> None:
+    """Wrong comparisons with batch size 1, right ones whose batch is not known: ``batch
+    size 1`` would name every comparison that knows its batch, not a cause."""
+    run = [wrong(obs(mode="prefill", chunk=1, batch=1)), wrong(obs(mode="decode", batch=1)),
+           obs(mode="prefill", chunk=1, batch=0, test="c"), obs(mode="decode", batch=0, test="c")]
+    diag = diagnose_run(run)
+    assert all(name != "batch size" for name, _ in diag.named), diag.headline
+
+
+def test_a_wrong_chunk_carries_its_own_wrong_slots_not_the_whole_requests() -> None:
+    """Slot 1 wrong in chunk 2 only, slot 0 off in chunk 1 only (within the tolerance over
+    the whole prompt): each chunk's observation names its own wrong slot, so no slot is
+    shared and none is named."""
+    import torch
+    from types import SimpleNamespace
+
+    from pytest_eagle3.plugin.diagnosis import observations_of
+    from pytest_eagle3.verdicts.compare import compare_slots
+    from pytest_eagle3.verdicts.rankcheck import _chunk_outcomes
+
+    torch.manual_seed(0)
+    L, H, T, expected, tol = 4, 8, 32, [1, 2, 3], 0.01
+    ref = torch.randn(L + 2, T, H, dtype=torch.float64)
+    aux = torch.cat([ref[e] for e in expected], dim=1).clone()
+    aux[20:32, H:2 * H] *= 1.5
+    aux[0:16, 0:H] *= 1.012
+    rec = SimpleNamespace(aux=aux, chunks=(16, 16), positions=torch.arange(T))
+    whole = compare_slots(aux, ref, expected=expected, num_layers=L, hidden_size=H, tol=tol, first_row=0)
+    assert [v.slot for v in whole.slots if not v.ok] == [1]
+
+    def judge(rows, name):
+        return compare_slots(aux[rows], ref[:, rows], diagnose=False, side_names=(name, "ref"), expected=expected,
+                             num_layers=L, hidden_size=H, tol=tol, first_row=rows.start)
+
+    report = SimpleNamespace(ok=False, outcomes=_chunk_outcomes(1, 0, rec, whole, judge), kinds=())
+    got = [Observation.from_json(e) for e in observations_of(
+        report, {"test": "t", "check": "ranks", "tp": 2, "modes": ["later-chunk"]})]
+    assert [(o.chunk, o.ok, o.wrong_slots) for o in got] == [(1, False, (0,)), (2, False, (1,))]
+    assert within([o for o in got if not o.ok]) == []
