@@ -25,6 +25,7 @@ import pytest
 from pytest_eagle3.draft.wiring import CORRECT
 from pytest_eagle3.plugin.current_item import TracksCurrentItem
 from pytest_eagle3.plugin.session import item_tp
+from pytest_eagle3.verdicts.observation import CHUNKS_JOINED
 from pytest_eagle3.verdicts.run_cause import (
     OFFLINE, POINTER, SERVED, TITLE, Observation, RunDiagnosis, diagnose_run,
 )
@@ -103,14 +104,18 @@ def observations_of(report: Any, where: Mapping[str, Any], ok: bool | None = Non
                 entry.update(mode=chunk[0], chunk=int(chunk[1]), **_clipped(entry, chunk[2]))
                 own = chunk[3] if len(chunk) > 3 else None
                 if own is not None and not own.ok:  # the chunk's own comparison, not the whole request's
-                    entry.update(_slot_fields(own))
-                    entry["wrong_snapshots"] = [int(v.expected) for v in getattr(own, "slots", ()) if not v.ok]
+                    mine = observations_of(own, {}, False)[0]
+                    entry.update({k: mine[k] for k in (*_SLOT_KEYS, "wrong_snapshots") if k in mine})
             elif index < len(modes):
                 entry["mode"] = modes[index]
-                entry["chunk"] = {"prefill": 1, "later-chunk": -2}.get(modes[index], 0)  # -2: every chunk
+                entry["chunk"] = {"prefill": 1, "later-chunk": CHUNKS_JOINED}.get(modes[index], 0)
             out.append(entry)
         return out
     return [{**base, **fields}]
+
+
+#: The fields :func:`_slot_fields` can set.
+_SLOT_KEYS = ("slot_count", "wrong_slots", "rows", "wrong_rows")
 
 
 def _slot_fields(report: Any) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from pytest_eagle3.settings import Settings
 from pytest_eagle3.verdicts.evidence import checkpoint_evidence
+from pytest_eagle3.verdicts.observation import LATER_CHUNK_UNNUMBERED
 
 if TYPE_CHECKING:
     from pytest_eagle3.target.spec import TargetFacts
@@ -128,14 +129,14 @@ def where(req, cap=None, *, path: str, mode: str | None = None, **more: Any) -> 
     (:class:`pytest_eagle3.verdicts.run_cause.Observation` fields): the path,
     the request's ids, and with ``cap`` its engine, its order there, the batch
     it was sent in, its forward mode (``mode`` overrides :func:`request_mode`) and
-    its prefill chunk (``1``: a whole prompt in one forward; ``-1``: the last chunk,
-    its number not known; ``0``: not prefill rows; ``chunk=-2`` from a caller whose
-    rows join a prompt's chunks)."""
+    its prefill chunk (``1``: a whole prompt in one forward; the last chunk, its
+    number not known; ``0``: not prefill rows; a caller whose rows join a prompt's
+    chunks passes ``chunk=CHUNKS_JOINED``; :class:`~pytest_eagle3.verdicts.observation.Observation`)."""
     out: dict[str, Any] = {"path": path, "ids": list(req.ids) if req.ids is not None else None}
     if cap is not None:
         out.update(order=cap.order, engine=cap.engine, mode=mode or request_mode(cap),
                    request=getattr(cap, "index", -1), batch=getattr(cap, "batch", 0))
-        out["chunk"] = {"prefill": 1, "later-chunk": -1}.get(out["mode"], 0)
+        out["chunk"] = {"prefill": 1, "later-chunk": LATER_CHUNK_UNNUMBERED}.get(out["mode"], 0)
     elif mode is not None:
         out["mode"] = mode
     out.update(more)

@@ -46,6 +46,7 @@ from pytest_eagle3.draft.wiring import CORRECT, MISWIRINGS
 from pytest_eagle3.target.reference import ensure_reference
 from pytest_eagle3.capture.api import CAPTURE_ONLY, Eagle3CaptureUnsupported, select_method
 from pytest_eagle3.suite.outcome import conclude, conclude_each, fail_if_bad, recorded_causes
+from pytest_eagle3.verdicts.observation import CHUNKS_JOINED
 from pytest_eagle3.suite.support import attention_tp, tolerance, where
 from pytest_eagle3.verdicts.acceptance import check_gate, check_output, check_power, check_relative
 from pytest_eagle3.engine.recordings import request_forwards, verify_records
@@ -249,7 +250,7 @@ def _verify_under_dp(req, variant, runs, prompts, records, capture, checkpoint, 
     rows = {rank: prefill[rank] + verify.get(rank, []) for rank in prefill}
     references = ensure_reference(checkpoint, list(sequences.values()))
     checks = [(report, where(req, runs[i].captures, path="speculative", mode=kind, check="ranks",
-                             chunk=-2 if kind == "prefill" else 0,  # rows joined over chunks
+                             chunk=CHUNKS_JOINED if kind == "prefill" else 0,
                              **({"rank": rank} if rank >= 0 else {})))
               for report, rank, i, kind in rank_rows_by_position(
                   rows, rids, references, expected=list(req.predicted), num_layers=facts.num_layers,

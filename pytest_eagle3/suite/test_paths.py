@@ -50,6 +50,7 @@ from pytest_eagle3.engine.variants import PAIR_MEMBER, VARIANTS
 from pytest_eagle3.suite.outcome import conclude, conclude_each
 from pytest_eagle3.suite.support import attention_tp, evidence, request_mode, tbo_split, tolerance, where
 from pytest_eagle3.verdicts.compare import compare_slots
+from pytest_eagle3.verdicts.observation import CHUNKS_JOINED
 from pytest_eagle3.verdicts.rankcheck import rank_rows_by_position
 from pytest_eagle3.verdicts.paths import check_pair, check_rows, compare_captures, row_settings
 from pytest_eagle3.target.reference import ensure_reference
@@ -154,7 +155,7 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_set, eagle3_
                 by_rank, [c.rid for c in recorded], refs, expected=list(req.expected), num_layers=L, hidden_size=H,
                 tol=tol, every_rank=attn_tp == eagle3_tp):
             checks.append((report, where(req, recorded[i], path=name, mode=mode, check="ranks",
-                                         chunk=-2 if mode == "prefill" else 0,  # rows joined over chunks
+                                         chunk=CHUNKS_JOINED if mode == "prefill" else 0,
                                          **({"rank": rank} if rank >= 0 else {}))))
     try:
         conclude_each(checks, pytestconfig)

@@ -33,6 +33,7 @@ import random
 from dataclasses import replace
 from typing import Sequence
 
+from pytest_eagle3.verdicts.observation import LATER_CHUNK_UNNUMBERED
 from pytest_eagle3.verdicts.run_cause import Observation, compared, diagnose_run
 from pytest_eagle3.verdicts.separation import (
     ANY, LATER_CHUNK, MAX_CONJUNCTION, SEND, TABLE_ATTRIBUTES, conjunction_text, holds, named_set,
@@ -76,7 +77,7 @@ def default_run(ids: tuple[int, ...] = (0, 3, 5)) -> list[Observation]:
         order = 0
         for test in ("order", "contract"):
             for mode in ("prefill", "later-chunk"):
-                add(f"{test}[tp{tp}]", "captures", tp, mode, order, engine, chunk=-1)
+                add(f"{test}[tp{tp}]", "captures", tp, mode, order, engine, chunk=LATER_CHUNK_UNNUMBERED)
             order += 1
         for path, modes in (("decode", ("prefill", "decode")), ("batch", ("prefill", "decode")),
                             ("radix-cache-hit", ("cache-hit",))):

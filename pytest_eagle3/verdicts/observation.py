@@ -17,6 +17,9 @@ from typing import Any, Mapping
 #: Levels: the captures SGLang returned or recorded, the served draft's accept
 #: length, the offline accept length of the draft on SGLang's own captures.
 CAPTURE, SERVED, OFFLINE = "capture", "served-draft", "offline-draft"
+#: :attr:`Observation.chunk` where the chunk's number is not known: a later chunk
+#: (the API's last chunk), and prefill rows joined over a prompt's chunks.
+LATER_CHUNK_UNNUMBERED, CHUNKS_JOINED = -1, -2
 
 
 def forward_mode(sglang_mode: str, first_position: int | None) -> str:
@@ -60,10 +63,9 @@ class Observation:
             embedding check: ``(0,)``).  wrong_snapshots: the expected snapshots of its wrong slots.
         batch: how many requests its send held together (``1``: sent alone; ``0``: unknown).
         chunk: the prefill chunk of its prompt the rows are, from 1 (``1``: the first
-            chunk or a whole prompt in one forward; ``-1``: a later chunk whose number
-            is not known, the API's last chunk; ``-2``: prefill rows joined over a
-            prompt's chunks; ``0``: not prefill rows, decode, verify or a radix-cache
-            hit's tail).
+            chunk or a whole prompt in one forward; :data:`LATER_CHUNK_UNNUMBERED`,
+            :data:`CHUNKS_JOINED`; ``0``: not prefill rows, decode, verify or a
+            radix-cache hit's tail).
         slot_count: how many aux slots it compared (``0``: no slot comparison).
         wrong_slots: the slot positions it found wrong (``()``: none, or not a slot comparison).
         rows: the positions ``(first, stop)`` of the rows it compared (``None``: unknown).

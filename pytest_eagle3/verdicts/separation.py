@@ -18,7 +18,7 @@ from __future__ import annotations
 from itertools import combinations
 from typing import Any, Callable, Sequence
 
-from pytest_eagle3.verdicts.observation import Observation
+from pytest_eagle3.verdicts.observation import LATER_CHUNK_UNNUMBERED, Observation
 
 SEPARATING = "  {attribute}: {values}"
 SEPARATING_HEAD = "  separating table (value: wrong / right comparisons):"
@@ -42,7 +42,7 @@ TABLE_ATTRIBUTES: tuple[tuple[str, Callable[[Observation], "str | None"]], ...] 
     ("TP rank", lambda o: API_RANK if o.rank is None else f"rank {o.rank}"),
     ("forward mode", lambda o: o.mode),
     ("prefill chunk", lambda o: str(o.chunk) if o.chunk > 0 else None if o.chunk == 0
-     else LATER_CHUNK if o.chunk == -1 else ANY),
+     else LATER_CHUNK if o.chunk == LATER_CHUNK_UNNUMBERED else ANY),
     ("path", lambda o: o.path),
     ("batch size", lambda o: str(o.batch) if o.batch > 0 else None),
     (SEND, lambda o: send_text(o)),

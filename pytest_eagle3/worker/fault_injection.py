@@ -303,8 +303,7 @@ def _around_layer(original: Callable, layer: Any, *args: Any, **kwargs: Any) -> 
     * ``dp-gather-scaled``: value = the captured slot all-reduced over the
       attention-TP group, whose ranks all hold the same rows.
 
-    The slot is then overwritten with the value (on the ranks and the packed slots
-    the fault names: ``rank``, ``slots``).
+    The slot is then overwritten with the value (on the ``rank``s and ``slots`` the fault names).
     """
     fault = _FAULT
     packer = _packer_of(args, kwargs)
@@ -356,18 +355,20 @@ def _around_layer(original: Callable, layer: Any, *args: Any, **kwargs: Any) -> 
         # After dp_reduce_scatter completed layer i-1: the slice the next rank got (every rank gathers).
         value = dp_route.other_rank_rows(slot.clone(), forward_batch)
     elif kind == "dp-gather-scaled":
-        wanted = fault.get("slots")
-        if wanted is None or index in [int(s) for s in wanted]:
+        if _slot_wanted(fault, index):
             from sglang.srt.distributed.parallel_state import get_attn_tp_group
-
             # The "gather" sums over attention-TP ranks that all hold these rows.
             value = get_attn_tp_group().all_reduce(slot.clone())
-    wanted = fault.get("slots")
-    wanted = [wanted] if isinstance(wanted, int) else wanted  # one slot, or a list
-    if value is not None and _writes_here(fault) and (wanted is None or index in [int(s) for s in wanted]):
+    if value is not None and _writes_here(fault) and _slot_wanted(fault, index):
         _write_rows(slot, value.to(slot.dtype), getattr(_CTX, "rows", None))
         _log_once(f"{kind}-write", "%s: slot %d (layer %d) replaced", kind, index, layer_id)
     return result
+
+
+def _slot_wanted(fault: dict[str, Any], index: int) -> bool:
+    """The fault's ``slots`` (one packed slot position or a list; default every slot) hold ``index``."""
+    wanted = fault.get("slots")
+    return wanted is None or index in [int(s) for s in ([wanted] if isinstance(wanted, int) else wanted)]
 
 
 def _write_rows(slot: Any, value: Any, rows: Any) -> None:
