@@ -230,15 +230,31 @@ ROUTE_NOTES = {
 }
 
 
+#: Appended to a route note when some forwards of the mode were padded so that SGLang
+#: took no ``function`` there: a read on the route leaves their rows right.
+ROUTE_SKIPPED = (
+    "; {n} {mode} forward(s) that returned captures were {padding}-padded (TP rank {rank} forward {seq}: DP ranks' "
+    "tokens {tokens}), where SGLang takes no {function}: their rows hold the right values even with the bug")
+
+
 def route_note(log_text: str, mode: str, function: str, tp: int, failure: str) -> str:
     """The note of :data:`ROUTE_NOTES` whose tag ``failure`` names (a partial sum, or
-    another request's rows) on an engine whose captures passed ``function``; ``""``
-    when the failure names neither or no rank logged the route."""
+    another request's rows) on an engine whose captures passed ``function``, with
+    :data:`ROUTE_SKIPPED` where some of those forwards did not take it (a decode step
+    beside another DP rank's extend is SUM_LEN-padded: the wrong rows are then some
+    decode steps only); ``""`` when the failure names neither or no rank logged the route."""
     tag = next((t for t in ROUTE_NOTES if t in failure), None)
-    took = [f for f in forwards(log_text) if f.mode == mode and f.captured and function in f.routes]
+    seen = [f for f in forwards(log_text) if f.mode == mode and f.captured and 0 <= f.rank < tp]
+    took = [f for f in seen if function in f.routes]
     if tag is None or not took:
         return ""
-    ranks = ", ".join(str(r) for r in sorted({f.rank for f in took if 0 <= f.rank < tp}))
+    ranks = ", ".join(str(r) for r in sorted({f.rank for f in took}))
     layers = _layers([x for f in took for x in f.routes[function][1]])
-    return ROUTE_NOTES[tag].format(function=function, mode=mode, ranks=ranks, where=took[0].routes[function][0],
+    note = ROUTE_NOTES[tag].format(function=function, mode=mode, ranks=ranks, where=took[0].routes[function][0],
                                    layers=layers)
+    skipped = [f for f in seen if not f.due(function)]
+    if skipped:
+        f = skipped[0]
+        note += ROUTE_SKIPPED.format(n=len(skipped), mode=mode, padding=f.padding, rank=f.rank, seq=f.seq,
+                                     tokens="[" + ",".join(map(str, f.global_tokens)) + "]", function=function)
+    return note

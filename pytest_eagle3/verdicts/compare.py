@@ -319,10 +319,10 @@ def compare_slots(
     rows: tuple[int, ...] = ()
     rows_line = None
     if problem is None and not all(v.ok for v in verdicts):
+        rows = wrong_rows(cap, ref, [v for v in verdicts if not v.ok and v.expected < ref.shape[0]], H, tol)
         if diagnose:
             diagnosis = diagnose_slots(cap, ref, verdicts, expected=[int(e) for e in expected], num_layers=L,
-                                       hidden_size=H, tol=tol, evidence=evidence)
-        rows = wrong_rows(cap, ref, [v for v in verdicts if not v.ok and v.expected < ref.shape[0]], H, tol)
+                                       hidden_size=H, tol=tol, evidence=evidence, rows=rows)
         rows_line = localize_rows(rows, tokens, segments, first_row or 0)
     return SlotReport(**report, slots=verdicts, problem=problem, diagnosis=diagnosis, rows_line=rows_line,
                       wrong_rows=rows, row_count=int(tokens), first_row=first_row)

@@ -93,6 +93,10 @@ PRECISION_TEXT = (
     "the values are a lower-precision copy ({size})"
 )
 
+#: Appended to what a slot holds when it is wrong on some rows only and the candidate
+#: was fitted on those rows (the others hold the expected snapshot).
+ON_WRONG_ROWS = " on its {n} wrong row{s} of {rows}"
+
 #: A factor this close to 1 is noise, not a scaled snapshot.
 SCALE_MARGIN = 0.02
 
@@ -277,33 +281,46 @@ def _row_match(row: "torch.Tensor", index: int, others: Mapping[str, Any], *, pr
 
 
 def diagnose_slot(slot: "torch.Tensor", reference: "torch.Tensor", expected: int, *, num_layers: int,
-                  tol: float, evidence: Evidence) -> tuple[str, str, str, float] | None:
+                  tol: float, evidence: Evidence, rows: Sequence[int] = ()) -> tuple[str, str, str, float] | None:
     """``(kind, what, why, rel.err)`` of the best-fitting bug candidate for one
-    slot ``[T, H]`` that matches no clean snapshot, or ``None``."""
+    slot ``[T, H]`` that matches no clean snapshot, or ``None``.
+
+    ``rows``: where the slot is wrong on these rows only (a fault on some forwards,
+    e.g. only the decode steps SGLang routes through attention DP's reduce-scatter),
+    the candidates are fitted on them alone and ``what`` says so (:data:`ON_WRONG_ROWS`)."""
     for special in (_other_rows, _zero_rows):
         found = special(slot, reference, expected, evidence, num_layers, tol)
         if found is not None:
             return found
+    part = sorted(set(rows)) if rows and len(set(rows)) < slot.shape[0] else None
+    on = "" if part is None else ON_WRONG_ROWS.format(n=len(part), s="" if len(part) == 1 else "s",
+                                                      rows=slot.shape[0])
     best = None
     for kind, what, why, tensor in _candidates(reference, evidence, num_layers):
         if tuple(tensor.shape) != tuple(slot.shape):
             continue
-        err = _rel(slot, tensor)
+        err = _rel(slot, tensor) if part is None else _rel(slot[part], tensor[part])
         if err <= tol and (best is None or err < best[3]):
-            best = (kind, what, why, err)
+            best = (kind, what + on, why, err)
     if best is not None:
         return best
-    return _scaled(slot, reference, evidence, num_layers, tol)
+    if part is None:
+        return _scaled(slot, reference, evidence, num_layers, tol)
+    found = _scaled(slot[part], reference[:, part], evidence, num_layers, tol)
+    return None if found is None else (found[0], found[1] + on, *found[2:])
 
 
 def diagnose_slots(captured: Any, reference: Any, verdicts: Sequence[Any], *, expected: Sequence[int],
-                   num_layers: int, hidden_size: int, tol: float, evidence: EvidenceLike = None) -> Diagnosis:
+                   num_layers: int, hidden_size: int, tol: float, evidence: EvidenceLike = None,
+                   rows: Sequence[int] = ()) -> Diagnosis:
     """Diagnoses for the wrong slots of a :class:`~pytest_eagle3.verdicts.compare.SlotReport`.
 
     ``verdicts``: its :class:`~pytest_eagle3.verdicts.compare.SlotVerdict` s
     (``best``, ``matched``, ``ok``).  Slots that hold a clean snapshot are
     judged together (offsets, order, default ids); the others one by one
-    against the candidates of ``evidence``.
+    against the candidates of ``evidence``.  ``rows``: the rows where the wrong
+    slots are wrong, when the others are right
+    (:func:`~pytest_eagle3.verdicts.compare.wrong_rows`); a candidate is then fitted on them.
     """
     import torch
 
@@ -335,7 +352,7 @@ def diagnose_slots(captured: Any, reference: Any, verdicts: Sequence[Any], *, ex
             wrong = [v for v in wrong if int(expected[v.slot]) < int(ev.tbo_split or 0)]
         for v in wrong:
             slot = cap[:, v.slot * H:(v.slot + 1) * H]
-            found = diagnose_slot(slot, ref, int(expected[v.slot]), num_layers=L, tol=tol, evidence=ev)
+            found = diagnose_slot(slot, ref, int(expected[v.slot]), num_layers=L, tol=tol, evidence=ev, rows=rows)
             if found is None:
                 continue
             kind, what, why, err = found

@@ -7,7 +7,8 @@ mode (:mod:`pytest_eagle3.planning.grammar_faults`) times an effect, injected in
 every SGLang process of a child ``pytest --pyargs pytest_eagle3.suite --tp 2``
 (the main job's selection: its five engines).  The run-level diagnosis of each
 must name the sampled confinement, or a conjunction that holds the same
-comparisons.  About 4 minutes per sample on 2 cores.
+comparisons.  About 4 minutes per sample on 2 cores.  Two single faults beside
+the samples: one confined to a slot, one that starts inside the decode steps.
 """
 
 from __future__ import annotations
@@ -55,3 +56,21 @@ def test_a_fault_in_one_slot_is_named_by_that_slot(tmp_path) -> None:
     assert diagnosis.get("named", {}).get("slot") == ["2"], run.output[-3000:]
     assert diagnosis.get("named", {}).get("forward mode") == ["decode"], diagnosis
     assert "inside them only slot 2 wrong" in diagnosis.get("headline", ""), diagnosis
+
+
+def test_a_fault_on_some_decode_steps_is_named_on_their_rows(tmp_path) -> None:
+    """A read before attention DP's reduce-scatter that starts after 3 forwards of each
+    TP worker (``after``): the dp-attention path's decode rows are wrong from a later
+    step on, the first right, as when a decode step beside another DP rank's extend is
+    SUM_LEN-padded and skips the route.  The partial sum is fitted on the wrong rows and
+    named.  Before that fit the whole slot matched nothing and the run was unnamed
+    (CI, 2026-12-07).  About 80 seconds."""
+    cache = os.environ.get("PYTEST_EAGLE3_CACHE") or str(default_cache_dir()[0])
+    fault = '{"kind": "partial-before-dp-reduce-scatter", "after": 3}'
+    run = selftest.run_child(tmp_path, ["test_captures_identical_through_path[tp2-dp-attention]"], 2, fault,
+                             ["--device", "cpu", "--eagle3-cache", cache, "--eagle3-slow"],
+                             env={**os.environ, RUN_MARK: str(tmp_path)})
+    assert run.returncode == 1, run.output[-3000:]
+    assert "[partial-sum]" in run.output, run.output[-3000:]
+    if "of 2 wrong" in run.output:  # the scheduler put the fault's start inside the decode steps
+        assert "MLP share on its 1 wrong row of 2 (rel.err" in run.output, run.output[-3000:]

@@ -468,6 +468,30 @@ def test_partial_sum_before_the_mlp_all_reduce_names_the_rank() -> None:
     )
 
 
+def test_a_partial_sum_on_some_rows_only_is_named_on_those_rows() -> None:
+    """Attention DP routes a decode step through its reduce-scatter only when every DP rank
+    decodes the same number of tokens: a read before it is wrong on those steps' rows only,
+    and the other rows hold the right snapshot (the rows the whole-slot fit cannot match)."""
+    ref = make_reference()
+    post, partial, mlp = inside()
+    cap = capture(ref, EXPECTED)
+    for slot, layer in ((1, 2), (2, 4)):
+        cap[3:, slot * H:(slot + 1) * H] = (post[layer] + partial[0, layer])[3:]
+    report, lines = diagnose(cap, ref, evidence=lambda: Evidence(post_attention=post, mlp=mlp, partial=partial,
+                                                                  tp=2), first_row=10)
+    assert report.kinds == ("partial-sum",)
+    assert report.wrong_rows == (3, 4)
+    assert "rows: 2 of 5 wrong (13..14), 3 right (10..12)" in lines
+    assert lines[-2].startswith("slot 1 holds layer 2's post-attention residual + rank 0's MLP share on its "
+                                "2 wrong rows of 5 (rel.err ")
+    assert lines[-1].startswith("slot 2 holds layer 4's post-attention residual + rank 0's MLP share on its "
+                                "2 wrong rows of 5 (rel.err ")
+    # The same rows of another rank's share fit nothing: the fit is on the rows, not any tensor.
+    cap[3:, H:2 * H] = (post[2] + 0.5 * partial[1, 2])[3:]
+    report, lines = diagnose(cap, ref, evidence=Evidence(post_attention=post, mlp=mlp, partial=partial, tp=2))
+    assert not any(line.startswith("slot 1 holds") for line in lines)
+
+
 def test_partial_sum_on_an_engine_that_fuses_the_all_reduce_names_the_fused_one() -> None:
     ref = make_reference()
     post, partial, mlp = inside()

@@ -89,7 +89,7 @@ def test_a_sum_len_padded_decode_owes_no_dp_reduce_scatter() -> None:
         "TP rank 1: dp_reduce_scatter (srt/layers/layer_boundary/ops.py:318) in layers 2-7 of 1 of 2 DECODE "
         "forwards that returned captures; 1 of them SUM_LEN-padded (DP ranks' tokens [5,3]), where SGLang "
         "takes no dp_reduce_scatter")
-    only_sum = "\n".join([line(0, 2, "DECODE", routes=RS), line(1, 3, "DECODE", padding="SUM_LEN")])
+    only_sum = "\n".join([line(0, 2, "DECODE", routes=RS), line(1, 3, "DECODE", padding="SUM_LEN", global_tokens="4,48")])
     why = route_not_proven(only_sum, every_forward=True, **kw)
     assert why is not None and "no DECODE forward on TP rank 1" in why and "1 such forward(s), 0 padded for it" in why
     # The input-scattered route has no padding rule: every captured extend owes it.
@@ -118,6 +118,19 @@ def test_the_route_note_follows_the_tag_the_failure_names() -> None:
     rows = route_note(text, *DP, 2, "slot 1 [wrong-request-rows]: request 1's hs[3]")
     assert rows.startswith("[wrong-request-rows] on the dp_reduce_scatter route") and "layers 2-7" in rows
     assert route_note(text, *DP, 2, "[no-residual] ...") == "" and route_note("", *DP, 2, "[partial-sum]") == ""
+    assert "padded" not in partial
+
+
+def test_the_route_note_says_which_forwards_skipped_the_route() -> None:
+    """A decode step beside another DP rank's extend is SUM_LEN-padded and takes no
+    dp_reduce_scatter: a capture read before it is wrong on the other steps only."""
+    text = "\n".join([line(0, 2, "DECODE", routes=RS), line(1, 2, "DECODE", routes=RS),
+                      line(1, 3, "DECODE", padding="SUM_LEN", global_tokens="4,48")])
+    note = route_note(text, *DP, 2, "slot 1 [partial-sum]: ...")
+    assert note.startswith("[partial-sum] on the dp_reduce_scatter route: in the DECODE forwards of TP ranks 0, 1")
+    assert note.endswith("; 1 DECODE forward(s) that returned captures were SUM_LEN-padded (TP rank 1 forward 3: "
+                         "DP ranks' tokens [4,48]), where SGLang takes no dp_reduce_scatter: their rows hold the "
+                         "right values even with the bug")
 
 
 def test_the_observer_names_the_asking_function_and_the_layers(caplog: pytest.LogCaptureFixture) -> None:
