@@ -47,7 +47,7 @@ from pytest_eagle3.target.reference import ensure_reference
 from pytest_eagle3.capture.api import CAPTURE_ONLY, Eagle3CaptureUnsupported, select_method
 from pytest_eagle3.suite.outcome import conclude, conclude_each, fail_if_bad, recorded_causes
 from pytest_eagle3.verdicts.observation import CHUNKS_JOINED
-from pytest_eagle3.suite.support import attention_tp, tolerance, where
+from pytest_eagle3.suite.support import attention_tp, evidence, tolerance, where
 from pytest_eagle3.verdicts.acceptance import check_gate, check_output, check_power, check_relative
 from pytest_eagle3.engine.recordings import request_forwards, verify_records
 from pytest_eagle3.engine.route_proof import proof_lines, route_not_proven
@@ -255,5 +255,8 @@ def _verify_under_dp(req, variant, runs, prompts, records, capture, checkpoint, 
               for report, rank, i, kind in rank_rows_by_position(
                   rows, rids, references, expected=list(req.predicted), num_layers=facts.num_layers,
                   hidden_size=facts.hidden_size, tol=tolerance(settings), every_rank=False,
-                  modes={**ROW_MODES, mode: "verify"})]
+                  modes={**ROW_MODES, mode: "verify"},
+                  evidence=evidence(checkpoint, list(sequences.values()), facts, tp,
+                                    attn_tp=attention_tp(tp, req.extra_args),
+                                    fused_allreduce=capture.fused_allreduce))]
     conclude_each(checks, config)

@@ -150,10 +150,14 @@ def test_captures_identical_through_path(eagle3_need, eagle3_engine_set, eagle3_
         # The route's captures on every TP rank (the per-rank recorder; under attention DP
         # each DP rank holds the requests it served), row by row at their positions.
         recorded, by_rank = eagle3_capture.recorded(req)
-        refs = ensure_reference(eagle3_checkpoint, [list(c.prompt) + list(c.output_ids[:-1]) for c in recorded])
+        recorded_seqs = [list(c.prompt) + list(c.output_ids[:-1]) for c in recorded]
+        refs = ensure_reference(eagle3_checkpoint, recorded_seqs)
         for report, rank, i, mode in rank_rows_by_position(
                 by_rank, [c.rid for c in recorded], refs, expected=list(req.expected), num_layers=L, hidden_size=H,
-                tol=tol, every_rank=attn_tp == eagle3_tp):
+                tol=tol, every_rank=attn_tp == eagle3_tp,
+                evidence=evidence(eagle3_checkpoint, recorded_seqs, eagle3_model_config, eagle3_tp, attn_tp=attn_tp,
+                                  fused_allreduce=eagle3_capture.fused_allreduce,
+                                  pp_stages=eagle3_capture.pp_stages, tbo_split=split)):
             checks.append((report, where(req, recorded[i], path=name, mode=mode, check="ranks",
                                          chunk=CHUNKS_JOINED if mode == "prefill" else 0,
                                          **({"rank": rank} if rank >= 0 else {}))))

@@ -81,6 +81,20 @@ class Evidence:
             post_attention=cut(self.post_attention), mlp=cut(self.mlp), partial=cut(self.partial),
         )
 
+    def at(self, positions: Sequence[int]) -> "Evidence":
+        """The same evidence for the rows at ``positions`` (any order; a rank's rows of a
+        request, gathered from its forwards)."""
+        pos = [int(p) for p in positions]
+
+        def pick(t: Any) -> Any:
+            return None if t is None else t[..., pos, :]
+
+        return replace(
+            self,
+            token_ids=None if self.token_ids is None else [list(self.token_ids)[p] for p in pos],
+            post_attention=pick(self.post_attention), mlp=pick(self.mlp), partial=pick(self.partial),
+        )
+
 
 EvidenceLike = Union[Evidence, Callable[[], Evidence], None]
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from pytest_eagle3.verdicts.compare import compare_slots
 from pytest_eagle3.verdicts.embedding import check_embedding_complete
+from pytest_eagle3.verdicts.evidence import EvidenceLike, resolve
 from pytest_eagle3.verdicts.snapshots import fmt_err, full_label
 from pytest_eagle3.verdicts.distance import rel_err
 from pytest_eagle3.verdicts.outcome import Verdict
@@ -301,7 +302,8 @@ ROW_MODES = {"EXTEND": "prefill", "MIXED": "prefill", "DECODE": "decode"}
 def rank_rows_by_position(forwards: Mapping[int, Sequence["Record"]], rids: Sequence[str],
                           references: Sequence["torch.Tensor"], *, expected: Sequence[int], num_layers: int,
                           hidden_size: int, tol: float, every_rank: bool,
-                          modes: Mapping[str, str] = ROW_MODES) -> list[tuple[Any, int, int, str]]:
+                          modes: Mapping[str, str] = ROW_MODES,
+                          evidence: Sequence[EvidenceLike] | None = None) -> list[tuple[Any, int, int, str]]:
     """Each TP rank's captured rows of each request, prefill and decode apart,
     against the reference at the rows' own positions.
 
@@ -313,6 +315,10 @@ def rank_rows_by_position(forwards: Mapping[int, Sequence["Record"]], rids: Sequ
     are on the rank that served it; otherwise (``every_rank``) on every rank.
     ``modes``: SGLang forward mode -> the mode a comparison is named by (records of
     other modes are skipped; default :data:`ROW_MODES`, prefill and decode).
+    ``evidence[i]``: the bug candidates of request ``rids[i]``'s whole sequence
+    (:func:`pytest_eagle3.verdicts.evidence.checkpoint_evidence`), taken at each
+    comparison's positions, so a wrong rank's rows are named by their bug
+    (``[partial-sum]``); ``None``: the slot lines only.
 
     Returns ``(report, rank, request index, mode)`` per comparison (``"prefill"`` /
     ``"decode"``): the :class:`~pytest_eagle3.verdicts.compare.SlotReport` where it
@@ -344,8 +350,9 @@ def rank_rows_by_position(forwards: Mapping[int, Sequence["Record"]], rids: Sequ
                 continue  # a row past the sequence the reference covers (the last sampled token)
             first, last = int(pos.min()), int(pos.max())
             side = f"TP rank {rank}, request {index[rid]} ({mode} rows at positions {first}..{last})"
+            ev = None if evidence is None else (lambda e=evidence[index[rid]], p=pos.tolist(): resolve(e).at(p))
             report = compare_slots(aux, ref[:, pos], expected=list(expected), num_layers=num_layers,
-                                   hidden_size=hidden_size, tol=tol, side_names=(side, "reference"))
+                                   hidden_size=hidden_size, tol=tol, side_names=(side, "reference"), evidence=ev)
             out.append((report if report.ok else Verdict.failed(f"{side}: {report.message()}", report),
                         rank, index[rid], mode))
     ranks = sorted(forwards)

@@ -8,7 +8,8 @@ every SGLang process of a child ``pytest --pyargs pytest_eagle3.suite --tp 2``
 (the main job's selection: its five engines).  The run-level diagnosis of each
 must name the sampled confinement, or a conjunction that holds the same
 comparisons.  About 4 minutes per sample on 2 cores.  Two single faults beside
-the samples: one confined to a slot, one that starts inside the decode steps.
+the samples: one confined to a slot, one that starts inside the decode steps, one in
+attention DP's verify forwards.
 """
 
 from __future__ import annotations
@@ -74,3 +75,19 @@ def test_a_fault_on_some_decode_steps_is_named_on_their_rows(tmp_path) -> None:
     assert "[partial-sum]" in run.output, run.output[-3000:]
     if "of 2 wrong" in run.output:  # the scheduler put the fault's start inside the decode steps
         assert "MLP share on its 1 wrong row of 2 (rel.err" in run.output, run.output[-3000:]
+
+
+def test_a_partial_sum_in_dp_verify_rows_is_named_by_each_rank(tmp_path) -> None:
+    """The same read in attention DP's target-verify forwards only: each TP rank's
+    verify rows of the requests it served are compared at their positions, and the
+    request's evidence at those positions names ``[partial-sum]`` (before, the slot
+    lines only: "matches no snapshot").  About 60 seconds."""
+    cache = os.environ.get("PYTEST_EAGLE3_CACHE") or str(default_cache_dir()[0])
+    fault = '{"kind": "partial-before-dp-reduce-scatter", "when": ["verify"]}'
+    run = selftest.run_child(tmp_path, ["test_every_rank_agrees_in_verify[tp2-acceptance-dp-attention]"], 2, fault,
+                             ["--device", "cpu", "--eagle3-cache", cache, "--eagle3-slow"],
+                             env={**os.environ, RUN_MARK: str(tmp_path)})
+    assert run.returncode == 1, run.output[-3000:]
+    assert "verify rows at positions" in run.output, run.output[-3000:]
+    assert "'s MLP share (rel.err" in run.output and "[partial-sum]" in run.output, run.output[-3000:]
+    assert "[path-only] wrong only on verify" in run.output, run.output[-3000:]

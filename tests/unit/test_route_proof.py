@@ -271,6 +271,34 @@ def test_rank_rows_by_position_judges_each_rank_at_its_rows_positions() -> None:
                for rep, r, i, m in missing)
 
 
+def test_rank_rows_by_position_names_the_bug_from_the_evidence_at_those_positions() -> None:
+    """A rank's decode rows holding its unreduced MLP share (a read before attention DP's
+    reduce-scatter) are named ``[partial-sum]`` from the request's evidence taken at the
+    rows' positions, not at rows 0.."""
+    torch = pytest.importorskip("torch")
+    from pytest_eagle3.engine.recordings import Record
+    from pytest_eagle3.verdicts.evidence import Evidence
+    from pytest_eagle3.verdicts.rankcheck import rank_rows_by_position
+
+    L, H, N = 4, 8, 6
+    g = torch.Generator().manual_seed(1)
+    ref = torch.randn(L + 2, N, H, generator=g)
+    post, partial = torch.randn(L, N, H, generator=g), torch.randn(2, L, N, H, generator=g)
+    expected = [0, 2, 3]
+    pos = torch.tensor([4, 5])
+    aux = torch.cat([ref[i][pos] for i in expected], dim=1)
+    aux[:, H:2 * H] = (post[1] + partial[1, 1])[pos]  # hs[2] read before layer 1's reduce-scatter, rank 1's share
+    fwd = {1: [Record(1, 1, "DECODE", aux, torch.zeros(2, dtype=torch.long), pos, None, ("b",), (2,))]}
+    kw = dict(expected=expected, num_layers=L, hidden_size=H, tol=1e-4, every_rank=False)
+    ev = Evidence(post_attention=post, partial=partial, tp=2)
+    (bad, rank, i, mode), = rank_rows_by_position(fwd, ["b"], [ref], evidence=[lambda: ev], **kw)
+    assert (rank, i, mode, bad.ok) == (1, 0, "decode", False)
+    assert "slot 1 holds layer 1's post-attention residual + rank 1's MLP share (rel.err" in bad.text, bad.text
+    assert "[partial-sum]" in bad.text
+    (plain, *_), = rank_rows_by_position(fwd, ["b"], [ref], **kw)
+    assert "[partial-sum]" not in plain.text
+
+
 def test_dp_route_reads_the_pending_reduce_scatter_and_the_rank_rows() -> None:
     torch = pytest.importorskip("torch")
     from functools import partial
