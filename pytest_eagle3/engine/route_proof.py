@@ -233,8 +233,8 @@ ROUTE_NOTES = {
 #: Appended to a route note when some forwards of the mode were padded so that SGLang
 #: took no ``function`` there: a read on the route leaves their rows right.
 ROUTE_SKIPPED = (
-    "; {n} {mode} forward(s) that returned captures were {padding}-padded (TP rank {rank} forward {seq}: DP ranks' "
-    "tokens {tokens}), where SGLang takes no {function}: their rows hold the right values even with the bug")
+    "; {n} {mode} forward(s) that returned captures were {padding}-padded (e.g. TP rank {rank} forward {seq}: DP "
+    "ranks' tokens {tokens}), where SGLang takes no {function}: their rows hold the right values even with the bug")
 
 
 def route_note(log_text: str, mode: str, function: str, tp: int, failure: str) -> str:
@@ -252,9 +252,9 @@ def route_note(log_text: str, mode: str, function: str, tp: int, failure: str) -
     layers = _layers([x for f in took for x in f.routes[function][1]])
     note = ROUTE_NOTES[tag].format(function=function, mode=mode, ranks=ranks, where=took[0].routes[function][0],
                                    layers=layers)
-    skipped = [f for f in seen if not f.due(function)]
+    skipped = [f for f in seen if not f.due(function) and function not in f.routes]
     if skipped:
-        f = skipped[0]
+        f = skipped[0]  # the first, as an example
         note += ROUTE_SKIPPED.format(n=len(skipped), mode=mode, padding=f.padding, rank=f.rank, seq=f.seq,
                                      tokens="[" + ",".join(map(str, f.global_tokens)) + "]", function=function)
     return note

@@ -334,7 +334,8 @@ def diagnose_slots(captured: Any, reference: Any, verdicts: Sequence[Any], *, ex
         kinds.append(kind)
         patterns.append(PATTERN.format(tag=TAG.format(kind=kind), text=text))
     off = [v for v in verdicts if not v.ok and v.slot < len(expected)]
-    if off and all(v.matched and v.best == int(expected[v.slot]) for v in off):
+    # Rows told apart (far off, the others within tolerance) are no precision loss spread over all rows.
+    if off and not rows and all(v.matched and v.best == int(expected[v.slot]) for v in off):
         err = max(v.expected_err for v in off)
         if err < PRECISION_CEILING:
             kinds.append("precision")
@@ -342,7 +343,10 @@ def diagnose_slots(captured: Any, reference: Any, verdicts: Sequence[Any], *, ex
                 n=len(off), err=fmt_err(err), tol=fmt_err(off[0].tol), size=roundoff_name(err))))
     slot_lines: dict[int, str] = {}
     slot_kinds: dict[int, str] = {}
-    wrong = [v for v in verdicts if not v.ok and not v.matched and v.slot < len(expected)]
+    # A slot that matches nothing; with wrong rows told apart, also one that still matches
+    # its expected snapshot overall because few of its rows are wrong.
+    wrong = [v for v in verdicts if not v.ok and v.slot < len(expected)
+             and (not v.matched or (bool(rows) and v.best == int(expected[v.slot])))]
     if wrong:
         ev = resolve(evidence)
         tbo = tbo_microbatch(cap, ref, verdicts, expected, ev, hidden_size=H, tol=tol)
@@ -352,7 +356,8 @@ def diagnose_slots(captured: Any, reference: Any, verdicts: Sequence[Any], *, ex
             wrong = [v for v in wrong if int(expected[v.slot]) < int(ev.tbo_split or 0)]
         for v in wrong:
             slot = cap[:, v.slot * H:(v.slot + 1) * H]
-            found = diagnose_slot(slot, ref, int(expected[v.slot]), num_layers=L, tol=tol, evidence=ev, rows=rows)
+            found = diagnose_slot(slot, ref, int(expected[v.slot]), num_layers=L, tol=tol, evidence=ev,
+                                  rows=_own_rows(slot, ref, int(expected[v.slot]), rows, tol))
             if found is None:
                 continue
             kind, what, why, err = found
@@ -367,6 +372,17 @@ def diagnose_slots(captured: Any, reference: Any, verdicts: Sequence[Any], *, ex
             kinds.insert(0, "pp-earlier-stage")
             patterns.insert(0, PATTERN.format(tag=TAG.format(kind="pp-earlier-stage"), text=text))
     return Diagnosis(slot_lines=slot_lines, pattern_lines=tuple(patterns), kinds=tuple(dict.fromkeys(kinds)))
+
+
+def _own_rows(slot: "torch.Tensor", reference: "torch.Tensor", expected: int, rows: Sequence[int],
+              tol: float) -> list[int]:
+    """Of ``rows`` (where some wrong slot is wrong), those where this ``slot`` misses its
+    ``expected`` snapshot: each slot is fitted on its own wrong rows."""
+    if not rows or expected >= reference.shape[0]:
+        return list(rows)
+    picked = list(rows)
+    errs = rel_err(slot[picked], reference[expected][picked], dim=(1,))
+    return [t for t, e in zip(picked, errs.tolist()) if not e <= tol]
 
 
 def pp_earlier_stage_text(verdicts: Sequence[Any], expected: Sequence[int],

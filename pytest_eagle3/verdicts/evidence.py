@@ -83,16 +83,18 @@ class Evidence:
 
     def at(self, positions: Sequence[int]) -> "Evidence":
         """The same evidence for the rows at ``positions`` (any order; a rank's rows of a
-        request, gathered from its forwards)."""
+        request, gathered from its forwards).  ``others`` is dropped: another request's
+        rows are looked up by row index, which no longer means a position here."""
         pos = [int(p) for p in positions]
+        ids = None if self.token_ids is None else list(self.token_ids)
 
         def pick(t: Any) -> Any:
             return None if t is None else t[..., pos, :]
 
         return replace(
             self,
-            token_ids=None if self.token_ids is None else [list(self.token_ids)[p] for p in pos],
-            post_attention=pick(self.post_attention), mlp=pick(self.mlp), partial=pick(self.partial),
+            token_ids=None if ids is None else [ids[p] for p in pos],
+            post_attention=pick(self.post_attention), mlp=pick(self.mlp), partial=pick(self.partial), others={},
         )
 
 

@@ -89,5 +89,6 @@ def test_a_partial_sum_in_dp_verify_rows_is_named_by_each_rank(tmp_path) -> None
                              env={**os.environ, RUN_MARK: str(tmp_path)})
     assert run.returncode == 1, run.output[-3000:]
     assert "verify rows at positions" in run.output, run.output[-3000:]
-    assert "'s MLP share (rel.err" in run.output and "[partial-sum]" in run.output, run.output[-3000:]
+    # "MLP share (rel.err", or "MLP share on its N wrong rows of M" where a verify step was SUM_LEN-padded.
+    assert "'s MLP share " in run.output and "[partial-sum]" in run.output, run.output[-3000:]
     assert "[path-only] wrong only on verify" in run.output, run.output[-3000:]

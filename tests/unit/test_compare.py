@@ -492,6 +492,37 @@ def test_a_partial_sum_on_some_rows_only_is_named_on_those_rows() -> None:
     assert not any(line.startswith("slot 1 holds") for line in lines)
 
 
+def test_each_slot_is_fitted_on_its_own_wrong_rows() -> None:
+    ref = make_reference()
+    post, partial, mlp = inside()
+    cap = capture(ref, EXPECTED)
+    cap[3:, H:2 * H] = (post[2] + partial[0, 2])[3:]  # slot 1 wrong on rows 3..4
+    cap[:2, 2 * H:] = (post[4] + partial[1, 4])[:2]  # slot 2 wrong on rows 0..1
+    report, lines = diagnose(cap, ref, evidence=Evidence(post_attention=post, mlp=mlp, partial=partial, tp=2))
+    assert report.kinds == ("partial-sum",)
+    assert lines[-2].startswith("slot 1 holds layer 2's post-attention residual + rank 0's MLP share on its 2 wrong "
+                                "rows of 5")
+    assert lines[-1].startswith("slot 2 holds layer 4's post-attention residual + rank 1's MLP share on its 2 wrong "
+                                "rows of 5")
+
+
+def test_a_slot_wrong_on_one_row_of_many_is_fitted_not_called_a_precision_loss() -> None:
+    """One wrong row of 400 leaves the slot within the precision ceiling of its snapshot
+    overall; the rows told apart say it is no precision loss, and the row is fitted."""
+    tokens = 400
+    ref = make_reference(tokens=tokens)
+    g = torch.Generator().manual_seed(7)
+    partial = torch.randn(2, L, tokens, H, generator=g) * 0.3
+    post = ref[1:L + 1] - partial.sum(0)  # hs[l+1] = post-attention residual of layer l + its MLP output
+    cap = capture(ref, EXPECTED)
+    cap[17, H:2 * H] = (post[2] + partial[1, 2])[17]
+    report = compare_slots(cap, ref, expected=EXPECTED, num_layers=L, hidden_size=H,
+                           evidence=Evidence(post_attention=post, mlp=partial.sum(0), partial=partial, tp=2))
+    assert report.slots[1].matched and not report.ok
+    assert report.kinds == ("partial-sum",), report.message()
+    assert "on its 1 wrong row of 400" in report.message()
+
+
 def test_partial_sum_on_an_engine_that_fuses_the_all_reduce_names_the_fused_one() -> None:
     ref = make_reference()
     post, partial, mlp = inside()

@@ -128,9 +128,12 @@ def test_the_route_note_says_which_forwards_skipped_the_route() -> None:
                       line(1, 3, "DECODE", padding="SUM_LEN", global_tokens="4,48")])
     note = route_note(text, *DP, 2, "slot 1 [partial-sum]: ...")
     assert note.startswith("[partial-sum] on the dp_reduce_scatter route: in the DECODE forwards of TP ranks 0, 1")
-    assert note.endswith("; 1 DECODE forward(s) that returned captures were SUM_LEN-padded (TP rank 1 forward 3: "
+    assert note.endswith("; 1 DECODE forward(s) that returned captures were SUM_LEN-padded (e.g. TP rank 1 forward 3: "
                          "DP ranks' tokens [4,48]), where SGLang takes no dp_reduce_scatter: their rows hold the "
                          "right values even with the bug")
+    # A SUM_LEN forward that ran the route all the same is not listed as skipping it.
+    ran = "\n".join([line(0, 2, "DECODE", routes=RS), line(1, 3, "DECODE", routes=RS, padding="SUM_LEN")])
+    assert "padded" not in route_note(ran, *DP, 2, "slot 1 [partial-sum]: ...")
 
 
 def test_the_observer_names_the_asking_function_and_the_layers(caplog: pytest.LogCaptureFixture) -> None:
