@@ -283,7 +283,8 @@ def _row_match(row: "torch.Tensor", index: int, others: Mapping[str, Any], *, pr
 def diagnose_slot(slot: "torch.Tensor", reference: "torch.Tensor", expected: int, *, num_layers: int,
                   tol: float, evidence: Evidence, rows: Sequence[int] = ()) -> tuple[str, str, str, float] | None:
     """``(kind, what, why, rel.err)`` of the best-fitting bug candidate for one
-    slot ``[T, H]`` that matches no clean snapshot, or ``None``.
+    slot ``[T, H]`` that matches no clean snapshot (or is wrong on some rows only),
+    or ``None``.
 
     ``rows``: where the slot is wrong on these rows only (a fault on some forwards,
     e.g. only the decode steps SGLang routes through attention DP's reduce-scatter),
