@@ -7,7 +7,7 @@ mode (:mod:`pytest_eagle3.planning.grammar_faults`) times an effect, injected in
 every SGLang process of a child ``pytest --pyargs pytest_eagle3.suite --tp 2``
 (the main job's selection: its five engines).  The run-level diagnosis of each
 must name the sampled confinement, or a conjunction that holds the same
-comparisons.  About 4 minutes per sample on 2 cores.  Two single faults beside
+comparisons.  About 4 minutes per sample on 2 cores.  Three single faults beside
 the samples: one confined to a slot, one that starts inside the decode steps, one in
 attention DP's verify forwards.
 """
@@ -65,7 +65,7 @@ def test_a_fault_on_some_decode_steps_is_named_on_their_rows(tmp_path) -> None:
     step on, the first right, as when a decode step beside another DP rank's extend is
     SUM_LEN-padded and skips the route.  The partial sum is fitted on the wrong rows and
     named.  Before that fit the whole slot matched nothing and the run was unnamed
-    (CI, 2026-12-07).  About 80 seconds."""
+    (CI, 2026-12-07).  About 40 seconds."""
     cache = os.environ.get("PYTEST_EAGLE3_CACHE") or str(default_cache_dir()[0])
     fault = '{"kind": "partial-before-dp-reduce-scatter", "after": 3}'
     run = selftest.run_child(tmp_path, ["test_captures_identical_through_path[tp2-dp-attention]"], 2, fault,
@@ -81,7 +81,7 @@ def test_a_partial_sum_in_dp_verify_rows_is_named_by_each_rank(tmp_path) -> None
     """The same read in attention DP's target-verify forwards only: each TP rank's
     verify rows of the requests it served are compared at their positions, and the
     request's evidence at those positions names ``[partial-sum]`` (before, the slot
-    lines only: "matches no snapshot").  About 60 seconds."""
+    lines only: "matches no snapshot").  About 50 seconds."""
     cache = os.environ.get("PYTEST_EAGLE3_CACHE") or str(default_cache_dir()[0])
     fault = '{"kind": "partial-before-dp-reduce-scatter", "when": ["verify"]}'
     run = selftest.run_child(tmp_path, ["test_every_rank_agrees_in_verify[tp2-acceptance-dp-attention]"], 2, fault,
