@@ -43,16 +43,21 @@ def test_sampled_faults_are_named_by_their_confinement(tmp_path) -> None:
     assert len(results) == SAMPLES and all(r.ok for r in results), f"{table}\nlogs: {results[0].log.parent.parent}"
 
 
+def _faulted(tmp_path, tests: list[str], tp: int, fault: str, *extra: str) -> selftest.ChildRun:
+    """One child run of the packaged suite's ``tests`` at TP ``tp`` on cpu with ``fault``
+    injected, sharing the user's checkpoint cache."""
+    cache = os.environ.get("PYTEST_EAGLE3_CACHE") or str(default_cache_dir()[0])
+    return selftest.run_child(tmp_path, tests, tp, fault, ["--device", "cpu", "--eagle3-cache", cache, *extra],
+                              env={**os.environ, RUN_MARK: str(tmp_path)})
+
+
 def test_a_fault_in_one_slot_is_named_by_that_slot(tmp_path) -> None:
     """``no-residual`` written only into packed slot 2 of decode forwards (the worker's
     ``slots`` option) at TP 1, through the decode and batch paths: the run-level cause
     holds the decode comparisons and, inside them, slot 2 only (slots 0 and 1 right).
     About 30 seconds."""
-    cache = os.environ.get("PYTEST_EAGLE3_CACHE") or str(default_cache_dir()[0])
-    fault = '{"kind": "no-residual", "when": ["decode"], "slots": [2]}'
-    run = selftest.run_child(tmp_path, ["tp1-batch", "tp1-decode"], 1, fault,
-                             ["--device", "cpu", "--eagle3-cache", cache],
-                             env={**os.environ, RUN_MARK: str(tmp_path)})
+    run = _faulted(tmp_path, ["tp1-batch", "tp1-decode"], 1,
+                   '{"kind": "no-residual", "when": ["decode"], "slots": [2]}')
     diagnosis = run.diagnosis or {}
     assert diagnosis.get("named", {}).get("slot") == ["2"], run.output[-3000:]
     assert diagnosis.get("named", {}).get("forward mode") == ["decode"], diagnosis
@@ -66,11 +71,8 @@ def test_a_fault_on_some_decode_steps_is_named_on_their_rows(tmp_path) -> None:
     SUM_LEN-padded and skips the route.  The partial sum is fitted on the wrong rows and
     named.  Before that fit the whole slot matched nothing and the run was unnamed
     (CI, 2026-12-07).  About 40 seconds."""
-    cache = os.environ.get("PYTEST_EAGLE3_CACHE") or str(default_cache_dir()[0])
-    fault = '{"kind": "partial-before-dp-reduce-scatter", "after": 3}'
-    run = selftest.run_child(tmp_path, ["test_captures_identical_through_path[tp2-dp-attention]"], 2, fault,
-                             ["--device", "cpu", "--eagle3-cache", cache, "--eagle3-slow"],
-                             env={**os.environ, RUN_MARK: str(tmp_path)})
+    run = _faulted(tmp_path, ["test_captures_identical_through_path[tp2-dp-attention]"], 2,
+                   '{"kind": "partial-before-dp-reduce-scatter", "after": 3}', "--eagle3-slow")
     assert run.returncode == 1, run.output[-3000:]
     assert "[partial-sum]" in run.output, run.output[-3000:]
     if "of 2 wrong" in run.output:  # the scheduler put the fault's start inside the decode steps
@@ -82,11 +84,8 @@ def test_a_partial_sum_in_dp_verify_rows_is_named_by_each_rank(tmp_path) -> None
     verify rows of the requests it served are compared at their positions, and the
     request's evidence at those positions names ``[partial-sum]`` (before, the slot
     lines only: "matches no snapshot").  About 50 seconds."""
-    cache = os.environ.get("PYTEST_EAGLE3_CACHE") or str(default_cache_dir()[0])
-    fault = '{"kind": "partial-before-dp-reduce-scatter", "when": ["verify"]}'
-    run = selftest.run_child(tmp_path, ["test_every_rank_agrees_in_verify[tp2-acceptance-dp-attention]"], 2, fault,
-                             ["--device", "cpu", "--eagle3-cache", cache, "--eagle3-slow"],
-                             env={**os.environ, RUN_MARK: str(tmp_path)})
+    run = _faulted(tmp_path, ["test_every_rank_agrees_in_verify[tp2-acceptance-dp-attention]"], 2,
+                   '{"kind": "partial-before-dp-reduce-scatter", "when": ["verify"]}', "--eagle3-slow")
     assert run.returncode == 1, run.output[-3000:]
     assert "verify rows at positions" in run.output, run.output[-3000:]
     # "MLP share (rel.err", or "MLP share on its N wrong rows of M" where a verify step was SUM_LEN-padded.
