@@ -34,8 +34,9 @@ UNKNOWN_ARG = (
 
 
 CPU_TOPK = (
-    "speculative_eagle_topk={topk}: the CPU tier runs EAGLE with topk 1 only (its stand-in "
-    "attention has no tree mask); use topk 1 or the GPU tier"
+    "speculative_eagle_topk={topk}: {sglang}'s CPU attention backend (intel_amx_backend.py) hands "
+    "no tree mask to extend_attention_cpu, so the CPU tier runs EAGLE with topk 1 only there; "
+    "use topk 1 or the GPU tier"
 )
 
 
@@ -259,8 +260,9 @@ def build_engine_config(
     pp = int(layers.get("pp_size") or 1)
     if device == "cpu":
         speculative = has_draft(layers)
-        if speculative and int(layers.get("speculative_eagle_topk") or 1) > 1:
-            raise Eagle3ConfigError(CPU_TOPK.format(topk=layers["speculative_eagle_topk"]))
+        if speculative and int(layers.get("speculative_eagle_topk") or 1) > 1 and not install.cpu_tree_mask:
+            raise Eagle3ConfigError(CPU_TOPK.format(topk=layers["speculative_eagle_topk"],
+                                                    sglang=install.describe()))
         amx = speculative or recipe.refuses_plain_attention(install.location, architecture) is not None
         args.update(recipe.cpu_server_args(speculative=speculative, amx_attention=amx))
         env.update(recipe.cpu_env(tp * pp, amx_attention=amx

@@ -29,6 +29,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from pytest_eagle3.engine.inherited_env import engine_environ
 from pytest_eagle3.engine.ports import free_port
 from pytest_eagle3.engine.process_tree import die_with_parent, kill_group, kill_tree
 from pytest_eagle3.engine.server_log import LOG_TAIL_LINES, log_tail, start_log, startup_cause
@@ -164,7 +165,8 @@ class SGLangServer:
         # SGLang's temporary files (IPC socket names, configs a fork writes to
         # tempfile.gettempdir()) go to a folder of this server's, removed by stop().
         self.tmp_dir = Path(tempfile.mkdtemp(prefix=f"eagle3-{self.name}-"))
-        env = {**os.environ, "TMPDIR": str(self.tmp_dir), **self.env}  # a TMPDIR the config sets wins
+        # A TMPDIR the config sets wins; no simulated acceptance (engine/inherited_env.py).
+        env = engine_environ(os.environ, {"TMPDIR": str(self.tmp_dir), **self.env})
         t0 = time.monotonic()
         with open(self.log_path, "ab") as log:
             self._log_offset = log.tell()  # this start's output begins here (a retry appends)

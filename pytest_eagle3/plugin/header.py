@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import pytest
 
+import os
+
 from pytest_eagle3.engine import gpu_blocks, lease
+from pytest_eagle3.engine.inherited_env import describe_removed
 from pytest_eagle3.errors import Eagle3Error
 from pytest_eagle3.libversions import module_version
 from pytest_eagle3.plugin.run import get_run, get_settings
@@ -37,6 +40,8 @@ HEADER_SGLANG_ARGS = "eagle3: sglang args {args}"
 HEADER_FAULT = "eagle3: FAULT INJECTION ON (self-test; the suite must fail): {fault}"
 HEADER_FIX = ("eagle3: UPSTREAM FIX ON (PYTEST_EAGLE3_UPSTREAM_FIX={fix}; every engine runs it, "
               "verdicts are about SGLang with the fix): {what} [{source}]")
+HEADER_SIMULATED = ("eagle3: {found} set here: removed from every engine's environment (SGLang would "
+                    "simulate the accept length, srt/speculative/spec_utils.py); accept lengths here are measured")
 HEADER_GPU_BLOCKS = "eagle3: gpu blocks of {tp}: {blocks} (one leased per pytest process; locks in {lock_dir})"
 
 
@@ -78,6 +83,9 @@ def header_lines(config: pytest.Config) -> list[str]:
         fault = read_fault({"PYTEST_EAGLE3_FAULT": settings.fault})
         if fault is not None:
             lines.append(HEADER_FAULT.format(fault=describe(fault)) + _src(settings, "fault"))
+    simulated = describe_removed(os.environ)
+    if simulated is not None:
+        lines.append(HEADER_SIMULATED.format(found=simulated))
     fix = _fix_line()
     if fix is not None:
         lines.append(fix)

@@ -131,6 +131,17 @@ class SGLangInstall:
         return True if rule.known else None
 
     @property
+    def cpu_tree_mask(self) -> bool:
+        """Whether this SGLang's CPU attention backend hands a speculative verify's
+        tree mask to ``extend_attention_cpu`` (0.5.23
+        ``srt/layers/attention/intel_amx_backend.py`` ``_build_extend_metadata``:
+        ``spec_info.custom_mask`` when ``tree_topk != 1``).  Without it a token
+        tree (EAGLE top-k > 1) is verified under a causal mask on CPU: siblings
+        see each other, so the CPU tier runs chains only there."""
+        text = self.source("srt/layers/attention/intel_amx_backend.py") or ""
+        return "custom_mask" in text and "tree_mask" in text
+
+    @property
     def spec_v2_cpu_gap(self) -> bool:
         """Whether this SGLang's overlap scheduler for speculative decoding v2 calls
         ``record_stream`` with no CPU branch (sglang 0.5.12

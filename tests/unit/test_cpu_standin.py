@@ -156,10 +156,49 @@ def test_extend_attention_prefix_plus_causal_new_tokens(sk):
         torch.testing.assert_close(out[start : start + ext[b]], want)
 
 
-def test_extend_attention_refuses_tree_mask(sk):
-    with pytest.raises(NotImplementedError, match="speculative tree mask"):
+def test_extend_attention_tree_mask_replaces_causal_among_new_tokens(sk):
+    """A token tree's verify (QLEN_ONLY mask, one ext x ext block per sequence): node i sees
+    the whole cached prefix and the draft nodes its mask row allows, nothing else."""
+    g = torch.Generator().manual_seed(3)
+    H, Hkv, D, slots, n = 4, 1, 8, 40, 4
+    kb = torch.randn(slots, Hkv, D, generator=g)
+    req_to_token = torch.randperm(slots, generator=g).int().view(2, 20)
+    prefix = [5, 3]
+    # Request 0: root 0 with children 1 and 2, node 3 a child of 2; request 1: a chain.
+    tree0 = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    tree1 = torch.tril(torch.ones(n, n, dtype=torch.bool))
+    q = torch.randn(2 * n, H, D, generator=g)
+    out = torch.empty(2 * n, H, D)
+    # MLA-style verify: no new K/V passed, the buffers already hold the draft nodes.
+    sk.extend_attention_cpu(q, None, None, out, kb, kb, 1.0, 1.0, req_to_token, torch.tensor([0, 1]),
+                            torch.tensor([prefix[0] + n, prefix[1] + n]), torch.tensor([n, n]),
+                            torch.tensor([0, n]), n, 0.4, 0.0, False, 0, None, None,
+                            torch.cat([tree0.reshape(-1), tree1.reshape(-1)]), True)
+    for b, tree in enumerate((tree0, tree1)):
+        idx = req_to_token[b, : prefix[b] + n].long()
+        for i in range(n):
+            seen = list(range(prefix[b])) + [prefix[b] + j for j in range(n) if tree[i, j]]
+            want = _naive(q[b * n + i : b * n + i + 1], kb[idx[seen]], kb[idx[seen]], 0.4)
+            torch.testing.assert_close(out[b * n + i : b * n + i + 1], want)
+    # Node 2 of request 0 does not see its sibling, node 1: a causal mask would give another output.
+    causal = torch.empty_like(out)
+    sk.extend_attention_cpu(q, None, None, causal, kb, kb, 1.0, 1.0, req_to_token, torch.tensor([0, 1]),
+                            torch.tensor([prefix[0] + n, prefix[1] + n]), torch.tensor([n, n]),
+                            torch.tensor([0, n]), n, 0.4, 0.0, False, 0, None, None, None, True)
+    assert not torch.allclose(causal[2], out[2]) and torch.allclose(causal[1], out[1])
+    torch.testing.assert_close(causal[n:], out[n:])
+
+
+def test_extend_attention_refuses_bit_packed_and_short_tree_masks(sk):
+    with pytest.raises(NotImplementedError, match="bit packed tree mask"):
         sk.extend_attention_cpu(*([None] * 11), None, None, 4, 1.0, 0.0, False, 0, None, None,
-                                torch.ones(16, dtype=torch.bool), True)
+                                torch.ones(4, dtype=torch.uint8), True)
+    kb = torch.zeros(8, 1, 4)
+    with pytest.raises(ValueError, match="one ext x ext block per sequence"):
+        sk.extend_attention_cpu(torch.zeros(4, 1, 4), None, None, torch.zeros(4, 1, 4), kb, kb, 1.0, 1.0,
+                                torch.arange(8).int().view(1, 8), torch.tensor([0]), torch.tensor([6]),
+                                torch.tensor([4]), torch.tensor([0]), 4, 1.0, 0.0, False, 0, None, None,
+                                torch.ones(15, dtype=torch.bool), True)
 
 
 def _chain(bs=1, n=4):
@@ -334,15 +373,24 @@ def test_cpu_recipe_switches_attention_only_for_a_draft():
     assert user.args()["attention_backend"] == "triton" and AMX_ATTENTION_ENV not in user.env_dict()
 
 
-def test_cpu_recipe_refuses_tree_drafts():
+def test_cpu_recipe_runs_tree_drafts_only_where_sglang_hands_over_the_tree_mask(tmp_path):
     from pytest_eagle3.capture.draft_path import draft_path_server_args
     from pytest_eagle3.engine.config import build_engine_config
     from pytest_eagle3.errors import Eagle3ConfigError
+    from pytest_eagle3.sglang_source.install import SGLangInstall
 
-    inst = _install(*SPEC_FLAGS)
-    with pytest.raises(Eagle3ConfigError, match="topk 1 only"):
+    inst = _install(*SPEC_FLAGS)  # no intel_amx_backend.py to read: chains only
+    with pytest.raises(Eagle3ConfigError, match="hands no tree mask to extend_attention_cpu.*topk 1 only"):
         build_engine_config(inst, model_path="/m", tp=1, device="cpu",
                             test_args=draft_path_server_args(inst, "/d", steps=2, topk=2))
+    backend = tmp_path / "srt" / "layers" / "attention" / "intel_amx_backend.py"
+    backend.parent.mkdir(parents=True)
+    backend.write_text("if spec_info.tree_topk != 1:\n    tree_mask = spec_info.custom_mask\n")
+    tree = SGLangInstall("0.5.23", str(tmp_path), inst.flags, "python")
+    assert tree.cpu_tree_mask and not inst.cpu_tree_mask
+    cfg = build_engine_config(tree, model_path="/m", tp=1, device="cpu",
+                              test_args=draft_path_server_args(tree, "/d", steps=5, topk=4, num_draft_tokens=8))
+    assert (cfg.args()["speculative_eagle_topk"], cfg.args()["speculative_num_draft_tokens"]) == (4, 8)
 
 
 def test_tbo_sm_count_stands_in_for_the_device_query_only() -> None:

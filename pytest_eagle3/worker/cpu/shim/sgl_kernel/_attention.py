@@ -26,10 +26,18 @@ arguments.  Semantics from sgl-kernel ``csrc/cpu/decode.cpp`` and
   (transformers' Gemma 3 / gpt-oss masks: ``q_idx - kv_idx < sliding_window``).
 * ``sinks [H]`` (gpt-oss): one extra logit per head joins each softmax and is
   dropped after it, so it only takes probability mass away.
+* ``tree_mask`` (speculative verify of a token tree, EAGLE top-k > 1): the
+  ``QLEN_ONLY`` mask SGLang builds on CPU (0.5.23 ``srt/speculative/eagle_utils.py``
+  ``default_tree_mask_mode``, ``build_tree_kernel_efficient``; handed over by
+  ``intel_amx_backend.py`` ``_build_extend_metadata`` only when ``tree_topk != 1``):
+  flat bool, one ``ext x ext`` block per sequence in batch order, row ``i``
+  column ``j`` True when new token ``i`` may see new token ``j`` (node ``i``'s
+  root and ancestors, and itself).  The cached prefix stays fully visible; the
+  block replaces the causal mask among the new tokens.
 
 Everything is computed in float32 and written into the output tensor.  What
 this stand-in does not implement (cross attention, encoder lengths, tree
-masks of speculative topk > 1, fp8 KV caches)
+bit-packed tree masks, fp8 KV caches)
 raises ``NotImplementedError`` instead of computing something else.
 """
 
@@ -154,13 +162,18 @@ def extend_attention_cpu(
     """Prefill/extend (also speculative verify); writes ``o_extend [tokens, H, Dv]`` in place."""
     op = "extend_attention_cpu"
     _refuse(op, cross_attention=is_cross_attn, encoder_lengths=encoder_lens is not None,
-            a_speculative_tree_mask=tree_mask is not None)
+            a_bit_packed_tree_mask=tree_mask is not None and tree_mask.dtype != torch.bool)
     _check_kv_dtype(op, k_buffer)
     window = int(sliding_window_size or 0)
     starts = extend_start_loc.tolist()
     ext_lens = extend_seq_lens.tolist()
     lens = seq_lens.tolist()
     rows = req_pool_indices.tolist()
+    tree = tree_mask.reshape(-1) if tree_mask is not None else None
+    if tree is not None and tree.numel() < sum(n * n for n in ext_lens):
+        raise ValueError(f"{op}: a tree mask of {tree.numel()} entries for extend lengths {ext_lens} "
+                         f"(needs one ext x ext block per sequence)")
+    block = 0  # offset of this sequence's tree-mask block
     for row, start, ext, total in zip(rows, starts, ext_lens, lens):
         if ext == 0:
             continue
@@ -186,7 +199,11 @@ def extend_attention_cpu(
         mask = None
         qpos = torch.arange(prefix, total).unsqueeze(1)
         kpos = torch.arange(total).unsqueeze(0)
-        if is_causal:
+        if tree is not None:
+            among_new = tree[block : block + ext * ext].reshape(ext, ext)
+            mask = torch.cat([torch.ones(ext, prefix, dtype=torch.bool), among_new], dim=1)
+            block += ext * ext
+        elif is_causal:
             mask = kpos <= qpos
         if window > 0:
             near = kpos > qpos - window
