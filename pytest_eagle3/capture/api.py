@@ -32,7 +32,9 @@ from pytest_eagle3.errors import Eagle3Error
 from pytest_eagle3.engine.config import build_engine_config
 from pytest_eagle3.engine.cuda.recipe import cuda_recipe
 from pytest_eagle3.engine.gpus import PLAN_GPU_ARCH, detect_gpu_arch
+from pytest_eagle3.engine.spec_shapes import CPU_SPEC_OVERLAP
 from pytest_eagle3.engine.variants import CPU_ALLREDUCE_FUSION
+from pytest_eagle3.worker.cpu.spec_overlap import OVERLAP_ENV
 from pytest_eagle3.capture.draft_path import draft_path_server_args
 from pytest_eagle3.capture.response import Captures, parse_response
 from pytest_eagle3.settings import Settings
@@ -127,8 +129,11 @@ def engine_config(install: SGLangInstall, settings: Settings, *, model_path: str
     args.update(extra_args or {})
     # A variant's CPU stand-in switch (engine/variants.py cpu_args) is ours, not SGLang's.
     fusion = bool(args.pop(CPU_ALLREDUCE_FUSION, settings.cpu_allreduce_fusion))
+    overlap = bool(args.pop(CPU_SPEC_OVERLAP, False))  # a speculative shape's CPU switch (engine/spec_shapes.py)
     cuda = cuda_recipe_for(install, settings, facts) if settings.device == "cuda" else None
     extra_env = {ID_SWITCH_ENV: "1"} if switch else {}
+    if overlap:
+        extra_env[OVERLAP_ENV] = "1"
     if settings.fault:
         extra_env[FAULT_ENV] = str(settings.fault)
     return build_engine_config(install, model_path=model_path, tp=tp, device=settings.device,

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 from pytest_eagle3.capture.api import capture, engine_config
 from pytest_eagle3.engine.config import attention_dp_size
+from pytest_eagle3.engine.draft_inputs import read_draft_inputs
+from pytest_eagle3.capture.recorded import RankCaptures, SpecRecording
 from pytest_eagle3.worker.env import FUSION_ENV, ID_SWITCH_ENV
 from pytest_eagle3.worker.id_switch import APPLIED_FILE, IDS_FILE
 from pytest_eagle3.settings import Settings
@@ -211,22 +212,39 @@ class CaptureRunner:
         verify), in order (:func:`pytest_eagle3.engine.recordings.request_forwards`;
         the requests carry no rid of ours, so every forward of the run is kept).
         Under attention DP each DP rank holds the forwards of the requests it served.
+        The run is :meth:`speculate_recorded`'s, shared with the tests that read it.
 
         Raises:
             Eagle3Error: a rank recorded nothing.
         """
-        assert request.draft is not None, "speculate_ranks() needs a request that loads a draft"
+        run = self.speculate_recorded(request, prompts, max_new_tokens)
+        return list(run.runs), run.records
+
+    def speculate_recorded(self, request: "CaptureRequest", prompts: Sequence[Sequence[int]],
+                           max_new_tokens: Sequence[int]) -> SpecRecording:
+        """Greedy speculative decoding of ``prompts`` with the per-rank recorder and the
+        draft's input recorder on (:mod:`pytest_eagle3.engine.draft_inputs`): run once
+        per engine, prompts and lengths in a session; later calls return the same run.
+
+        Raises:
+            Eagle3Error: a rank recorded nothing.
+        """
+        assert request.draft is not None, "speculate_recorded() needs a request that loads a draft"
         server = self._server(request.ids, request.extra_args, request.draft)
         assert self.last_config is not None
-        dp = attention_dp_size(dict(self.last_config.server_args))
-        recorder = Recorder(self.pool.record_dir(self.last_config))
-        self._flush(server)
-        with recorder.recording():
-            out = _decode_each(server, prompts, max_new_tokens)
-            records = recorder.read(self.tp, even=dp == 1)
-        self._prove_standin_paths(server)
-        self._count_send([run.captures for run in out])  # its order on the engine, for the diagnosis
-        return out, records
+        key = ("recorded", self.last_config, tuple(map(tuple, prompts)), tuple(int(n) for n in max_new_tokens))
+        if key not in self.pool.results:
+            dp = attention_dp_size(dict(self.last_config.server_args))
+            recorder = Recorder(self.pool.record_dir(self.last_config))
+            self._flush(server)
+            with recorder.recording():
+                out = _decode_each(server, prompts, max_new_tokens)
+                records = recorder.read(self.tp, even=dp == 1)
+                draft = read_draft_inputs(recorder.directory, self.tp)
+            self._prove_standin_paths(server)
+            self._count_send([run.captures for run in out])  # its order on the engine, for the diagnosis
+            self.pool.results[key] = SpecRecording(tuple(out), records, draft)
+        return self.pool.results[key]
 
     def __call__(self, layer_ids: Sequence[int] | None, *, prompts: Sequence[Sequence[int]] | None = None,
                  decode_steps: int = 0, extra_args: Mapping[str, Any] | None = None,
@@ -414,26 +432,3 @@ def _decode_each(server: Any, prompts: Sequence[Sequence[int]],
     for prompt, n in zip(prompts, max_new_tokens):
         out += capture_draft_path(server, [prompt], decode_steps=max(0, int(n) - 1))
     return out
-
-
-@dataclass(frozen=True)
-class RankCaptures:
-    """What one request set captured, through the API and on every TP rank.
-
-    Attributes:
-        captures: per prompt, the API's captures (rank 0's view).
-        prefill: rank -> per prompt, its prefill rows over every chunk (``[T, K*H]``).
-        decode: rank -> per prompt, its decode rows (``[d, K*H]``, positions ``T .. T+d-1``);
-            ``{}`` without decode steps.
-        forwards: rank -> every forward holding the prompts' rows, in order (what
-            the ranks must agree on, bitwise on cpu).
-        served: under attention DP, rank -> the prompt indices its DP rank served
-            (``prefill[rank][k]`` is prompt ``served[rank][k]``); ``None``: every
-            rank holds every prompt.
-    """
-
-    captures: "list[Captures]"
-    prefill: "dict[int, list[Record]]"
-    decode: "dict[int, list[Record]]"
-    forwards: "dict[int, list[Record]]"
-    served: "dict[int, list[int]] | None" = None

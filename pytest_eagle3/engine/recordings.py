@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
+from pytest_eagle3.worker.draft_recorder import PREFIX as DRAFT_PREFIX
 from pytest_eagle3.worker.recorder_hook import ENABLED_FILE, FAULT_FILE, FAULTS
 from pytest_eagle3.errors import Eagle3Error
 
@@ -51,6 +52,15 @@ class Record:
         lens: rows of ``aux`` per request, in ``rids`` order.
         chunks: for one request's prefill rows joined over several forwards (a
             chunked prefill), the rows of each forward in order (``()``: one forward).
+        parents: a speculative verify's token tree, per row: the row of its parent
+            node within the same request's rows (-1: the root; -2: a node SGLang's
+            tree links do not reach); ``()``: no tree recorded
+            (:func:`tree_parents`).
+        reference: the token sequence whose transformers reference holds these rows
+            at their positions, where that is not the request's final sequence (a
+            verify's tree nodes off the accepted path,
+            :func:`pytest_eagle3.engine.verify_tree.verify_node_records`); ``()``: the
+            final sequence.
     """
 
     rank: int
@@ -63,6 +73,8 @@ class Record:
     rids: tuple[str, ...] = ()
     lens: tuple[int, ...] = ()
     chunks: tuple[int, ...] = ()
+    parents: tuple[int, ...] = ()
+    reference: tuple[int, ...] = ()
 
     def for_request(self, rid: str) -> "Record | None":
         """This forward's rows of request ``rid`` as a record of their own (None:
@@ -73,8 +85,9 @@ class Record:
         start = sum(self.lens[:i])
         rows = slice(start, start + self.lens[i])
         pos = self.positions[rows] if self.positions is not None else None
+        parents = self.parents[rows] if len(self.parents) == self.aux.shape[0] else ()
         return Record(self.rank, self.seq, self.mode, self.aux[rows], self.input_ids[rows], pos, self.shard,
-                      (rid,), (self.lens[i],))
+                      (rid,), (self.lens[i],), parents=parents)
 
 
 def prefill_records(records: Mapping[int, Sequence[Record]], rids: Sequence[str | None]
@@ -253,7 +266,7 @@ class Recorder:
         if fault is not None and fault.get("kind") not in FAULTS:
             raise ValueError(f"unknown fault {fault.get('kind')!r}; known: {', '.join(FAULTS)}")
         self.directory.mkdir(parents=True, exist_ok=True)
-        for old in self.directory.glob("rank*"):
+        for old in [*self.directory.glob("rank*"), *self.directory.glob(f"{DRAFT_PREFIX}*")]:
             shutil.rmtree(old, ignore_errors=True)
         fault_file = self.directory / FAULT_FILE
         if fault is not None:
@@ -307,6 +320,8 @@ def _load(rank: int, path: Path) -> Record:
         aux = fh.get_tensor("aux").float()
         ids = fh.get_tensor("input_ids")
         pos = fh.get_tensor("positions") if "positions" in names else None
+        links = ((fh.get_tensor("tree_next_token"), fh.get_tensor("tree_next_sibling"))
+                 if {"tree_next_token", "tree_next_sibling"} <= names else None)
     shard = None
     if meta.get("shard"):
         start, end = meta["shard"].split(",")
@@ -314,4 +329,25 @@ def _load(rank: int, path: Path) -> Record:
     seq = int(path.name.split("-", 1)[0])
     rids = tuple(json.loads(meta.get("rids") or "[]"))
     lens = tuple(int(n) for n in json.loads(meta.get("lens") or "[]"))
-    return Record(rank, seq, meta.get("mode", "UNKNOWN"), aux, ids, pos, shard, rids, lens)
+    parents: tuple[int, ...] = ()
+    if links is not None and links[0].shape[0] == len(lens) and all(n == links[0].shape[1] for n in lens):
+        parents = tuple(p for first, sibling in zip(links[0].tolist(), links[1].tolist())
+                        for p in tree_parents(first, sibling))
+    return Record(rank, seq, meta.get("mode", "UNKNOWN"), aux, ids, pos, shard, rids, lens, parents=parents)
+
+
+def tree_parents(first_child: Sequence[int], next_sibling: Sequence[int]) -> list[int]:
+    """Each node's parent in one request's verify tree, from SGLang's links
+    (``retrieve_next_token[p]``: node ``p``'s first child; ``retrieve_next_sibling[c]``:
+    the next child of ``c``'s parent; -1: none): -1 for the root (node 0), -2 for a
+    node the links never reach."""
+    n = len(first_child)
+    parent = [-2] * n
+    if n:
+        parent[0] = -1
+    for p in range(n):
+        child, hops = int(first_child[p]), 0
+        while 0 <= child < n and hops < n:
+            parent[child] = p
+            child, hops = int(next_sibling[child]), hops + 1
+    return parent

@@ -1,12 +1,13 @@
 """Proof, from an engine's log, that a CPU-tier stand-in path really ran on every TP rank.
 
-The CPU tier runs four of SGLang's production branches through stand-ins: the
+The CPU tier runs five of SGLang's production branches through stand-ins: the
 in-place norms (:mod:`pytest_eagle3.worker.cpu.norms`), the fused all-reduce
 (:mod:`pytest_eagle3.worker.cpu.allreduce_fusion`), single-batch overlap's
-second stream (``patches.sbo_streams`` of :mod:`pytest_eagle3.worker.cpu.patches`)
-and two-batch overlap over the DeepEP stand-in (:mod:`pytest_eagle3.worker.cpu.deepep`;
-its proof is the split line of :mod:`pytest_eagle3.worker.tbo_proof`); the last two
-are selected by a server argument, not the env.  Each stand-in logs one line at
+second stream (``patches.sbo_streams`` of :mod:`pytest_eagle3.worker.cpu.patches`),
+two-batch overlap over the DeepEP stand-in (:mod:`pytest_eagle3.worker.cpu.deepep`;
+its proof is the split line of :mod:`pytest_eagle3.worker.tbo_proof`), the two
+selected by a server argument, not the env, and SGLang's overlap schedule for
+speculative decoding (:mod:`pytest_eagle3.worker.cpu.spec_overlap`).  Each stand-in logs one line at
 its first call in a process; a test on such an
 engine passes only if at least ``tp`` processes (one per TP rank) logged it,
 else it fails with :data:`NOT_TAKEN`: a configured path that never ran
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from pytest_eagle3.engine.config import attention_dp_size
+from pytest_eagle3.worker.cpu import spec_overlap
 from pytest_eagle3.worker.env import FUSION_ENV, NORM_PATH_ENV
 
 NOT_TAKEN = ("{engine}: {path} was configured ({env}) but {what}: the path did not run, so this test "
@@ -56,6 +58,8 @@ PATHS = (
     StandinPath("two-batch overlap", ("enable_two_batch_overlap", True),
                 re.compile(r"pytest-eagle3 TBO: (?P<op>\w+) batch of \d+ token\(s\) split .*?\(pid (?P<pid>\d+)\)"),
                 by_arg=True),
+    StandinPath("SGLang's overlap schedule for speculative decoding", (spec_overlap.OVERLAP_ENV, "1"),
+                re.compile(spec_overlap.PROOF)),
 )
 
 

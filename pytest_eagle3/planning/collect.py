@@ -32,6 +32,7 @@ from pytest_eagle3.target.spec import DEFAULT_ARCHITECTURE
 
 if TYPE_CHECKING:
     from pytest_eagle3.conventions import IdRule
+    from pytest_eagle3.engine.spec_shapes import SpecShape
     from pytest_eagle3.sglang_source.pp_code import PpCode
 
 # Reasons a (TP, need) pair is left out at collection (one summary line each).
@@ -82,6 +83,10 @@ NO_PORTABLE_DRAFT = "target {target} ships no portable draft (fixtures/drafts/<p
 NO_MLA_MODEL = (
     "{sglang} has no MLA EAGLE-3 draft model ({file} with class {cls}): the MLA drafts run on releases that ship it"
 )
+SHAPE_USER_DRAFT = ("--eagle3-draft is the acceptance draft: the {shape} speculative shape runs the shipped draft, "
+                    "whose acceptance the suite knows")
+SHAPE_SLOW = ("the {shape} speculative shape needs engines of its own (about 40-60 s per TP size on cpu); "
+              "run with --eagle3-slow")
 VARIANT_USER_DRAFT = "--eagle3-draft is the acceptance draft: the shipped {variant} draft is not used"
 NO_VARIANT_DRAFT = "target {target} ships no {variant} draft (fixtures/drafts/<preset>-{variant})"
 #: The MLA drafts serve the DeepSeek-V3 layout only (Kimi-K2.x); ``{target}``, ``{architecture}``.
@@ -138,6 +143,20 @@ def _portable_reason(ctx: NeedContext) -> str | None:
     return None
 
 
+def _shape_reason(shape: "SpecShape", ctx: NeedContext) -> str | None:
+    """Why the acceptance engine of speculative ``shape`` is not generated (``None``: it is)."""
+    s = ctx.settings
+    if s.draft is not None:
+        return SHAPE_USER_DRAFT.format(shape=shape.name)
+    if ctx.install is not None:
+        reason = shape.requirement(ctx.install, s.device)
+        if reason is not None:
+            return reason
+    if s.device == "cpu" and not s.slow:
+        return SHAPE_SLOW.format(shape=shape.name)
+    return None
+
+
 def _declares_portable_ids(draft: Path) -> bool:
     """The draft's provenance names the portable contract (``specforge-default-ids``)."""
     try:
@@ -166,6 +185,10 @@ def collect_reason(need: EngineNeed, ctx: NeedContext) -> str | None:
             return reason
     elif need.acceptance and acceptance_draft(s) is None:
         return NO_ACCEPTANCE_DRAFT.format(target=s.target)
+    if need.spec_shape is not None:
+        reason = _shape_reason(need.spec_shape, ctx)
+        if reason is not None:
+            return reason
     if ctx.tp > s.tp:
         return TP_ABOVE.format(needed=ctx.tp, tp=s.tp)
     if ctx.tp > 1 and not need.every_tp:

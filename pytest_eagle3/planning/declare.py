@@ -43,6 +43,7 @@ from pytest_eagle3.settings import Settings
 
 if TYPE_CHECKING:
     from pytest_eagle3.sglang_source.install import SGLangInstall
+    from pytest_eagle3.engine.spec_shapes import SpecShape
     from pytest_eagle3.engine.variants import Variant
     from pytest_eagle3.target.spec import TargetFacts
 
@@ -92,6 +93,9 @@ class EngineNeed:
         draft_variant: with ``acceptance``: a shipped draft variant
             (:data:`MLA_VARIANTS`, ``fixtures/drafts/<preset>-<variant>``),
             generated only where the installed SGLang has its model class.
+        spec_shape: with ``acceptance``: the speculative shape the engine runs
+            (:mod:`pytest_eagle3.engine.spec_shapes`: a token tree, the other overlap
+            schedule); ``None``: the acceptance engines' chain.
         measures_rule: the test judges the captures without the id rule's
             prediction (it measures the rule, or compares with a contract or
             an acceptance gate), so it runs where the rule could not be read;
@@ -112,6 +116,7 @@ class EngineNeed:
     acceptance: bool = False
     portable_draft: bool = False
     draft_variant: str = ""
+    spec_shape: "SpecShape | None" = field(default=None, compare=False)
     measures_rule: bool = False
     also: tuple[tuple[str, "EngineNeed"], ...] = field(default=(), compare=False)
 
@@ -223,7 +228,8 @@ def with_capture_only(need: EngineNeed, name: str = "capture-only") -> EngineNee
     return replace(need, also=(*need.also, (name, EngineNeed(name, need.case, every_tp=True))))
 
 
-def acceptance_need(*, portable: bool = False, variant: str = "", path: "Variant | None" = None) -> EngineNeed:
+def acceptance_need(*, portable: bool = False, variant: str = "", path: "Variant | None" = None,
+                    shape: "SpecShape | None" = None) -> EngineNeed:
     """The need of the acceptance tests: speculative decoding with a trained draft,
     at every TP size of the test's marker; its engine also serves draft-path captures.
 
@@ -233,8 +239,15 @@ def acceptance_need(*, portable: bool = False, variant: str = "", path: "Variant
     hold on its draft path.  ``variant``: one of :data:`MLA_VARIANTS`.  ``path``:
     a path variant whose server args the engine adds (``dp-attention``: verify on
     attention DP's reduce-scatter route); an engine of its own, left out where the
-    variant cannot run.
+    variant cannot run.  ``shape``: a speculative shape of
+    :mod:`pytest_eagle3.engine.spec_shapes` (an engine of its own; a shape with a
+    ``pair`` has the chain's acceptance engine in its engine set as
+    :data:`~pytest_eagle3.engine.variants.PAIR_MEMBER`, at TP 1 only).
     """
+    if shape is not None:
+        also = ((PAIR_MEMBER, acceptance_need()),) if shape.pair else ()
+        return EngineNeed(f"acceptance-{shape.name}", cases.WIDE_CASE, every_tp=not shape.pair, acceptance=True,
+                          group=f"acceptance-{shape.name}", spec_shape=shape, measures_rule=True, also=also)
     if path is not None:
         return EngineNeed(f"acceptance-{path.name}", cases.WIDE_CASE, variant=path, every_tp=True, acceptance=True,
                           group=f"acceptance-{path.name}", measures_rule=True)

@@ -106,6 +106,9 @@ def resolve(need: EngineNeed, ctx: NeedContext) -> EngineRequest:
         if v is not None:
             # Speculative decoding on a path variant's engine (its server args over the acceptance engine's).
             req = replace(req, extra_args=v.args_for(ctx.install, ctx.tp, ctx.settings.device))
+        if need.spec_shape is not None:
+            # Another speculative shape: its draft/verify sizes and schedule over the acceptance engine's.
+            req = replace(req, extra_args={**req.extra_args, **need.spec_shape.server_args(ctx.settings.device)})
         return req
     case = cases.resolve(need.case, L, H, rule)
     shared = capture_engine_args(need, ctx)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from pytest_eagle3.worker.env import FIX_ENV
 from pytest_eagle3.worker.faults import (
-    CATALOG, NEEDS_DP_ROUTE, NEEDS_FUSED_ALLREDUCE, NEEDS_INPLACE_NORM, NEEDS_PP, NEEDS_TBO, NEEDS_TP,
+    CATALOG, NEEDS_DP_ROUTE, NEEDS_FUSED_ALLREDUCE, NEEDS_INPLACE_NORM, NEEDS_PP, NEEDS_TBO, NEEDS_TP, NEEDS_TREE,
 )
 
 __all__ = ["NEEDS_TP", "Catch", "contrast_plan", "suite_catches", "self_test_args", "self_test_env", "self_test_plan"]
@@ -148,16 +148,18 @@ def self_test_args(kind: str | None) -> tuple[str, ...]:
     :data:`~pytest_eagle3.worker.faults.NEEDS_FUSED_ALLREDUCE` (both act on cpu
     only; a GPU runs these paths natively), ``--eagle3-pp 2`` for those in
     :data:`~pytest_eagle3.worker.faults.NEEDS_PP`, ``--eagle3-slow`` for those in
-    :data:`~pytest_eagle3.worker.faults.NEEDS_TBO` and
-    :data:`~pytest_eagle3.worker.faults.NEEDS_DP_ROUTE` (the ``two-batch-overlap`` and
-    ``dp-attention`` variants run at TP 2 on cpu only with it).  ``None``: none."""
+    :data:`~pytest_eagle3.worker.faults.NEEDS_TBO`,
+    :data:`~pytest_eagle3.worker.faults.NEEDS_DP_ROUTE` and
+    :data:`~pytest_eagle3.worker.faults.NEEDS_TREE` (the ``two-batch-overlap`` and
+    ``dp-attention`` variants run at TP 2 on cpu only with it, the token-tree
+    engine at all).  ``None``: none."""
     if kind in NEEDS_INPLACE_NORM:
         return ("--eagle3-cpu-norm", "inplace")
     if kind in NEEDS_FUSED_ALLREDUCE:
         return ("--eagle3-cpu-allreduce-fusion",)
     if kind in NEEDS_PP:
         return ("--eagle3-pp", "2")
-    if kind in NEEDS_TBO or kind in NEEDS_DP_ROUTE:
+    if kind in NEEDS_TBO or kind in NEEDS_DP_ROUTE or kind in NEEDS_TREE:
         return ("--eagle3-slow",)
     return ()
 

@@ -31,6 +31,9 @@ from pytest_eagle3.plugin.current_item import TracksCurrentItem
 
 TITLE = "eagle3 figures"
 WORST_PROPERTY = "eagle3_worst_rel_err"
+#: Properties of the speculative-shape tests (suite/test_speculative_shapes.py) printed as they are:
+#: the tree nodes a verify check compared, what the draft was fed, which schedule each engine ran.
+SHAPE_PROPERTIES = ("eagle3_tree", "eagle3_draft_feed", "eagle3_schedules")
 ACCEPT_HEAD = ("acceptance", "accept length", "rate", "verifies", "gate length/rate", "outcome")
 POWER_LINE = ("{test}: offline accept length {got:.3f} on SGLang's captures, {ref:.3f} on the reference; "
               "best miswired {worst:.3f} ({name})")
@@ -73,6 +76,8 @@ class Figures(TracksCurrentItem):
 
     acceptance: list[tuple[str, ...]] = field(default_factory=list)
     power: list[str] = field(default_factory=list)
+    #: What the speculative-shape tests compared (:data:`SHAPE_PROPERTIES`), one line each.
+    shapes: list[str] = field(default_factory=list)
     cases: dict[str, CaseFigure] = field(default_factory=dict)
 
     def __hash__(self) -> int:
@@ -111,6 +116,8 @@ class Figures(TracksCurrentItem):
                 self.power.append(POWER_LINE.format(
                     test=short_name(report.nodeid), got=offline[CORRECT]["accept_length"],
                     ref=offline[CORRECT]["reference_accept_length"], worst=worst["accept_length"], name=name))
+        self.shapes += [f"{short_name(report.nodeid)}: {props[k]}" for k in SHAPE_PROPERTIES
+                        if isinstance(props.get(k), str)]
         worst = props.get(WORST_PROPERTY)
         if isinstance(worst, dict):
             case = self.cases.setdefault(case_id(report.nodeid), CaseFigure())
@@ -123,6 +130,7 @@ class Figures(TracksCurrentItem):
         if self.acceptance:
             out += _grid([ACCEPT_HEAD, *self.acceptance])
         out += self.power
+        out += self.shapes
         if self.cases:
             if out:
                 out.append("")

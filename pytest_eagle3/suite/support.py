@@ -5,11 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from pytest_eagle3.draft.power import load_examples
 from pytest_eagle3.settings import Settings
+from pytest_eagle3.target.reference import ensure_reference
 from pytest_eagle3.verdicts.evidence import checkpoint_evidence
 from pytest_eagle3.verdicts.observation import LATER_CHUNK_UNNUMBERED
 
 if TYPE_CHECKING:
+    from pytest_eagle3.engine.recordings import Record
     from pytest_eagle3.target.spec import TargetFacts
 
 #: Relative L2 tolerance for a slot to count as the expected snapshot.  CPU runs
@@ -26,6 +29,22 @@ if TYPE_CHECKING:
 #: about 2x margin on each side.
 CPU_TOL = 1e-4
 CUDA_TOL = 0.3
+
+NO_CONTINUATIONS = "{draft} ships no continuations.json: replaying the suite prompts for {n} tokens each"
+#: Tokens per prompt when the draft ships no continuations (a user's draft).
+USER_TOKENS = 32
+
+
+def acceptance_workload(draft_dir: Path, prompts: Sequence[Sequence[int]]) -> tuple[list, list, list, list | None]:
+    """``(names, prompts, max_new_tokens, expected continuations or None)`` of the acceptance
+    tests: the prompts the draft learnt (its ``continuations.json``) for exactly their trusted
+    continuation lengths, else the suite prompts for :data:`USER_TOKENS` tokens each."""
+    examples = load_examples(draft_dir)
+    if examples:
+        return ([e.name for e in examples], [list(e.prompt) for e in examples],
+                [len(e.continuation) for e in examples], [list(e.continuation) for e in examples])
+    return ([f"prompt_{i}" for i in range(len(prompts))], [list(p) for p in prompts],
+            [USER_TOKENS] * len(prompts), None)
 
 
 def tolerance(settings: Settings) -> float:
@@ -141,3 +160,14 @@ def where(req, cap=None, *, path: str, mode: str | None = None, **more: Any) -> 
         out["mode"] = mode
     out.update(more)
     return out
+
+
+def row_references(checkpoint: Path, records: "Sequence[Record]", sequences: "dict[str, Sequence[int]]") -> list:
+    """Per record, the reference ``[num_hs, rows, H]`` at its positions: computed on
+    its :attr:`~pytest_eagle3.engine.recordings.Record.reference` (a verify's tree
+    nodes off the accepted path) or on its request's final sequence
+    (``sequences``: rid -> tokens); each distinct sequence is computed once."""
+    wanted = [tuple(r.reference) or tuple(int(t) for t in sequences[r.rids[0]]) for r in records]
+    unique = list(dict.fromkeys(wanted))
+    stacks = dict(zip(unique, ensure_reference(checkpoint, [list(u) for u in unique]))) if unique else {}
+    return [stacks[w][:, r.positions] for w, r in zip(wanted, records)]

@@ -47,33 +47,24 @@ from pytest_eagle3.target.reference import ensure_reference
 from pytest_eagle3.capture.api import CAPTURE_ONLY, Eagle3CaptureUnsupported, select_method
 from pytest_eagle3.suite.outcome import conclude, conclude_each, fail_if_bad, recorded_causes
 from pytest_eagle3.verdicts.observation import CHUNKS_JOINED
-from pytest_eagle3.suite.support import attention_tp, evidence, tolerance, where
+from pytest_eagle3.suite.support import (
+    NO_CONTINUATIONS, USER_TOKENS, acceptance_workload, attention_tp, evidence, row_references, tolerance, where,
+)
 from pytest_eagle3.verdicts.acceptance import check_gate, check_output, check_power, check_relative
-from pytest_eagle3.engine.recordings import request_forwards, verify_records
+from pytest_eagle3.engine.recordings import request_forwards
+from pytest_eagle3.engine.verify_tree import verify_node_records
 from pytest_eagle3.engine.route_proof import proof_lines, route_not_proven
+from pytest_eagle3.engine.spec_shapes import TREE
 from pytest_eagle3.engine.variants import get_variant
 from pytest_eagle3.verdicts.rankcheck import (
     ROW_MODES, check_rank_slots, check_ranks_agree, check_request_count, check_verify_recorded, rank_rows_by_position,
 )
 from pytest_eagle3.verdicts.paths import check_methods_agree, common_slots, compare_captures, select_slots
 
-NO_CONTINUATIONS = "{draft} ships no continuations.json: replaying the suite prompts for {n} tokens each"
-USER_TOKENS = 32
-
-
-def _workload(draft_dir, prompts):
-    """``(names, prompts, max_new_tokens, expected continuations or None)``."""
-
-    examples = load_examples(draft_dir)
-    if examples:
-        return ([e.name for e in examples], [list(e.prompt) for e in examples],
-                [len(e.continuation) for e in examples], [list(e.continuation) for e in examples])
-    return ([f"prompt_{i}" for i in range(len(prompts))], prompts, [USER_TOKENS] * len(prompts), None)
-
-
-#: The shipped draft, the portable one, and the MLA drafts (SGLang's Eagle3DeepseekV2ForCausalLM).
+#: The shipped draft, the portable one, the MLA drafts (SGLang's Eagle3DeepseekV2ForCausalLM), and the
+#: shipped draft drafting token trees (engine/spec_shapes.py; --eagle3-slow on cpu).
 ACCEPTANCE_NEEDS = (acceptance_need(), acceptance_need(portable=True),
-                    *(acceptance_need(variant=v) for v in MLA_VARIANTS))
+                    *(acceptance_need(variant=v) for v in MLA_VARIANTS), acceptance_need(shape=TREE))
 
 
 @pytest.mark.gpu
@@ -88,7 +79,7 @@ def test_draft_acceptance_meets_the_gate(eagle3_engine_request, eagle3_capture, 
     draft = Path(req.draft)
     gates = read_gates(draft, min_accept_length=eagle3_settings.min_accept_length,
                        min_accept_rate=eagle3_settings.min_accept_rate)
-    names, prompts, lengths, expected = _workload(draft, eagle3_prompts)
+    names, prompts, lengths, expected = acceptance_workload(draft, eagle3_prompts)
     if expected is None:
         record_property("eagle3_note", NO_CONTINUATIONS.format(draft=draft, n=USER_TOKENS))
     runs = eagle3_capture.speculate(req, prompts, lengths)
@@ -204,7 +195,7 @@ def test_every_rank_agrees_in_verify(eagle3_engine_request, eagle3_need, eagle3_
     req = eagle3_engine_request
     facts = eagle3_model_config
     tol = tolerance(eagle3_settings)
-    _, prompts, lengths, _ = _workload(Path(req.draft), eagle3_prompts)
+    _, prompts, lengths, _ = acceptance_workload(Path(req.draft), eagle3_prompts)
     dp = eagle3_tp // attention_tp(eagle3_tp, req.extra_args)
     if dp > 1:
         # Two requests per DP rank (sent one at a time; SGLang's DP controller spreads them).
@@ -220,10 +211,9 @@ def test_every_rank_agrees_in_verify(eagle3_engine_request, eagle3_need, eagle3_
     rids = list(dict.fromkeys(rid for rec in records[0] for rid in rec.rids))
     conclude(check_request_count(rids, len(runs)))
     sequences = {rid: list(p) + list(r.output_ids) for rid, p, r in zip(rids, prompts, runs)}
-    verify = verify_records(records, sequences)
+    verify = verify_node_records(records, sequences)
     conclude(check_verify_recorded(len(verify[0]), draft=Path(req.draft).name))
-    full = dict(zip(rids, ensure_reference(eagle3_checkpoint, list(sequences.values()))))
-    references = [full[rec.rids[0]][:, rec.positions] for rec in verify[0]]
+    references = row_references(eagle3_checkpoint, verify[0], sequences)
     fail_if_bad(check_rank_slots(verify, references, expected=list(req.predicted), num_layers=facts.num_layers,
                                  hidden_size=facts.hidden_size, tol=tol), config=pytestconfig,
                 where=where(req, runs[0].captures if runs else None, path="speculative", mode="verify", check="ranks",
@@ -244,7 +234,9 @@ def _verify_under_dp(req, variant, runs, prompts, records, capture, checkpoint, 
         pytest.fail(why, pytrace=False)
     rids = [r.captures.rid for r in runs]
     sequences = {rid: list(p) + list(r.output_ids) for rid, p, r in zip(rids, prompts, runs)}
-    verify = verify_records(records, sequences)
+    # Each request's rows against its final sequence's reference (rank_rows_by_position): the
+    # verified rows of each verify forward.
+    verify = verify_node_records(records, sequences, off_path=False)
     conclude(check_verify_recorded(sum(len(v) for v in verify.values()), draft=Path(req.draft).name))
     prefill = {rank: [r for r in recs if r.mode != mode] for rank, recs in request_forwards(records, rids).items()}
     rows = {rank: prefill[rank] + verify.get(rank, []) for rank in prefill}

@@ -16,7 +16,7 @@ forward; these tests compare all of them with the reference:
 The embedding and reduction checks also run on attention DP's engine (the
 ``dp-attention`` path variant, ``--eagle3-slow`` on cpu), where each rank holds
 the rows of the requests its DP rank served (:attr:`RankCaptures.served
-<pytest_eagle3.capture.runner.RankCaptures.served>`); the ranks' agreement needs
+<pytest_eagle3.capture.recorded.RankCaptures.served>`); the ranks' agreement needs
 every rank to hold every request, so it runs without attention DP only.
 
 Verify forwards (speculative decoding) are checked on every rank by

@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 from pytest_eagle3.worker.fault_when import forward_selection
 from pytest_eagle3.worker.faults import CONFINED, FaultError, describe, read_fault
-from pytest_eagle3.worker import dp_route, fault_reads, pp_relay, tbo_capture
+from pytest_eagle3.worker import dp_route, fault_reads, pp_relay, spec_faults, tbo_capture
 
 
 logger = logging.getLogger("pytest_eagle3.faults")
@@ -54,7 +54,6 @@ PACKER_SLOT = "sglang.srt.layers.aux_hidden_states.AuxHiddenStatePacker.slot"
 PACKER_APPEND = "sglang.srt.layers.aux_hidden_states.AuxHiddenStatePacker.append"
 PACKER_FINALIZE = "sglang.srt.layers.aux_hidden_states.AuxHiddenStatePacker.finalize"
 LIST_CAPTURE = "sglang.srt.layers.aux_hidden_states.AuxHiddenStateList.capture"
-DRAFT_FORWARD = "sglang.srt.models.llama_eagle3.LlamaModel.forward"
 
 
 # --- worker-side state -------------------------------------------------------
@@ -168,27 +167,6 @@ def _around_packer_finalize_half(original: Callable, packer: Any, *args: Any, **
         _log_once("half-precision-copy", "half-precision-copy: packed captures %s rounded through float16",
                   tuple(out.shape))
     return out
-
-
-def _around_draft_forward(original: Callable, model: Any, *args: Any, **kwargs: Any) -> Any:
-    """draft-fc-reversed: the draft's ``LlamaModel.forward`` sees its ``K`` aux
-    hidden states (``forward_batch.spec_info.hidden_states``, ``[n, K*H]``) in
-    reverse slot order; restored after the forward."""
-    forward_batch = args[2] if len(args) > 2 else kwargs.get("forward_batch")
-    spec = getattr(forward_batch, "spec_info", None)
-    hidden = getattr(spec, "hidden_states", None)
-    k = int(getattr(model, "num_aux_hidden_states", 0) or 0)
-    width = int(getattr(model, "hidden_size_in", 0) or 0)
-    if hidden is None or k < 2 or width == 0 or hidden.shape[-1] != k * width:
-        return original(model, *args, **kwargs)
-    import torch
-
-    spec.hidden_states = torch.cat(list(reversed(hidden.split(width, dim=-1))), dim=-1)
-    _log_once("draft-fc-reversed", "draft-fc-reversed: the draft's %d aux hidden states reversed before fc", k)
-    try:
-        return original(model, *args, **kwargs)
-    finally:
-        spec.hidden_states = hidden
 
 
 def _around_list_capture(original: Callable, captures: Any, hidden: Any, *args: Any, **kwargs: Any) -> Any:
@@ -430,8 +408,9 @@ def install(fault: dict[str, Any] | None = None) -> dict[str, Any] | None:
         HookRegistry.register(PACKER_SLOT, _around_packer_slot, HookType.AROUND)
     elif kind == "half-precision-copy":
         HookRegistry.register(PACKER_FINALIZE, _around_packer_finalize_half, HookType.AROUND)
-    elif kind == "draft-fc-reversed":
-        HookRegistry.register(DRAFT_FORWARD, _around_draft_forward, HookType.AROUND)
+    elif kind in spec_faults.HOOKS:
+        target, hook = spec_faults.HOOKS[kind]
+        HookRegistry.register(target, hook, HookType.AROUND)
     elif kind == "pp-earlier-stage-zeroed":
         HookRegistry.register(pp_relay.SEND_PROXY, pp_relay.around_send_proxy_zeroed, HookType.AROUND)
     elif kind in tbo_capture.MERGE_FAULTS:

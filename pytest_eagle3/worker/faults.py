@@ -42,8 +42,9 @@ from pytest_eagle3.worker.fault_when import wanted_modes
 #: micro-batch, whose merge the kind corrupts; ``inplace-norm`` SGLang's norms in place
 #: (the CPU tier's ``--eagle3-cpu-norm inplace``, every GPU and Xeon AMX server);
 #: ``fused-allreduce`` the MLP all-reduce fused into the next norm (the CPU tier's
-#: ``--eagle3-cpu-allreduce-fusion``, Hopper/Blackwell at TP > 1).
-NEEDS = ("tp", "dp-route", "pp", "tbo", "inplace-norm", "fused-allreduce")
+#: ``--eagle3-cpu-allreduce-fusion``, Hopper/Blackwell at TP > 1); ``tree`` the token-tree
+#: speculative shape (``acceptance-tree``, ``--eagle3-slow`` on cpu; engine/spec_shapes.py).
+NEEDS = ("tp", "dp-route", "pp", "tbo", "inplace-norm", "fused-allreduce", "tree")
 #: :attr:`FaultKind.named` default: the kind's own name.
 OWN_NAME = "<own name>"
 
@@ -236,6 +237,25 @@ KINDS: tuple[FaultKind, ...] = (
         named=None,
     ),
     FaultKind(
+        "tree-order-aux",
+        "after a token-tree verify the accepted path's KV slots and predicted tokens move to the front of each "
+        "request's block but its aux hidden states stay in tree order (eagle_worker_common."
+        "_finalize_accept_tree_path leaves logits_output.hidden_states as verified): the draft reads tree nodes "
+        "off the accepted path",
+        "SGLang issue #37949 (capture output left in tree order); PR #15360 (the compaction a dense-prefix "
+        "pipeline needs at top-k > 1)",
+        needs={"tree"},
+        named="tree-order",
+    ),
+    FaultKind(
+        "chunk-seam-prediction",
+        "at the end of a prefill chunk that is not the prompt's last the draft is fed the target's prediction "
+        "instead of the next prompt token (eagle_worker_v2._eagle_prefill_tail_tokens as before PR #26800)",
+        "SGLang issue #26329, fixed by PR #26800 (chunked-prefill chain consistency)",
+        needs={"tree"},
+        named="chunk-seam",
+    ),
+    FaultKind(
         "pp-earlier-stage-zeroed",
         "at pipeline parallelism, the captures an earlier stage relays to the next are sent as zeros "
         "(needs the pp-capture-relay upstream fix, which relays them; --eagle3-pp 2)",
@@ -291,6 +311,7 @@ NEEDS_PP = _needing("pp")
 NEEDS_TBO = _needing("tbo")
 NEEDS_INPLACE_NORM = _needing("inplace-norm")
 NEEDS_FUSED_ALLREDUCE = _needing("fused-allreduce")
+NEEDS_TREE = _needing("tree")
 
 
 class FaultError(RuntimeError):

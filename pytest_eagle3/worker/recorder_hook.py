@@ -23,7 +23,13 @@ Files: ``rank<r>/<seq:06d>-<mode>.safetensors`` with tensors ``aux``
 ``"start,end"`` slice of the original vocabulary, ``rids`` = the JSON list of
 the batch's request ids (``ForwardBatch.rids``) and ``lens`` = each request's
 rows in ``aux`` (``extend_seq_lens_cpu``; one per request in decode), so the
-test process attributes every row to its request.
+test process attributes every row to its request.  A speculative verify
+(``TARGET_VERIFY``) also stores its token tree's links as SGLang's verify walks
+them, ``tree_next_token`` and ``tree_next_sibling`` ``[requests, draft tokens]``
+int64 (``EagleVerifyInput.retrieve_next_token`` / ``retrieve_next_sibling``,
+0.5.23 ``srt/speculative/eagle_info.py``: node ``p``'s first child, and the next
+child of the same parent; -1 none), from which the test process finds each
+node's root path.
 """
 
 from __future__ import annotations
@@ -157,6 +163,8 @@ def _after_forward(result: Any, model: Any, input_ids: Any = None, positions: An
             positions = positions[0]
         tensors["positions"] = positions.detach().to("cpu").to(torch.int64).contiguous()
     rids = list(getattr(forward_batch, "rids", None) or [])
+    if mode == "TARGET_VERIFY":
+        tensors.update(tree_links(getattr(forward_batch, "spec_info", None), len(rids)))
     lens = getattr(forward_batch, "extend_seq_lens_cpu", None) if mode.startswith("EXTEND") else None
     if rids and lens is None:
         lens = [copy.shape[0] // len(rids)] * len(rids)
@@ -167,6 +175,22 @@ def _after_forward(result: Any, model: Any, input_ids: Any = None, positions: An
     save_file(tensors, str(tmp), metadata=meta)
     os.replace(tmp, out / f"{_seq:06d}-{mode}.safetensors")
     return None
+
+
+def tree_links(spec_info: Any, requests: int) -> dict[str, Any]:
+    """A verify's tree links (``tree_next_token``, ``tree_next_sibling``: ``[requests, n]``
+    int64) from SGLang's ``EagleVerifyInput``; ``{}`` where it has none of that shape."""
+    first = getattr(spec_info, "retrieve_next_token", None)
+    sibling = getattr(spec_info, "retrieve_next_sibling", None)
+    if first is None or sibling is None or requests == 0:
+        return {}
+    import torch
+
+    first, sibling = first.detach().to("cpu").to(torch.int64), sibling.detach().to("cpu").to(torch.int64)
+    if first.shape != sibling.shape or first.numel() % requests:
+        return {}
+    return {"tree_next_token": first.reshape(requests, -1).contiguous(),
+            "tree_next_sibling": sibling.reshape(requests, -1).contiguous()}
 
 
 def install() -> None:

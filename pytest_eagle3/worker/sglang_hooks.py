@@ -12,8 +12,9 @@ pytest-eagle3's ``pyproject.toml`` and does nothing unless the engine host set
   They route around missing CPU kernels and leave the code under test
   (capture, collectives, embedding, logits processor, speculative worker)
   untouched.
-* ``record``: the per-rank recorder (:mod:`pytest_eagle3.worker.recorder_hook`),
-  idle until a test enables it.
+* ``record``: the per-rank recorder (:mod:`pytest_eagle3.worker.recorder_hook`)
+  and the draft's input recorder (:mod:`pytest_eagle3.worker.draft_recorder`),
+  idle until a test enables them.
 * ``fault``: fault injection into SGLang's own capture path
   (:mod:`pytest_eagle3.worker.fault_injection`), the fault named by
   ``PYTEST_EAGLE3_FAULT``.  Also switched on when that variable is set and any
@@ -108,7 +109,8 @@ def load() -> None:
         if reduce_scatter_proof.install(os.environ.get(RECORD_TARGET_ENV) or recorder_hook.TARGET):
             logger.info("pytest-eagle3: reduce-scatter proof installed (pid %d)", os.getpid())
     if "record" in sets:
-        from pytest_eagle3.worker import recorder_hook
+        from pytest_eagle3.worker import draft_recorder, recorder_hook
 
         recorder_hook.install()
+        draft_recorder.install()
         logger.info("pytest-eagle3: per-rank recorder installed (pid %d)", os.getpid())

@@ -22,7 +22,8 @@ PUBLIC_KINDS = (
     "unreduced-embedding", "partial-sum", "dp-gather-scaled", "aliased-capture", "before-fused-allreduce",
     "partial-before-dp-reduce-scatter", "other-rank-slice-after-dp-reduce-scatter", "wrong-request-rows",
     "no-residual-on-cache-hit", "no-residual-on-later-chunk", "partial-sum-on-rank-decode",
-    "stale-no-residual", "half-precision-copy", "draft-fc-reversed", "pp-earlier-stage-zeroed",
+    "stale-no-residual", "half-precision-copy", "draft-fc-reversed", "tree-order-aux", "chunk-seam-prediction",
+    "pp-earlier-stage-zeroed",
     "tbo-microbatch-dropped", "tbo-microbatches-swapped",
 )
 
@@ -42,6 +43,7 @@ def test_catalog_lists_every_public_bug_class_with_its_source() -> None:
     assert "#28343" in CATALOG["partial-before-dp-reduce-scatter"][1]
     assert "#39634" in CATALOG["pp-earlier-stage-zeroed"][1]
     assert all("#32680" in CATALOG[k][1] for k in ("tbo-microbatch-dropped", "tbo-microbatches-swapped"))
+    assert "#37949" in CATALOG["tree-order-aux"][1] and "#26800" in CATALOG["chunk-seam-prediction"][1]
 
 
 def test_one_record_per_kind_and_the_tables_are_its_views() -> None:
@@ -58,7 +60,9 @@ def test_one_record_per_kind_and_the_tables_are_its_views() -> None:
 
 
 def test_diagnosis_tags_cover_the_catalog() -> None:
-    from pytest_eagle3.verdicts.diagnose import KINDS
+    from pytest_eagle3.verdicts import diagnose, draft_feed
+
+    KINDS = set(diagnose.KINDS) | set(draft_feed.KINDS)
 
     assert set(CATALOG) - set(faults.CONFINED) - set(faults.TEST_TAGS) <= set(KINDS)
     # A confined kind is named by the computation it runs (the path is the run's evidence).

@@ -17,7 +17,7 @@ from pytest_eagle3.sglang_source.norm_code import (
 )
 from pytest_eagle3.engine.standin_proof import PATHS, configured, not_taken, ops_called
 
-NORM_PROOF, FUSION_PROOF, SBO_PROOF, TBO_PROOF = PATHS
+NORM_PROOF, FUSION_PROOF, SBO_PROOF, TBO_PROOF, OVERLAP_PROOF = PATHS
 
 @pytest.fixture(scope="module")
 def sglang_location():

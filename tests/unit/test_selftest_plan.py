@@ -44,6 +44,9 @@ def plan_by_id(no_tp: int) -> dict[str, tuple[int, tuple[str, ...]]]:
                                       f"test_captures_identical_through_path[tp{no_tp}-decode]")),
         "half-precision-copy": (no_tp, (order(no_tp),)),
         "draft-fc-reversed": (1, ("test_draft_acceptance_meets_the_gate[tp1-acceptance]",)),
+        # On the token-tree engine (--eagle3-slow): what the draft is fed after a verify / at a chunk seam.
+        "tree-order-aux": (1, ("test_draft_reads_the_accepted_path[tp1-acceptance-tree]",)),
+        "chunk-seam-prediction": (1, ("test_draft_reads_the_accepted_path[tp1-acceptance-tree]",)),
         # At --eagle3-pp 2 with the relay fix (self_test_args / self_test_env).
         "pp-earlier-stage-zeroed": (1, (order(1),)),
         # Under two-batch overlap with the fix that merges the micro-batches (--eagle3-slow, TP 2).

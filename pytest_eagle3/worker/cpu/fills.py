@@ -16,8 +16,9 @@ is one :class:`Fill` of :data:`FILLS`, in the order :func:`install` walks them:
    Qwen2-MoE and MiniMax-M2 model files, the gated delta-net's norm branch
    and device (Qwen3-Next, Qwen3.5) and the stand-in ``sgl_kernel``'s
    ``torch.ops`` names imported early, before a model file binds them at import
-   (:mod:`pytest_eagle3.worker.cpu.family_kernels`), and the AMX platform
-   fact for engines on the ``intel_amx`` attention backend;
+   (:mod:`pytest_eagle3.worker.cpu.family_kernels`), the AMX platform
+   fact for engines on the ``intel_amx`` attention backend, and SGLang's overlap
+   schedule for speculative decoding (:mod:`pytest_eagle3.worker.cpu.spec_overlap`);
 4. older releases' gaps (:mod:`pytest_eagle3.worker.cpu.older_releases`), each
    checking its own gap in the installed SGLang (a no-op on 0.5.23), and the
    server-args AMX fact for speculative engines.
@@ -37,7 +38,9 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from pytest_eagle3.worker.cpu import allreduce_fusion, deepep, family_kernels, forks, norms, older_releases, patches
+from pytest_eagle3.worker.cpu import (
+    allreduce_fusion, deepep, family_kernels, forks, norms, older_releases, patches, spec_overlap,
+)
 from pytest_eagle3.worker.env import AMX_ATTENTION_ENV, INPUT_SCATTERED_ENV
 from pytest_eagle3.worker.post_import import when_imported
 
@@ -102,6 +105,10 @@ FILLS: tuple[Fill, ...] = (
     Fill("delta_net_norm", "sglang.kernels.ops.attention.fla.fused_norm_gate", family_kernels.delta_net_norm),
     Fill("delta_net_norm_gated", "sglang.kernels.ops.attention.fla.layernorm_gated", family_kernels.delta_net_norm),
     Fill("amx_attention_platform", None, patches.amx_attention_platform, _speculative),
+    Fill("spec_overlap_schedule", "sglang.srt.arg_groups.speculative_hook", spec_overlap.keep_overlap_schedule,
+         spec_overlap.wanted),
+    Fill("spec_overlap_gather", "sglang.srt.managers.overlap_utils", spec_overlap.gather_spec_extras_standin,
+         spec_overlap.wanted),
     Fill("intel_amx_speculative", "sglang.srt.layers.attention.intel_amx_backend",
          older_releases.intel_amx_speculative),
     Fill("draft_backend_factory", "sglang.srt.speculative.draft_utils", older_releases.draft_backend_factory),

@@ -1,0 +1,114 @@
+"""What the EAGLE draft receives: its extend forwards' inputs, recorded per TP rank.
+
+Runs inside SGLang's TP workers (never in the test process), installed with the
+per-rank recorder (:mod:`pytest_eagle3.worker.recorder_hook`) and switched by the
+same ``ENABLED`` file.  A before-hook on ``ModelRunner.forward``
+(``srt/model_executor/model_runner.py``, through SGLang's own ``HookRegistry``)
+reads, for the draft worker's model runner only (``is_draft_worker``) and only
+its extend forwards (``EXTEND`` after a target prefill, ``DRAFT_EXTEND`` /
+``DRAFT_EXTEND_V2`` after a verify; not the draft's own decode steps), the
+tensors the draft model is about to consume:
+
+* ``aux`` ``[tokens, K*H]``: ``forward_batch.spec_info.hidden_states``, the
+  target's aux hidden states the draft's ``fc`` reads;
+* ``input_ids`` ``[tokens]`` int64: the tokens the draft embeds beside them
+  (SGLang 0.5.23 rotates a prefill's ids by one and appends the tail token,
+  ``eagle_worker_v2.py`` ``_draft_extend_for_prefill``; after a verify they are the
+  target's predictions at the accepted nodes, ``_draft_extend_for_decode``);
+* ``positions`` ``[tokens]`` int64;
+* ``accept`` ``[requests]`` int64 after a verify: each request's accepted tokens
+  (``EagleDraftExtendInput.num_accept_tokens``; a request's block holds
+  ``speculative_num_draft_tokens`` rows, of which its first ``accept`` are read).
+
+Files ``draft<r>/<seq:06d>-<mode>.safetensors`` with metadata ``mode``, ``rids``
+and ``lens`` (rows per request), beside the target's ``rank<r>/``.  It observes
+only: nothing SGLang uses is modified.  A draft extend SGLang replays as a CUDA
+graph does not pass ``ModelRunner.forward`` and is not recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from pytest_eagle3.worker.env import RECORD_DIR_ENV
+from pytest_eagle3.worker.recorder_hook import ENABLED_FILE
+
+TARGET = "sglang.srt.model_executor.model_runner.ModelRunner.forward"
+#: Sub-directory prefix of the draft's records (``draft0``, ``draft1``, ...).
+PREFIX = "draft"
+
+logger = logging.getLogger("pytest_eagle3.draft_recorder")
+_seq = 0
+
+
+def _rank() -> int:
+    try:
+        from sglang.srt.distributed.parallel_state import get_tp_group
+
+        return int(get_tp_group().rank_in_group)
+    except (ImportError, AttributeError, AssertionError):
+        import torch.distributed as dist
+
+        return int(dist.get_rank()) if dist.is_initialized() else 0
+
+
+def _rows_per_request(forward_batch: Any, requests: int, tokens: int) -> list[int]:
+    lens = getattr(forward_batch, "extend_seq_lens_cpu", None)
+    if lens is not None and len(lens) == requests and sum(int(n) for n in lens) == tokens:
+        return [int(n) for n in lens]
+    return [tokens // requests] * requests if requests and tokens % requests == 0 else []
+
+
+def before_forward(runner: Any, forward_batch: Any = None, *args: Any, **kwargs: Any) -> None:
+    """The before-hook: record the draft's extend inputs when recording is on."""
+    global _seq
+    root = os.environ.get(RECORD_DIR_ENV)
+    if not root or not getattr(runner, "is_draft_worker", False):
+        return None
+    if not os.path.exists(os.path.join(root, ENABLED_FILE)):
+        return None
+    if forward_batch is None:
+        forward_batch = kwargs.get("forward_batch")
+    mode = getattr(getattr(forward_batch, "forward_mode", None), "name", "UNKNOWN")
+    spec = getattr(forward_batch, "spec_info", None)
+    hidden = getattr(spec, "hidden_states", None)
+    ids = getattr(forward_batch, "input_ids", None)
+    if "EXTEND" not in mode or hidden is None or ids is None or hidden.shape[0] != ids.shape[0]:
+        return None
+    import torch
+    from safetensors.torch import save_file
+
+    tensors = {"aux": hidden.detach().to("cpu").contiguous(),
+               "input_ids": ids.detach().to("cpu").to(torch.int64).contiguous()}
+    positions = getattr(forward_batch, "positions", None)
+    if positions is not None:
+        positions = positions[0] if positions.dim() > 1 else positions
+        tensors["positions"] = positions.detach().to("cpu").to(torch.int64).contiguous()
+    accept = getattr(spec, "num_accept_tokens", None)
+    if accept is not None:
+        tensors["accept"] = accept.detach().to("cpu").to(torch.int64).reshape(-1).contiguous()
+    rids = [str(r) for r in (getattr(forward_batch, "rids", None) or [])]
+    meta = {"mode": mode, "rids": json.dumps(rids),
+            "lens": json.dumps(_rows_per_request(forward_batch, len(rids), int(ids.shape[0])))}
+    out = Path(root) / f"{PREFIX}{_rank()}"
+    out.mkdir(parents=True, exist_ok=True)
+    _seq += 1
+    tmp = out / f".{_seq:06d}.{os.getpid()}.tmp"
+    save_file(tensors, str(tmp), metadata=meta)
+    os.replace(tmp, out / f"{_seq:06d}-{mode}.safetensors")
+    return None
+
+
+def install() -> bool:
+    """Register :func:`before_forward` with SGLang's ``HookRegistry``; False where
+    this SGLang has none (releases before 0.5.11: the draft's inputs are not recorded)."""
+    try:
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    except ImportError:
+        return False
+    HookRegistry.register(TARGET, before_forward, HookType.BEFORE)
+    return True
