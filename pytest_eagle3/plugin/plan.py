@@ -54,6 +54,7 @@ from pytest_eagle3.engine.server import SGLangServer
 from pytest_eagle3.engine import gpu_blocks, lease
 from pytest_eagle3.plugin import gpu_workers
 from pytest_eagle3.sglang_source import install as sglang_install
+from pytest_eagle3.worker.cpu.spec_overlap import OVERLAP_ENV
 from pytest_eagle3.worker.env import ID_SWITCH_ENV
 
 if TYPE_CHECKING:
@@ -83,6 +84,7 @@ MSG_WORKERS = (
 )
 MSG_ENGINE = "engine {n}: {name} (TP {tp}) for {count} test(s)"
 MSG_ENGINE_IDS = "  ids, switched between requests (pytest_eagle3/worker/id_switch.py): {ids}"
+MSG_ENGINE_DRAFTS = "  drafts: {what}, {steps} steps, top-k {topk}, {nodes} verified per request; {schedule}"
 MSG_ENGINE_GPUS = (
     "  GPUs: CUDA_VISIBLE_DEVICES = the worker's block ({blocks}); TP {tp} uses the first {n} "
     "GPU(s) of it"
@@ -268,6 +270,9 @@ def render(plan: Plan) -> list[str]:
         config = planned.config
         lines.append(MSG_ENGINE.format(n=n, name=config.name, tp=config.tp, count=len(planned.tests)))
         lines.append(f"  chosen: {config.describe()}")
+        drafts = _drafts_line(config)
+        if drafts:
+            lines.append(drafts)
         if config.env_dict().get(ID_SWITCH_ENV) == "1":
             lines.append(MSG_ENGINE_IDS.format(ids="; ".join(
                 str(list(i)) if i is not None else "SGLang's default" for i in planned.ids)))
@@ -326,3 +331,21 @@ def write_plan(session: pytest.Session, settings: Settings) -> None:
     reporter.write_sep("=", TITLE)
     for line in render(plan):
         reporter.write_line(line)
+
+
+def _drafts_line(config: "EngineConfig") -> str | None:
+    """Whether a speculative engine drafts a chain or a token tree, and its schedule
+    (:mod:`pytest_eagle3.engine.spec_shapes`); ``None`` for an engine without a draft."""
+    args = config.args()
+    if not args.get("speculative_draft_model_path"):
+        return None
+    topk = int(args.get("speculative_eagle_topk") or 1)
+    if config.env_dict().get(OVERLAP_ENV) == "1" or args.get("disable_overlap_schedule") is False:
+        schedule = "SGLang's overlap schedule"
+    elif args.get("disable_overlap_schedule") or config.device == "cpu":
+        schedule = "no overlap schedule"
+    else:
+        schedule = "SGLang's default schedule (overlap)"
+    return MSG_ENGINE_DRAFTS.format(what="a token tree" if topk > 1 else "a chain",
+                                   steps=args.get("speculative_num_steps"), topk=topk,
+                                   nodes=args.get("speculative_num_draft_tokens"), schedule=schedule)

@@ -51,7 +51,7 @@ from pytest_eagle3.suite.support import (
     NO_CONTINUATIONS, USER_TOKENS, acceptance_workload, attention_tp, evidence, row_references, tolerance, where,
 )
 from pytest_eagle3.verdicts.acceptance import check_gate, check_output, check_power, check_relative
-from pytest_eagle3.engine.recordings import request_forwards
+from pytest_eagle3.engine.recordings import prefill_records, request_forwards
 from pytest_eagle3.engine.verify_tree import verify_node_records
 from pytest_eagle3.engine.route_proof import proof_lines, route_not_proven
 from pytest_eagle3.engine.spec_shapes import TREE
@@ -120,6 +120,13 @@ def test_acceptance_gate_has_power(eagle3_engine_request, eagle3_capture, eagle3
     import torch
 
     captured = [torch.cat([r.captures.prefill, r.captures.decode]) for r in runs]
+    if any(r.captures.prefill.shape[0] < len(e.prompt) for r, e in zip(runs, examples)):
+        # Chunked prefill (the token-tree engine chunks at 16): the API returns the last chunk's
+        # rows; the per-rank recorder holds every chunk of the same greedy run (TP rank 0).
+        rec = eagle3_capture.speculate_recorded(req, [list(e.prompt) for e in examples],
+                                                [len(e.continuation) for e in examples])
+        prefill = prefill_records(rec.records, [str(r.captures.rid) for r in rec.runs])[0]
+        captured = [torch.cat([p.aux, r.captures.decode]) for p, r in zip(prefill, rec.runs)]
     if any(r.decode_note for r in runs):
         # This SGLang's decode rows are not one per token: read every position
         # of prompt + continuation from a prefill of the whole sequence instead

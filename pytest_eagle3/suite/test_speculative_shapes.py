@@ -58,8 +58,7 @@ def _recorded(req, capture, prompts):
     rid -> prompt, and the expected continuations (None for a draft without them)."""
     names, prompts, lengths, expected = acceptance_workload(Path(req.draft), prompts)
     run = capture.speculate_recorded(req, prompts, lengths)
-    # Each request was sent alone: its rid is the next new one in forward order.
-    rids = list(dict.fromkeys(rid for rec in run.records[0] for rid in rec.rids))[:len(prompts)]
+    rids = [str(r.captures.rid) for r in run.runs]  # SGLang's request ids, as the recorders saw them
     sequences = {rid: list(p) + list(r.output_ids) for rid, p, r in zip(rids, prompts, run.runs)}
     return names, run, sequences, dict(zip(rids, prompts)), expected
 

@@ -7,7 +7,10 @@ same ``ENABLED`` file.  A before-hook on ``ModelRunner.forward``
 reads, for the draft worker's model runner only (``is_draft_worker``) and only
 its extend forwards (``EXTEND`` after a target prefill, ``DRAFT_EXTEND`` /
 ``DRAFT_EXTEND_V2`` after a verify; not the draft's own decode steps), the
-tensors the draft model is about to consume:
+tensors the draft model is about to consume (a draft extend SGLang replays as a
+CUDA graph, ``EAGLEDraftExtendCudaGraphRunner.execute`` of
+``srt/speculative/eagle_draft_extend_cuda_graph_runner.py``, gets the same
+before-hook: the GPU tier's default):
 
 * ``aux`` ``[tokens, K*H]``: ``forward_batch.spec_info.hidden_states``, the
   target's aux hidden states the draft's ``fc`` reads;
@@ -22,8 +25,7 @@ tensors the draft model is about to consume:
 
 Files ``draft<r>/<seq:06d>-<mode>.safetensors`` with metadata ``mode``, ``rids``
 and ``lens`` (rows per request), beside the target's ``rank<r>/``.  It observes
-only: nothing SGLang uses is modified.  A draft extend SGLang replays as a CUDA
-graph does not pass ``ModelRunner.forward`` and is not recorded.
+only: nothing SGLang uses is modified.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from pytest_eagle3.worker.env import RECORD_DIR_ENV
 from pytest_eagle3.worker.recorder_hook import ENABLED_FILE
 
 TARGET = "sglang.srt.model_executor.model_runner.ModelRunner.forward"
+GRAPH_MODULE = "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner"
+GRAPH_TARGET = f"{GRAPH_MODULE}.EAGLEDraftExtendCudaGraphRunner.execute"
 #: Sub-directory prefix of the draft's records (``draft0``, ``draft1``, ...).
 PREFIX = "draft"
 
@@ -64,15 +68,24 @@ def _rows_per_request(forward_batch: Any, requests: int, tokens: int) -> list[in
 
 
 def before_forward(runner: Any, forward_batch: Any = None, *args: Any, **kwargs: Any) -> None:
-    """The before-hook: record the draft's extend inputs when recording is on."""
+    """The before-hook on ``ModelRunner.forward``: the draft worker's runner only."""
+    if getattr(runner, "is_draft_worker", False):
+        _record(forward_batch if forward_batch is not None else kwargs.get("forward_batch"))
+    return None
+
+
+def before_graph(runner: Any, forward_batch: Any = None, *args: Any, **kwargs: Any) -> None:
+    """The before-hook on the draft extend's CUDA graph replay (a draft-only runner)."""
+    _record(forward_batch if forward_batch is not None else kwargs.get("forward_batch"))
+    return None
+
+
+def _record(forward_batch: Any) -> None:
+    """Record the draft's extend inputs when recording is on."""
     global _seq
     root = os.environ.get(RECORD_DIR_ENV)
-    if not root or not getattr(runner, "is_draft_worker", False):
+    if not root or forward_batch is None or not os.path.exists(os.path.join(root, ENABLED_FILE)):
         return None
-    if not os.path.exists(os.path.join(root, ENABLED_FILE)):
-        return None
-    if forward_batch is None:
-        forward_batch = kwargs.get("forward_batch")
     mode = getattr(getattr(forward_batch, "forward_mode", None), "name", "UNKNOWN")
     spec = getattr(forward_batch, "spec_info", None)
     hidden = getattr(spec, "hidden_states", None)
@@ -111,4 +124,8 @@ def install() -> bool:
     except ImportError:
         return False
     HookRegistry.register(TARGET, before_forward, HookType.BEFORE)
+    import importlib.util
+
+    if importlib.util.find_spec(GRAPH_MODULE) is not None:
+        HookRegistry.register(GRAPH_TARGET, before_graph, HookType.BEFORE)
     return True
