@@ -8,6 +8,8 @@ JUnit XML; each test below checks one thing about it.
 
 from __future__ import annotations
 
+import re
+
 import psutil
 import pytest
 
@@ -179,8 +181,6 @@ def test_what_did_not_run_is_one_line_per_reason(inner: InnerRun) -> None:
 def test_plan_and_run_agree_engine_for_engine(inner: InnerRun, tmp_path) -> None:
     """``--eagle3-plan`` of the packaged suite lists exactly the engines the run
     started for it (the run also started one for its two hand-written id-list tests)."""
-    import re
-
     plan = run_inner(tmp_path, ["--pyargs", "pytest_eagle3.suite", "--tp", "2", "--eagle3-plan"])
     planned = set(re.findall(r"^engine \d+: (tp\d-cpu-[0-9a-f]{10}) ", plan.output, re.M))
     summary = inner.output.split("eagle3 engines", 1)[-1]
@@ -212,6 +212,19 @@ def test_acceptance_meets_the_gate_and_has_power(inner: InnerRun) -> None:
         "test_draft_acceptance_meets_the_gate[tp1-acceptance-mla]": "passed",
         "test_acceptance_gate_has_power[tp1-acceptance-mla]": "passed",
     }, inner.output[-4000:]
+
+
+def test_the_draft_reads_the_accepted_path_on_the_chain_engines(inner: InnerRun) -> None:
+    """What the draft is fed, after every prefill and verify, on every TP rank (the main job's
+    chain engines); the token tree and the other schedule need engines of their own."""
+    assert _select(inner, "test_draft_reads_the_accepted_path") == {
+        "test_draft_reads_the_accepted_path[tp1-acceptance]": "passed",
+        "test_draft_reads_the_accepted_path[tp2-acceptance]": "passed",
+    }, inner.output[-4000:]
+    assert re.search(r"test_draft_reads_the_accepted_path\[tp2-acceptance\]: draft fed \d+ prefill rows \(0 at chunk "
+                     r"ends\) and \d+ accepted-path rows after \d+ verifies, TP ranks 0, 1", inner.output)
+    summary = inner.output.split("eagle3 left out", 1)[-1]
+    assert "left out: the tree speculative shape needs engines of its own" in summary
 
 
 def test_per_rank_checks_pass_at_tp2(inner: InnerRun) -> None:
