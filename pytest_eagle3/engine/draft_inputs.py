@@ -18,7 +18,9 @@ with the token at ``p + 1``:
   request's block of ``speculative_num_draft_tokens`` rows, the accepted path
   from the root at ``p0``, whose aux states SGLang moved to the block's front
   after a token-tree verify (``eagle_worker_common.py``
-  ``_finalize_accept_tree_path``); the rows past ``accept`` are not read.
+  ``_finalize_accept_tree_path``); the rows past ``accept`` are not read.  An
+  older worker's ``DRAFT_EXTEND`` (0.5.12's v1 worker) hands over the accepted
+  rows only, every one read.
 
 So with the request's final tokens ``S`` every read row at position ``p`` must
 hold ``S[p + 1]`` and the aux states of ``S`` at ``p``, whatever the forward.
@@ -98,14 +100,17 @@ def fed_rows(forwards: Mapping[int, Sequence[dict]], prompts: Mapping[str, Seque
             rids, lens = [str(r) for r in item["rids"]], [int(n) for n in item["lens"]]
             if not rids or len(lens) != len(rids) or "positions" not in item:
                 continue
-            after_verify = "accept" in item
+            # After a prefill the draft runner's mode is EXTEND; after a verify DRAFT_EXTEND(_V2).
+            after_verify = item["mode"] != "EXTEND"
             start = 0
             for i, (rid, n) in enumerate(zip(rids, lens)):
                 rows = slice(start, start + n)
                 start += n
                 if rid not in sequences:
                     continue
-                read = int(item["accept"][i]) if after_verify else n
+                # The v2 worker pads each request's block to the tree width and reads its first
+                # ``accept`` rows; a worker without that count hands over the read rows only.
+                read = int(item["accept"][i]) if "accept" in item else n
                 pos = item["positions"][rows][:read]
                 keep = pos + 1 < len(sequences[rid])
                 if not bool(keep.any()):

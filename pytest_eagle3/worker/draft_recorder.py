@@ -24,7 +24,8 @@ before-hook: the GPU tier's default):
   ``speculative_num_draft_tokens`` rows, of which its first ``accept`` are read).
 
 Files ``draft<r>/<seq:06d>-<mode>.safetensors`` with metadata ``mode``, ``rids``
-and ``lens`` (rows per request), beside the target's ``rank<r>/``.  It observes
+and ``lens`` (rows per request), beside the target's ``rank<r>/``; at pipeline
+parallelism the last stage's only.  It observes
 only: nothing SGLang uses is modified.
 """
 
@@ -37,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_eagle3.worker.env import RECORD_DIR_ENV
-from pytest_eagle3.worker.recorder_hook import ENABLED_FILE
+from pytest_eagle3.worker.recorder_hook import ENABLED_FILE, is_last_pp_stage
 
 TARGET = "sglang.srt.model_executor.model_runner.ModelRunner.forward"
 GRAPH_MODULE = "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner"
@@ -86,6 +87,8 @@ def _record(forward_batch: Any) -> None:
     root = os.environ.get(RECORD_DIR_ENV)
     if not root or forward_batch is None or not os.path.exists(os.path.join(root, ENABLED_FILE)):
         return None
+    if not is_last_pp_stage():
+        return None  # at PP the last stage's draft is the one fed the captures (as the target's recorder)
     mode = getattr(getattr(forward_batch, "forward_mode", None), "name", "UNKNOWN")
     spec = getattr(forward_batch, "spec_info", None)
     hidden = getattr(spec, "hidden_states", None)
@@ -116,16 +119,30 @@ def _record(forward_batch: Any) -> None:
     return None
 
 
-def install() -> bool:
-    """Register :func:`before_forward` with SGLang's ``HookRegistry``; False where
-    this SGLang has none (releases before 0.5.11: the draft's inputs are not recorded)."""
+def install() -> None:
+    """Register :func:`before_forward` (and :func:`before_graph` where SGLang has the draft
+    extend's graph runner) with SGLang's ``HookRegistry``; where the registry is missing
+    (releases before 0.5.11) wrap ``ModelRunner.forward`` directly, as the per-rank
+    recorder does."""
+    import importlib
+    import importlib.util
+
     try:
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType
     except ImportError:
-        return False
-    HookRegistry.register(TARGET, before_forward, HookType.BEFORE)
-    import importlib.util
+        import functools
 
+        module_name, class_name, _ = TARGET.rsplit(".", 2)
+        cls = getattr(importlib.import_module(module_name), class_name)
+        original = cls.forward
+
+        @functools.wraps(original)
+        def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+            before_forward(self, *args, **kwargs)
+            return original(self, *args, **kwargs)
+
+        cls.forward = forward
+        return
+    HookRegistry.register(TARGET, before_forward, HookType.BEFORE)
     if importlib.util.find_spec(GRAPH_MODULE) is not None:
         HookRegistry.register(GRAPH_TARGET, before_graph, HookType.BEFORE)
-    return True
