@@ -238,11 +238,17 @@ class SGLangServer:
           it meanwhile;
         * SGLang's own post-warmup ``/freeze_gc`` request to itself timed out
           after 10 s (``http_server.py`` ``_freeze_gc_after_server_warmup``) and
-          the server exited: seen on 2 cores loaded by other work.
+          the server exited: seen on 2 cores loaded by other work;
+        * a port SGLang derives from its HTTP port for its own sockets was taken
+          when it bound it (``zmq.error.ZMQError: Address already in use``; seen in
+          CI: 0.5.23's ``DataParallelController._broadcast_ports_as_server`` under
+          attention DP).
         """
         if self.port_taken(port):
             return f"port {port} was taken while it started"
         tail = log_tail(self.log_path)
+        if "ZMQError: Address already in use" in log_tail(self.log_path, lines=1000):
+            return "an internal port SGLang derives from its HTTP port was taken while it started"
         if "_freeze_gc_after_server_warmup" in tail and "Read timed out" in tail:
             return "its own warm-up request timed out (machine overloaded)"
         return None

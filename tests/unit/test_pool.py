@@ -208,6 +208,10 @@ def test_a_server_whose_own_warmup_request_timed_out_starts_again(tmp_path: Path
     assert srv.transient_failure(38011) == "its own warm-up request timed out (machine overloaded)"
     srv.log_path.write_text("RuntimeError: something else\n")
     assert srv.transient_failure(38011) is None
+    # Seen in CI under attention DP: the DP controller's own socket (the HTTP port + 13) was taken.
+    srv.log_path.write_text("zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:51986')\n")
+    assert srv.transient_failure(51973) == ("an internal port SGLang derives from its HTTP port was taken "
+                                            "while it started")
 
 
 def test_other_startup_failures_are_not_retried(tmp_path: Path, monkeypatch) -> None:
