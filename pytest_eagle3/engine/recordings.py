@@ -213,32 +213,6 @@ def verified_rows(record: Record, sequence: Sequence[int]) -> list[int]:
     return rows
 
 
-def verify_records(records: Mapping[int, Sequence[Record]], sequences: Mapping[str, Sequence[int]]
-                   ) -> dict[int, list[Record]]:
-    """Per rank, each verify forward (``TARGET_VERIFY``) of a request in
-    ``sequences`` (rid -> its final token sequence, prompt and output), cut to its
-    :func:`verified_rows`, in forward order; forwards with no such row are dropped
-    on every rank alike (the ranks see the same inputs)."""
-    out: dict[int, list[Record]] = {}
-    for rank, recs in records.items():
-        mine = []
-        for rec in recs:
-            if rec.mode != "TARGET_VERIFY":
-                continue
-            for rid in rec.rids:
-                part = rec.for_request(rid)
-                if part is None or rid not in sequences:
-                    continue
-                rows = verified_rows(part, sequences[rid])
-                if not rows:
-                    continue
-                pos = part.positions[rows] if part.positions is not None else None
-                mine.append(Record(rank, part.seq, part.mode, part.aux[rows], part.input_ids[rows], pos,
-                                   part.shard, (rid,), (len(rows),)))
-        out[rank] = mine
-    return out
-
-
 #: Seconds without a new record after which an uneven (DP attention) recording is read.
 SETTLE_S = 1.0
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_eagle3.worker.env import RECORD_DIR_ENV
-from pytest_eagle3.worker.recorder_hook import ENABLED_FILE, is_last_pp_stage
+from pytest_eagle3.worker.recorder_hook import ENABLED_FILE, is_last_pp_stage, tp_rank_and_size
 
 TARGET = "sglang.srt.model_executor.model_runner.ModelRunner.forward"
 GRAPH_MODULE = "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner"
@@ -48,17 +48,6 @@ PREFIX = "draft"
 
 logger = logging.getLogger("pytest_eagle3.draft_recorder")
 _seq = 0
-
-
-def _rank() -> int:
-    try:
-        from sglang.srt.distributed.parallel_state import get_tp_group
-
-        return int(get_tp_group().rank_in_group)
-    except (ImportError, AttributeError, AssertionError):
-        import torch.distributed as dist
-
-        return int(dist.get_rank()) if dist.is_initialized() else 0
 
 
 def _rows_per_request(forward_batch: Any, requests: int, tokens: int) -> list[int]:
@@ -110,7 +99,7 @@ def _record(forward_batch: Any) -> None:
     rids = [str(r) for r in (getattr(forward_batch, "rids", None) or [])]
     meta = {"mode": mode, "rids": json.dumps(rids),
             "lens": json.dumps(_rows_per_request(forward_batch, len(rids), int(ids.shape[0])))}
-    out = Path(root) / f"{PREFIX}{_rank()}"
+    out = Path(root) / f"{PREFIX}{tp_rank_and_size()[0]}"
     out.mkdir(parents=True, exist_ok=True)
     _seq += 1
     tmp = out / f".{_seq:06d}.{os.getpid()}.tmp"

@@ -73,7 +73,7 @@ def _before_forward(*args: Any, **kwargs: Any) -> None:
     layers = list(getattr(getattr(model, "model", None), "layers_to_capture", []) or [])
     if not recorder_hook.is_last_pp_stage():
         return None  # at PP, the last stage's list is the one its captures follow
-    rank, _ = recorder_hook._tp_rank_and_size()
+    rank, _ = recorder_hook.tp_rank_and_size()
     out = Path(directory) / APPLIED_FILE.format(rank=rank)
     tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")  # one per rank: ranks write at once
     try:

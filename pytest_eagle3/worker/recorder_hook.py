@@ -58,7 +58,7 @@ logger = logging.getLogger("pytest_eagle3.recorder")
 _seq = 0
 
 
-def _tp_rank_and_size() -> tuple[int, int]:
+def tp_rank_and_size() -> tuple[int, int]:
     """This worker's TP rank and TP size (``srt/distributed/parallel_state.py``
     ``get_tp_group``; ``torch.distributed`` rank where that is missing)."""
     try:
@@ -139,7 +139,7 @@ def _after_forward(result: Any, model: Any, input_ids: Any = None, positions: An
     if input_ids is None:
         logger.warning("pytest-eagle3 recorder: a %s forward without input ids; not recorded", mode)
         return None
-    rank, tp = _tp_rank_and_size()
+    rank, tp = tp_rank_and_size()
     shard = _shard(model)
     import torch
     from safetensors.torch import save_file

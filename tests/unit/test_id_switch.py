@@ -68,7 +68,7 @@ class FakeModel:
 def test_the_worker_applies_a_new_id_list_once_and_proves_it(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv(id_switch.RECORD_DIR_ENV, str(tmp_path))
     monkeypatch.setattr(id_switch, "_seen", None)
-    monkeypatch.setattr(id_switch.recorder_hook, "_tp_rank_and_size", lambda: (1, 2))
+    monkeypatch.setattr(id_switch.recorder_hook, "tp_rank_and_size", lambda: (1, 2))
     model = FakeModel()
     id_switch._after_set_layers(None, model, None)  # SGLang's own call at startup
     id_switch._before_forward()

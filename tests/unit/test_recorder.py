@@ -30,7 +30,7 @@ def _forward(ids: list[int]) -> tuple[object, object, torch.Tensor, torch.Tensor
 @pytest.fixture
 def record_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv(recorder_hook.RECORD_DIR_ENV, str(tmp_path))
-    monkeypatch.setattr(recorder_hook, "_tp_rank_and_size", lambda: (1, 2))
+    monkeypatch.setattr(recorder_hook, "tp_rank_and_size", lambda: (1, 2))
     return tmp_path
 
 
@@ -85,7 +85,7 @@ def test_reader_waits_for_even_counts(record_dir: Path, monkeypatch: pytest.Monk
     result, model, ids, pos, batch = _forward([1, 2])
     with Recorder(record_dir).recording():
         for rank in (0, 0, 1):
-            monkeypatch.setattr(recorder_hook, "_tp_rank_and_size", lambda rank=rank: (rank, 2))
+            monkeypatch.setattr(recorder_hook, "tp_rank_and_size", lambda rank=rank: (rank, 2))
             recorder_hook._after_forward(result, model, ids, pos, batch)
         with pytest.raises(Eagle3Error) as exc:
             Recorder(record_dir).read(2, timeout=0.2)

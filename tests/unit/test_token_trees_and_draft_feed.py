@@ -168,3 +168,19 @@ def test_shape_engines_are_slow_on_cpu_and_need_the_tree_mask(tmp_path) -> None:
     ctx = NeedContext(Settings(), tp=1, install=None)
     assert collect_reason(acceptance_need(shape=TREE), ctx) == SHAPE_SLOW.format(shape="tree")
     assert acceptance_need(shape=OTHER_SCHEDULE).every_tp is False and acceptance_need(shape=TREE).every_tp
+
+
+def test_the_plan_says_which_engines_draft_trees() -> None:
+    from pytest_eagle3.engine.config import EngineConfig
+    from pytest_eagle3.plugin.plan import _drafts_line
+    from pytest_eagle3.worker.cpu.spec_overlap import OVERLAP_ENV
+
+    def config(topk, env=()):
+        args = {"speculative_draft_model_path": "/d", "speculative_num_steps": 5 if topk > 1 else 3,
+                "speculative_eagle_topk": topk, "speculative_num_draft_tokens": 8 if topk > 1 else 4}
+        return EngineConfig("/m", 1, "cpu", tuple(sorted(args.items())), tuple(env))
+
+    assert _drafts_line(config(4)) == "  drafts: a token tree, 5 steps, top-k 4, 8 verified per request; no overlap schedule"
+    assert _drafts_line(config(1, [(OVERLAP_ENV, "1")])).endswith("a chain, 3 steps, top-k 1, 4 verified per request; "
+                                                                 "SGLang's overlap schedule")
+    assert _drafts_line(EngineConfig("/m", 1, "cpu", (), ())) is None
